@@ -1,0 +1,1 @@
+"""gpuflight producer: discover CUDA libraries, probe them with eBPF, decode, publish."""

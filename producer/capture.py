@@ -1,0 +1,146 @@
+"""The capture loop: discover → probe → drain, shared by `trace` and `producer`.
+
+Library files are attached once each. Processes are rescanned when the loader
+probe says their link map changed (start-up, dlopen, exec), when they are new,
+and, for processes whose loader we could not probe, on every rescan tick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from producer import discover
+from producer.environment import ensure_tracefs
+from producer.probes import DropCounts, Probes
+from producer.settings import CaptureSettings
+from producer.sinks import EventSink
+
+log = logging.getLogger(__name__)
+
+#: Events handed to the sinks per batch: big enough to amortise the per-batch
+#: cost, small enough to keep memory flat.
+BATCH_EVENTS = 65536
+
+
+@dataclass
+class CaptureStats:
+    events: int = 0
+    batches: int = 0
+    rescans: int = 0
+    held_released: int = 0
+
+
+class Capture:
+    def __init__(self, settings: CaptureSettings, sinks: Sequence[EventSink]) -> None:
+        if (settings.follow_forks or settings.watch_exec) and not ensure_tracefs():
+            settings = replace(settings, follow_forks=False, watch_exec=False)
+        self.settings = settings
+        self._sinks = list(sinks)
+        self._classifier = discover.Classifier()
+        self._scanned: set[int] = set()
+        self._loader_covered: set[int] = set()
+        self._next_rescan = 0.0
+        self.stats = CaptureStats()
+        self.probes = Probes(settings)
+        if settings.pids is not None:
+            self.probes.add_to_scope(settings.pids)
+
+    # -- discovery ---------------------------------------------------------
+
+    def _candidate_pids(self) -> set[int] | None:
+        """Processes this capture cares about (None: all of them)."""
+        if not self.settings.filter_pids:
+            return None
+        return self.probes.scope()
+
+    def _live_pids(self) -> set[int]:
+        root = self.settings.proc_root
+        with contextlib.suppress(OSError):
+            return {int(n) for n in os.listdir(root) if n.isdigit()}
+        return set()
+
+    def scan(self, pids: Iterable[int]) -> None:
+        pids = set(pids)
+        if not pids:
+            return
+        snapshot = discover.scan(self.settings.proc_root, pids=pids, cache=self._classifier)
+        self.stats.rescans += 1
+        for library in snapshot.libraries.values():
+            self.probes.attach(library)
+        for pid, keys in snapshot.libraries_by_pid.items():
+            self._scanned.add(pid)
+            attached = self.probes.attached
+            if any(k in attached and attached[k].library.kind == "loader" for k in keys):
+                self._loader_covered.add(pid)
+
+    def rescan(self) -> None:
+        live = self._live_pids()
+        wanted = self._candidate_pids()
+        if wanted is not None:
+            live &= wanted
+        self._scanned &= live
+        self._loader_covered &= live
+        todo = (live - self._scanned) | (live - self._loader_covered)
+        self.scan(todo)
+
+    # -- the loop ----------------------------------------------------------
+
+    def start(self, initial_scan: bool = True) -> None:
+        if initial_scan:
+            self.rescan()
+        self._next_rescan = time.monotonic() + self.settings.rescan_interval_s
+
+    def step(self, timeout_s: float | None = None) -> None:
+        """Handle loader notifications, rescan when due, drain the ring."""
+        timeout = self.settings.poll_interval_s if timeout_s is None else timeout_s
+        notes = self.probes.poll_loader(timeout)
+        if notes:
+            self.scan({n.pid for n in notes})
+            for note in notes:
+                if note.held:
+                    self._release(note.pid)
+        now = time.monotonic()
+        if now >= self._next_rescan:
+            self.rescan()
+            self._next_rescan = now + self.settings.rescan_interval_s
+        self.drain()
+
+    def _release(self, pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            self.stats.held_released += 1
+
+    def drain(self) -> int:
+        total = 0
+        while True:
+            events = self.probes.ring.drain(BATCH_EVENTS)
+            if len(events) == 0:
+                break
+            for sink in self._sinks:
+                sink.write(events)
+            total += len(events)
+            self.stats.batches += 1
+        self.stats.events += total
+        return total
+
+    def drops(self) -> DropCounts:
+        return self.probes.drops()
+
+    def close(self) -> DropCounts:
+        """Final drain; returns the drop counts; closes sinks and probes."""
+        # A loader notification may still hold a process: release it first.
+        for note in self.probes.poll_loader(0):
+            if note.held:
+                self._release(note.pid)
+        self.drain()
+        drops = self.probes.drops()
+        for sink in self._sinks:
+            sink.close()
+        self.probes.close()
+        return drops

@@ -1,0 +1,94 @@
+"""`gpuflight demo`: the same computation unfused and fused, traced side by side.
+
+Runs on a simulated GPU (producer/demo/simgpu.c, a CUDA runtime with the real
+ABI that models launch overhead, kernel time and copy bandwidth), so it works on
+any machine. gpuflight sees it exactly as it sees the real runtime: through
+uprobes on libcudart.so.12.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from producer import trace
+from producer.demo.build import build_demo
+from producer.summary import Summary
+
+MODES = ("unfused", "fused")
+
+
+def _top_grid(summary: Summary) -> str:
+    if not summary.shapes:
+        return "-"
+    (grid, _block), _n = summary.shapes.most_common(1)[0]
+    return "({},{},{})".format(*grid)
+
+
+def _utilization(report: Path) -> float | None:
+    """The simulated GPU's own busy share (what a GPU's counters would say)."""
+    try:
+        lines = report.read_text().splitlines()
+        return float(json.loads(lines[-1])["utilization"])
+    except (OSError, IndexError, KeyError, ValueError):
+        return None
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{b / a:.2f}x" if a else "-"
+
+
+def comparison(results: dict[str, dict[str, Any]]) -> str:
+    u, f = results["unfused"], results["fused"]
+    rows = [
+        ["kernel launches", f"{u['launches']:,}", f"{f['launches']:,}",
+         f"{u['launches'] / f['launches']:.1f}x fewer" if f["launches"] else "-"],
+        ["launch rate (/s)", f"{u['launch_rate']:,.0f}", f"{f['launch_rate']:,.0f}",
+         _ratio(u["launch_rate"], f["launch_rate"])],
+        ["blocks per launch (mean)", f"{u['mean_grid_blocks']:,.0f}",
+         f"{f['mean_grid_blocks']:,.0f}", _ratio(u["mean_grid_blocks"], f["mean_grid_blocks"])],
+        ["top grid", u["top_grid"], f["top_grid"], ""],
+        ["bytes copied", f"{u['copy_bytes']:,}", f"{f['copy_bytes']:,}",
+         _ratio(u["copy_bytes"], f["copy_bytes"])],
+        ["CPU blocked (share of wall)", f"{100 * u['blocked_share']:.1f}%",
+         f"{100 * f['blocked_share']:.1f}%", ""],
+        ["GPU utilization (simulated GPU)",
+         f"{100 * u['gpu_util']:.0f}%" if u["gpu_util"] is not None else "-",
+         f"{100 * f['gpu_util']:.0f}%" if f["gpu_util"] is not None else "-", ""],
+        ["wall time (s)", f"{u['wall_s']:.2f}", f"{f['wall_s']:.2f}",
+         _ratio(u["wall_s"], f["wall_s"])],
+    ]
+    table = tabulate(rows, headers=["kernel fusion", "unfused", "fused", "fused vs unfused"],
+                     tablefmt="simple", colalign=("left", "right", "right", "right"))
+    return " " + table.replace("\n", "\n ")
+
+
+def run(steps: int | None = None) -> int:
+    built = build_demo()
+    print(f"gpuflight demo: the same computation, unfused then fused, on a simulated GPU "
+          f"({built.runtime})", file=sys.stderr)
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="gpuflight-demo-") as tmp:
+        for mode in MODES:
+            report = Path(tmp) / f"{mode}.json"
+            os.environ["GF_SIM_REPORT"] = str(report)
+            try:
+                result = trace.run(built.command(mode, steps))
+            finally:
+                del os.environ["GF_SIM_REPORT"]
+            if result.exit_code != 0:
+                print(f"gpuflight demo: the {mode} workload failed "
+                      f"(exit {result.exit_code})", file=sys.stderr)
+                return 1
+            data = result.summary.as_dict(result.wall_s)
+            data["top_grid"] = _top_grid(result.summary)
+            data["gpu_util"] = _utilization(report)
+            results[mode] = data
+    print(comparison(results))
+    return 0

@@ -1,0 +1,451 @@
+"""Which CUDA runtime files and dynamic loaders the processes of a node have mapped.
+
+Pure: reads a /proc tree (any root, so tests use fake ones) and ELF files; imports no bcc.
+
+    /proc/PID/maps ──► executable file mappings, keyed by (dev, inode)
+                   ──► one LibraryFile per key, classified once (Classifier remembers it)
+                   ──► Snapshot: {key → file}, {key → pids}, {pid → keys}
+
+Each file is reached through a path that opens it from the agent's own mount namespace
+(/proc/PID/root/..., else /proc/PID/map_files/...), so files inside containers, private mount
+namespaces and deleted files are found too, and each is probed once however many processes
+map it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+from producer import elfsyms
+
+__all__ = [
+    "LOADER_SYMBOL",
+    "RUNTIME_API_NAMES",
+    "RUNTIME_SYMBOLS",
+    "Classifier",
+    "Kind",
+    "LibraryFile",
+    "LibraryKey",
+    "Snapshot",
+    "ppid",
+    "process_tree",
+    "scan",
+    "scan_pid",
+]
+
+# Every GF_API_<name> of bpf/events.h, in its order (tests/test_discover.py checks the two agree).
+RUNTIME_API_NAMES: tuple[str, ...] = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernel_ptsz",
+    "cudaLaunchKernelExC",
+    "cudaLaunchKernelExC_ptsz",
+    "cudaLaunchCooperativeKernel",
+    "cudaLaunchCooperativeKernel_ptsz",
+    "cudaMemcpy",
+    "cudaMemcpy_ptds",
+    "cudaMemcpyAsync",
+    "cudaMemcpyAsync_ptsz",
+    "cudaMemcpyPeer",
+    "cudaMemcpyPeerAsync",
+    "cudaMemcpy2D",
+    "cudaMemcpy2D_ptds",
+    "cudaMemcpy2DAsync",
+    "cudaMemcpy2DAsync_ptsz",
+    "cudaMemset",
+    "cudaMemset_ptds",
+    "cudaMemsetAsync",
+    "cudaMemsetAsync_ptsz",
+    "cudaMemset2D",
+    "cudaMemset2D_ptds",
+    "cudaMemset2DAsync",
+    "cudaMemset2DAsync_ptsz",
+    "cudaMemset3D",
+    "cudaMemset3D_ptds",
+    "cudaMemset3DAsync",
+    "cudaMemset3DAsync_ptsz",
+    "cudaMalloc",
+    "cudaMallocAsync",
+    "cudaMallocAsync_ptsz",
+    "cudaMallocManaged",
+    "cudaMallocHost",
+    "cudaHostAlloc",
+    "cudaMallocFromPoolAsync",
+    "cudaMallocFromPoolAsync_ptsz",
+    "cudaFree",
+    "cudaFreeAsync",
+    "cudaFreeAsync_ptsz",
+    "cudaFreeHost",
+    "cudaStreamSynchronize",
+    "cudaStreamSynchronize_ptsz",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaGraphLaunch",
+    "cudaGraphLaunch_ptsz",
+)
+RUNTIME_SYMBOLS: frozenset[str] = frozenset(RUNTIME_API_NAMES)
+
+# The loader calls this empty function after every change to its link map (dlopen, start-up).
+LOADER_SYMBOL = "_dl_debug_state"
+_LOADER_SYMBOLS = frozenset({LOADER_SYMBOL})
+
+LibraryKey = tuple[int, int]
+"""(st_dev, st_ino) of a file, as /proc/PID/maps shows them."""
+
+Kind = Literal["runtime", "loader"]
+
+# How many processes mapping a file are tried for a path to it, before the file is skipped
+# for this scan: when the first few fail, the rest will fail the same way.
+_MAX_HOLDERS_TRIED = 4
+
+_DELETED = " (deleted)"
+
+# The tail of an executable, file-backed line of /proc/PID/maps, from the 'x' of its perms:
+# "start-end r-xp offset major:minor inode   /path". Starting at a literal lets the regex
+# engine skip ahead instead of trying every position (three times faster than anchoring at
+# line starts). Pseudo-files ([vdso], [heap]) and anonymous mappings have no '/' path.
+_EXEC_TAIL = re.compile(r"x[ps] [0-9a-f]+ ([0-9a-f]+:[0-9a-f]+) ([0-9]+) +(/[^\n]*)")
+
+
+@dataclass(frozen=True)
+class LibraryFile:
+    """One library file, as the agent probes it: once, for every process that maps it."""
+
+    key: LibraryKey
+    path: str  # as the process whose host_path this is sees it (containers see other paths)
+    host_path: str  # opens the same file from the agent's mount namespace
+    kind: Kind
+    symbols: frozenset[str] = frozenset()  # the RUNTIME_SYMBOLS (or LOADER_SYMBOL) it defines
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The library files mapped on a node (or by some processes) at one moment."""
+
+    libraries: Mapping[LibraryKey, LibraryFile]
+    pids_by_library: Mapping[LibraryKey, frozenset[int]]
+    libraries_by_pid: Mapping[int, frozenset[LibraryKey]]  # every pid read, even if empty
+    errors: frozenset[int]  # pids that vanished or could not be read during the scan
+
+
+# The first executable mapping of one file in one process, as maps shows it:
+# ("start-end", the path maybe ending in " (deleted)"). A plain tuple: a scan makes one per
+# file per process, 100,000 on a busy node, and a NamedTuple costs twice as much to build.
+_Line = tuple[str, str]
+
+
+def _path_of(line: _Line) -> str:
+    path = line[1].removesuffix(_DELETED)
+    # The kernel writes a newline in a file name as \012.
+    return path.replace("\\012", "\n") if "\\012" in path else path
+
+
+def _is_deleted(line: _Line) -> bool:
+    return line[1].endswith(_DELETED)
+
+
+def _map_files_name(line: _Line) -> str:
+    # maps pads addresses to 8 digits; map_files names them without padding.
+    start, _, end = line[0].partition("-")
+    return f"{start.lstrip('0') or '0'}-{end.lstrip('0') or '0'}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """What a file defines, and the size and mtime it had when that was read."""
+
+    identity: tuple[int, int]
+    runtime: frozenset[str]
+    loader: bool | None  # None: not asked yet (only loader candidates are)
+
+
+@dataclass(frozen=True, slots=True)
+class _Located:
+    """A path to a file that was checked to be the mapped one, and what stat said of it."""
+
+    mapping: _Line
+    host_path: str
+    stat: os.stat_result
+
+
+class Classifier:
+    """Remembers what each library file is across scans, so a file is read once.
+
+    Pass the same Classifier to every scan. A file is read again only when its size or
+    mtime changes; a full scan forgets the files no process maps any more.
+    Not thread-safe: use one per thread.
+    """
+
+    def __init__(self, max_entries: int = 65536) -> None:
+        self._max_entries = max_entries
+        self._verdicts: dict[LibraryKey, _Verdict] = {}
+        # The process whose path to a file was used last, tried first so host_path is stable.
+        self._host_pids: dict[LibraryKey, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._verdicts)
+
+    def _library(
+        self,
+        proc_root: str,
+        key: LibraryKey,
+        holders: Mapping[int, _Line],
+        loader_candidate: bool,
+    ) -> LibraryFile | None:
+        """The LibraryFile for `key`, mapped by `holders` (pid → mapping), or None if no kind."""
+        located = self._locate(proc_root, key, holders)
+        if located is None:
+            return None
+        verdict = self._verdict(key, located, loader_candidate)
+        if loader_candidate and verdict.loader:
+            kind: Kind = "loader"
+            symbols = _LOADER_SYMBOLS
+        elif verdict.runtime:
+            kind, symbols = "runtime", verdict.runtime
+        else:
+            return None
+        return LibraryFile(key, _path_of(located.mapping), located.host_path, kind, symbols)
+
+    def _forget_all_but(self, keys: Iterable[LibraryKey]) -> None:
+        """Drop what is known about every file not in `keys`."""
+        live = set(keys)
+        self._verdicts = {k: v for k, v in self._verdicts.items() if k in live}
+        self._host_pids = {k: p for k, p in self._host_pids.items() if k in live}
+
+    def _locate(
+        self, proc_root: str, key: LibraryKey, holders: Mapping[int, _Line]
+    ) -> _Located | None:
+        previous = self._host_pids.get(key)
+        first = [previous] if previous is not None and previous in holders else []
+        others = (pid for pid in holders if pid != previous)
+        for pid in itertools.islice(itertools.chain(first, others), _MAX_HOLDERS_TRIED):
+            located = _locate_in(proc_root, pid, key, holders[pid])
+            if located is not None:
+                self._host_pids[key] = pid
+                return located
+        return None
+
+    def _verdict(self, key: LibraryKey, located: _Located, loader_candidate: bool) -> _Verdict:
+        identity = (located.stat.st_size, located.stat.st_mtime_ns)
+        verdict = self._verdicts.get(key)
+        if verdict is None or verdict.identity != identity:
+            runtime = elfsyms.defined_functions(located.host_path, RUNTIME_SYMBOLS)
+            verdict = _Verdict(identity, runtime, None)
+        if loader_candidate and verdict.loader is None:
+            defined = elfsyms.defined_functions(located.host_path, _LOADER_SYMBOLS)
+            verdict = replace(verdict, loader=LOADER_SYMBOL in defined)
+        self._remember(key, verdict)
+        return verdict
+
+    def _remember(self, key: LibraryKey, verdict: _Verdict) -> None:
+        self._verdicts[key] = verdict
+        if len(self._verdicts) > self._max_entries:
+            oldest = next(iter(self._verdicts))
+            del self._verdicts[oldest]
+            self._host_pids.pop(oldest, None)
+
+
+def scan(
+    proc_root: Path = Path("/proc"),
+    pids: Iterable[int] | None = None,
+    cache: Classifier | None = None,
+) -> Snapshot:
+    """The runtime and loader files mapped by every process in `proc_root` (or by `pids`).
+
+    Pass one Classifier to every scan so that files are read once, not once per scan.
+    """
+    root = os.fspath(proc_root)
+    classifier = Classifier() if cache is None else cache
+    targets = _list_pids(root) if pids is None else sorted(set(pids))
+    return _snapshot(root, targets, classifier, forget_others=pids is None)
+
+
+def scan_pid(proc_root: Path, pid: int, cache: Classifier | None = None) -> Snapshot:
+    """Rescan one process, e.g. after the loader probe reports that its link map changed."""
+    return scan(proc_root, (pid,), cache)
+
+
+def ppid(proc_root: Path, pid: int) -> int | None:
+    """The parent of `pid` from /proc/PID/stat, or None if it cannot be read."""
+    try:
+        with open(f"{os.fspath(proc_root)}/{pid}/stat", "rb") as f:
+            text = f.read()
+        # comm (field 2) may hold spaces and parentheses: the fields after it follow the last ')'.
+        return int(text[text.rindex(b")") + 2 :].split(maxsplit=2)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_tree(proc_root: Path, root_pid: int) -> set[int]:
+    """`root_pid` and every process descending from it (empty if `root_pid` does not exist)."""
+    children: dict[int, list[int]] = {}
+    for pid in _list_pids(os.fspath(proc_root)):
+        parent = ppid(proc_root, pid)
+        if parent is not None:
+            children.setdefault(parent, []).append(pid)
+    if ppid(proc_root, root_pid) is None:
+        return set()
+    tree, todo = {root_pid}, [root_pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in tree:
+                tree.add(child)
+                todo.append(child)
+    return tree
+
+
+# --- scanning ------------------------------------------------------------------------------
+
+
+def _snapshot(
+    proc_root: str, pids: Iterable[int], classifier: Classifier, forget_others: bool
+) -> Snapshot:
+    maps_by_pid: dict[int, dict[LibraryKey, _Line]] = {}
+    errors: set[int] = set()
+    for pid in pids:
+        mappings = _read_exec_mappings(proc_root, pid)
+        if mappings is None:
+            errors.add(pid)
+        else:
+            maps_by_pid[pid] = mappings
+    holders = _holders_by_key(maps_by_pid)
+    if forget_others:  # a full scan: what no process maps now is not worth remembering
+        classifier._forget_all_but(holders)
+    loader_keys = _loader_candidates(proc_root, maps_by_pid)
+    libraries: dict[LibraryKey, LibraryFile] = {}
+    for key, by_pid in holders.items():
+        library = classifier._library(proc_root, key, by_pid, key in loader_keys)
+        if library is not None:
+            libraries[key] = library
+    return _assemble(libraries, holders, maps_by_pid, errors)
+
+
+def _assemble(
+    libraries: dict[LibraryKey, LibraryFile],
+    holders: Mapping[LibraryKey, Mapping[int, _Line]],
+    scanned: Iterable[int],
+    errors: set[int],
+) -> Snapshot:
+    pids_by_library = {key: frozenset(holders[key]) for key in libraries}
+    keys_by_pid: dict[int, list[LibraryKey]] = {pid: [] for pid in scanned}
+    for key, pids in pids_by_library.items():
+        for pid in pids:
+            keys_by_pid[pid].append(key)
+    return Snapshot(
+        libraries=MappingProxyType(libraries),
+        pids_by_library=MappingProxyType(pids_by_library),
+        libraries_by_pid=MappingProxyType({p: frozenset(k) for p, k in keys_by_pid.items()}),
+        errors=frozenset(errors),
+    )
+
+
+def _list_pids(proc_root: str) -> list[int]:
+    return sorted(int(name) for name in os.listdir(proc_root) if name.isdigit())
+
+
+def _read_exec_mappings(proc_root: str, pid: int) -> dict[LibraryKey, _Line] | None:
+    """The process's executable file mappings, or None if it vanished or cannot be read."""
+    try:
+        with open(f"{proc_root}/{pid}/maps", "rb") as f:
+            data = f.read()
+    except OSError:  # exited (ENOENT, ESRCH) or not ours to read (EACCES): both are normal
+        return None
+    return _exec_mappings(data.decode("utf-8", "surrogateescape"))
+
+
+def _exec_mappings(maps: str) -> dict[LibraryKey, _Line]:
+    """The first executable mapping of each file in a /proc/PID/maps text."""
+    found: dict[LibraryKey, _Line] = {}
+    for match in _EXEC_TAIL.finditer(maps):
+        device, inode, shown = match.groups()
+        key = (_device(device), int(inode))
+        if key not in found and key[1] != 0:
+            x = match.start()
+            # "start-end r-x": the addresses end three characters before the 'x'.
+            found[key] = (maps[maps.rfind("\n", 0, x) + 1 : x - 3], shown)
+    return found
+
+
+@lru_cache(maxsize=1024)
+def _device(device: str) -> int:
+    """st_dev from the hex major:minor that maps shows ("fd:01")."""
+    major, _, minor = device.partition(":")
+    return os.makedev(int(major, 16), int(minor, 16))
+
+
+def _holders_by_key(
+    maps_by_pid: Mapping[int, Mapping[LibraryKey, _Line]],
+) -> dict[LibraryKey, dict[int, _Line]]:
+    holders: dict[LibraryKey, dict[int, _Line]] = {}
+    for pid, mappings in maps_by_pid.items():
+        for key, mapping in mappings.items():
+            holders.setdefault(key, {})[pid] = mapping
+    return holders
+
+
+def _loader_candidates(
+    proc_root: str, maps_by_pid: Mapping[int, Mapping[LibraryKey, _Line]]
+) -> set[LibraryKey]:
+    candidates: set[LibraryKey] = set()
+    for pid, mappings in maps_by_pid.items():
+        candidates |= _loader_keys(proc_root, pid, mappings)
+    return candidates
+
+
+def _loader_keys(proc_root: str, pid: int, mappings: Mapping[LibraryKey, _Line]) -> set[LibraryKey]:
+    """The files that may be this process's dynamic loader: named like one, or its PT_INTERP."""
+    named = {key for key, m in mappings.items() if "/ld-" in m[1] and _is_loader_name(_path_of(m))}
+    if named:
+        return named
+    # Only now read the executable: most processes have a loader named ld-*.so*.
+    interp = elfsyms.interpreter(f"{proc_root}/{pid}/exe")
+    if interp is None:
+        return set()
+    same_path = {key for key, m in mappings.items() if _path_of(m) == interp}
+    if same_path:
+        return same_path
+    # PT_INTERP often names a symlink (/lib64/ld-linux-x86-64.so.2): compare inodes.
+    try:
+        inode = os.stat(f"{proc_root}/{pid}/root{interp}").st_ino
+    except OSError:
+        return set()
+    return {key for key in mappings if key[1] == inode}
+
+
+def _is_loader_name(path: str) -> bool:
+    """ld-*.so* (ld-linux-x86-64.so.2, ld-2.31.so, ld-musl-x86_64.so.1)."""
+    name = path.rsplit("/", 1)[-1]
+    return name.startswith("ld-") and ".so" in name[3:]
+
+
+def _locate_in(proc_root: str, pid: int, key: LibraryKey, mapping: _Line) -> _Located | None:
+    """A path from which the agent opens the file `pid` maps, checked against its inode."""
+    if not _is_deleted(mapping):
+        through_root = f"{proc_root}/{pid}/root{_path_of(mapping)}"
+        st = _stat(through_root)
+        # Only the inode is compared: through overlayfs st_dev is the overlay's, not the
+        # underlying file system's that maps shows.
+        if st is not None and st.st_ino == key[1]:
+            return _Located(mapping, through_root, st)
+    # The kernel's own link to the mapped file: right by construction, even once deleted.
+    through_map = f"{proc_root}/{pid}/map_files/{_map_files_name(mapping)}"
+    st = _stat(through_map)
+    if st is not None:
+        return _Located(mapping, through_map, st)
+    return None
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None

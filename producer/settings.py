@@ -1,0 +1,56 @@
+"""One frozen settings object for capture, built once at the entry point."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: The BPF sources live at the top of the repository, loaded by path.
+DEFAULT_BPF_DIR = Path(
+    os.environ.get("GPUFLIGHT_BPF_DIR", Path(__file__).resolve().parent.parent / "bpf")
+)
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """How capture runs; every field has a named default."""
+
+    #: Where processes are read from; tests point this at fake trees.
+    proc_root: Path = Path("/proc")
+    #: Event ring buffer size in pages (a power of two): 8192 pages = 32 MiB,
+    #: about 380k events, a third of a second at a million events a second.
+    ringbuf_pages: int = 8192
+    #: How long the reader waits for loader notifications between drains.
+    poll_interval_s: float = 0.005
+    #: Full /proc rescans, the safety net behind the loader probe (<= 1 s keeps
+    #: the promise that a new library file is covered within a second).
+    rescan_interval_s: float = 0.5
+    #: Capture only these processes (None: every process on the node).
+    pids: frozenset[int] | None = None
+    #: Children of processes in scope join the scope (trace mode).
+    follow_forks: bool = False
+    #: Stop a process in scope while we attach to a library it just mapped.
+    hold_on_load: bool = False
+    #: Report exec like a link-map change (needs tracefs).
+    watch_exec: bool = True
+    bpf_dir: Path = field(default=DEFAULT_BPF_DIR)
+
+    @property
+    def ringbuf_bytes(self) -> int:
+        return self.ringbuf_pages * mmap.PAGESIZE
+
+    @property
+    def filter_pids(self) -> bool:
+        return self.pids is not None
+
+    def cflags(self) -> list[str]:
+        return [
+            f"-I{self.bpf_dir}",
+            f"-DGF_RINGBUF_PAGES={self.ringbuf_pages}",
+            f"-DGF_FILTER_PIDS={int(self.filter_pids)}",
+            f"-DGF_FOLLOW_FORKS={int(self.follow_forks)}",
+            f"-DGF_HOLD_ON_LOAD={int(self.hold_on_load)}",
+            f"-DGF_WATCH_EXEC={int(self.watch_exec)}",
+        ]

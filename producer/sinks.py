@@ -1,0 +1,69 @@
+"""Where captured events go: a JSON-lines file, a summary, or memory (tests)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from producer.decode import Decoder, Event
+from producer.summary import Summary
+
+
+class EventSink(Protocol):
+    """Takes batches of raw events (records.EVENT_DTYPE) in ring order."""
+
+    def write(self, events: npt.NDArray[np.void]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonLinesSink:
+    """`--output FILE`: one JSON object per event and line ('-' is stdout)."""
+
+    def __init__(self, path: Path | str, decoder: Decoder) -> None:
+        self._decoder = decoder
+        self._own = str(path) != "-"
+        self._file: BinaryIO = open(path, "wb") if self._own else sys.stdout.buffer  # noqa: SIM115
+        self.written = 0
+
+    def write(self, events: npt.NDArray[np.void]) -> None:
+        decoded = self._decoder.decode(events)
+        if decoded:
+            self._file.write(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)
+                                      for e in decoded))
+            self.written += len(decoded)
+
+    def close(self) -> None:
+        self._file.flush()
+        if self._own:
+            self._file.close()
+
+
+class SummarySink:
+    def __init__(self, summary: Summary | None = None) -> None:
+        self.summary = summary or Summary()
+
+    def write(self, events: npt.NDArray[np.void]) -> None:
+        self.summary.add(events)
+
+    def close(self) -> None:
+        pass
+
+
+class MemorySink:
+    """Keeps decoded events in memory; for tests and small tools."""
+
+    def __init__(self, decoder: Decoder | None = None) -> None:
+        self._decoder = decoder or Decoder()
+        self.events: list[Event] = []
+
+    def write(self, events: npt.NDArray[np.void]) -> None:
+        self.events.extend(self._decoder.decode(events))
+
+    def close(self) -> None:
+        pass

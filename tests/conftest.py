@@ -1,0 +1,36 @@
+"""Shared fixtures. Tests that need root/BPF skip locally with a reason, but fail under CI=true."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def bpf_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to attach uprobes"
+    if importlib.util.find_spec("bcc") is None:
+        return "bcc (python3-bpfcc) is not importable"
+    if not (Path("/lib/modules") / os.uname().release / "build" / "include").is_dir():
+        return "no kernel headers (run scripts/setup)"
+    return None
+
+
+def require(reason: str | None) -> None:
+    """Skip with the reason locally; fail under CI, where nothing may be skipped."""
+    if reason is None:
+        return
+    if IN_CI:
+        pytest.fail(f"required in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def bpf_ready() -> None:
+    require(bpf_unavailable_reason())

@@ -1,0 +1,72 @@
+"""Bad input and missing prerequisites: one clear line, a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from producer import cli, environment
+from producer.errors import SetupError
+
+
+def test_not_root_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cli.main(["trace", "--", "true"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[0]] and "needs root" in err[0] and "Traceback" not in err[0]
+
+
+def test_missing_bcc_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bcc" else real(name, *a))
+    with pytest.raises(SetupError, match="python3-bpfcc"):
+        environment.check_can_probe()
+
+
+def test_missing_headers_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    with pytest.raises(SetupError, match=r"linux-headers-.*scripts/setup"):
+        environment.check_can_probe(modules_root=tmp_path)
+
+
+def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["trace", "--", "/no/such/command-here"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "gpuflight: error: command not found: /no/such/command-here"
+
+
+def test_trace_without_a_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["trace"]) == 2
+    assert "trace needs a command" in capsys.readouterr().err
+
+
+def test_producer_without_destination(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["producer"]) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+def test_ring_buffer_pages_must_be_a_power_of_two(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["trace", "--ring-buffer-pages", "3", "--", "true"])
+    assert exit_info.value.code == 2
+    assert "power of two" in capsys.readouterr().err
+
+
+def test_internal_errors_are_one_line_without_verbose(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def boom(_args: object) -> int:
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(cli, "_dispatch", boom)
+    assert cli.main(["producer", "--output", "x"]) == 70
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kaboom" in err and "-v" in err

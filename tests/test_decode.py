@@ -1,0 +1,121 @@
+"""Decoding raw records into --output events, and the summary's arithmetic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from producer.decode import Decoder
+from producer.records import API_IDS, EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType
+from producer.summary import Summary, render
+
+
+def make(rows: list[dict[str, Any]]) -> npt.NDArray[np.void]:
+    events = np.zeros(len(rows), dtype=EVENT_DTYPE)
+    for i, row in enumerate(rows):
+        for key, value in row.items():
+            events[i][key] = value
+    return events
+
+
+def launch(
+    ts: int, grid: tuple[int, int, int], block: tuple[int, int, int], **kw: Any
+) -> dict[str, Any]:
+    return {"ts_ns": ts, "pid": 10, "tid": 11, "api": API_IDS[kw.pop("api", "cudaLaunchKernel")],
+            "type": EventType.LAUNCH, "dim": [*grid, *block], **kw}
+
+
+def test_launch_fields() -> None:
+    events = make([launch(1000, (4, 2, 1), (128, 1, 1), bytes=256, stream=0x1000, handle=0xABC)])
+    (event,) = Decoder(clock_offset_ns=5).decode(events)
+    assert event == {
+        "type": "launch", "ts_ns": 1005, "pid": 10, "tid": 11, "api": "cudaLaunchKernel",
+        "layer": "runtime", "grid": [4, 2, 1], "block": [128, 1, 1], "shared_mem_bytes": 256,
+        "stream": 0x1000, "kernel": None, "function": 0xABC,
+    }
+
+
+def test_sync_copy_has_duration_and_result_async_has_neither() -> None:
+    events = make([
+        {"type": EventType.MEMCPY, "api": API_IDS["cudaMemcpy"], "flags": F_HAS_RESULT,
+         "result": 35, "duration_ns": 700, "bytes": 4096, "dim": [1, 0, 0, 0, 0, 0]},
+        {"type": EventType.MEMCPY, "api": API_IDS["cudaMemcpyAsync"], "flags": F_ASYNC,
+         "bytes": 1 << 20, "dim": [2, 0, 0, 0, 0, 0], "stream": 7},
+    ])
+    sync, copy_async = Decoder(0).decode(events)
+    assert (sync["kind"], sync["async"], sync["duration_ns"], sync["ok"], sync["result"]) == (
+        "H2D", False, 700, False, 35)
+    assert (copy_async["kind"], copy_async["async"], copy_async["duration_ns"],
+            copy_async["ok"], copy_async["stream"]) == ("D2H", True, None, None, 7)
+    assert "result" not in copy_async
+
+
+def test_free_knows_bytes_from_the_allocation() -> None:
+    done = {"flags": F_HAS_RESULT, "result": 0, "pid": 3}
+    events = make([
+        {"type": EventType.ALLOC, "api": API_IDS["cudaMalloc"], "handle": 0x7000, "bytes": 999,
+         "dim": [1, 0, 0, 0, 0, 0], **done},
+        {"type": EventType.FREE, "api": API_IDS["cudaFree"], "handle": 0x7000, **done},
+        {"type": EventType.FREE, "api": API_IDS["cudaFree"], "handle": 0x9000, **done},
+    ])
+    alloc, freed, unknown = Decoder(0).decode(events)
+    assert (alloc["ptr"], alloc["alloc_kind"], alloc["ok"]) == (0x7000, "device", True)
+    assert (freed["ptr"], freed["bytes"]) == (0x7000, 999)
+    assert unknown["bytes"] is None  # allocated before capture began
+
+
+def test_failed_allocation_has_no_pointer() -> None:
+    events = make([{"type": EventType.ALLOC, "api": API_IDS["cudaMallocHost"], "handle": 0,
+                    "flags": F_HAS_RESULT, "result": 2, "bytes": 64, "dim": [4, 0, 0, 0, 0, 0]}])
+    (alloc,) = Decoder(0).decode(events)
+    assert (alloc["ptr"], alloc["ok"], alloc["alloc_kind"]) == (None, False, "host_pinned")
+
+
+def test_sync_scopes() -> None:
+    done = {"flags": F_HAS_RESULT, "result": 0, "duration_ns": 50}
+    events = make([
+        {"type": EventType.SYNC, "api": API_IDS["cudaStreamSynchronize"], "handle": 5,
+         "dim": [1, 0, 0, 0, 0, 0], **done},
+        {"type": EventType.SYNC, "api": API_IDS["cudaEventSynchronize"], "handle": 6,
+         "dim": [3, 0, 0, 0, 0, 0], **done},
+        {"type": EventType.SYNC, "api": API_IDS["cudaDeviceSynchronize"],
+         "dim": [2, 0, 0, 0, 0, 0], **done},
+    ])
+    stream, event, device = Decoder(0).decode(events)
+    assert (stream["scope"], stream["stream"]) == ("stream", 5)
+    assert (event["scope"], event["event"], event["stream"]) == ("event", 6, 0)
+    assert (device["scope"], device["duration_ns"], device["ok"]) == ("device", 50, True)
+
+
+def test_summary_counts_shapes_bandwidth_and_peak() -> None:
+    done = {"flags": F_HAS_RESULT, "result": 0, "pid": 1}
+    rows = [launch(t, (40, 1, 1), (256, 1, 1)) for t in range(8)]
+    rows += [launch(9, (4096, 1, 1), (256, 1, 1), api="cudaLaunchKernel_ptsz")]
+    rows += [
+        {"ts_ns": 10, "type": EventType.MEMCPY, "api": API_IDS["cudaMemcpy"], "bytes": 12_000_000,
+         "duration_ns": 1_000_000, "dim": [1, 0, 0, 0, 0, 0], **done},
+        {"ts_ns": 11, "type": EventType.ALLOC, "api": API_IDS["cudaMalloc"], "handle": 1,
+         "bytes": 100, "dim": [1, 0, 0, 0, 0, 0], **done},
+        {"ts_ns": 12, "type": EventType.ALLOC, "api": API_IDS["cudaMalloc"], "handle": 2,
+         "bytes": 50, "dim": [1, 0, 0, 0, 0, 0], **done},
+        {"ts_ns": 13, "type": EventType.FREE, "api": API_IDS["cudaFree"], "handle": 1, **done},
+        {"ts_ns": 14, "type": EventType.ALLOC, "api": API_IDS["cudaMalloc"], "handle": 3,
+         "bytes": 20, "dim": [1, 0, 0, 0, 0, 0], **done},
+        {"ts_ns": 15, "type": EventType.SYNC, "api": API_IDS["cudaDeviceSynchronize"],
+         "duration_ns": 2_000_000, "dim": [2, 0, 0, 0, 0, 0], **done},
+    ]
+    summary = Summary()
+    events = make(rows)
+    summary.add(events[:5])
+    summary.add(events[5:])
+    assert summary.launches == 9
+    assert summary.launches_by_api == {"cudaLaunchKernel": 8, "cudaLaunchKernel_ptsz": 1}
+    assert summary.shapes.most_common(1) == [(((40, 1, 1), (256, 1, 1)), 8)]
+    assert summary.blocks_total == 8 * 40 + 4096
+    assert summary.copies["H2D"].sync_bandwidth == 12e9
+    assert (summary.peak_live_bytes, summary.live_bytes) == (150, 70)
+    assert summary.sync_ns["device"] == 2_000_000
+    text = render(summary, "job", wall_s=0.01, drops=0)
+    assert "kernel launches" in text and "(40,1,1)" in text and "12.00 GB/s" in text

@@ -1,0 +1,1 @@
+"""Test workloads in C (capture, dlopen), their builder and their oracle."""

@@ -1,0 +1,118 @@
+"""Build the test workloads against each CUDA runtime we probe.
+
+    build_simgpu(outdir)            the stub runtime: outdir/libcudart.so.12
+    build_capture(outdir, runtime)  outdir/capture-RUNTIME
+    build_dlopen(outdir)            outdir/dlopen (links no CUDA runtime)
+    nvidia_runtime_dir(major)       .../site-packages/nvidia/{cuda_runtime,cu13}/lib
+    runtime_library(outdir, runtime)  the file that holds the runtime's code
+
+Runtimes: "stub" (our simulated GPU), "cu12" / "cu13" (NVIDIA's libcudart.so.12 /
+.so.13 from the pip wheels nvidia-cuda-runtime-cu12 / nvidia-cuda-runtime, with a
+run path to the wheel's lib dir), "static12" / "static13" (libcudart_static.a of
+the same wheels linked into the executable, which then holds the runtime itself).
+Builds reuse up-to-date outputs (see producer.demo.build.compile_c).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Literal, get_args
+
+from producer.demo.build import SIMGPU_SONAME, build_simgpu, compile_c, link_args
+from producer.errors import SetupError
+
+__all__ = [
+    "RUNTIMES",
+    "WORKLOADS_DIR",
+    "Runtime",
+    "build_capture",
+    "build_dlopen",
+    "build_simgpu",
+    "nvidia_runtime_dir",
+    "runtime_library",
+]
+
+WORKLOADS_DIR = Path(__file__).resolve().parent
+CAPTURE_SOURCE = WORKLOADS_DIR / "capture.c"
+DLOPEN_SOURCE = WORKLOADS_DIR / "dlopen.c"
+
+Runtime = Literal["stub", "cu12", "cu13", "static12", "static13"]
+RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
+
+# major -> (package holding lib/, pip distribution, shared library file name)
+_WHEELS: dict[int, tuple[str, str, str]] = {
+    12: ("nvidia.cuda_runtime", "nvidia-cuda-runtime-cu12", "libcudart.so.12"),
+    13: ("nvidia.cu13", "nvidia-cuda-runtime", "libcudart.so.13"),
+}
+
+# libcudart_static.a needs these from the C library (all in libc since glibc 2.34;
+# named for older systems). It needs no C++ runtime.
+STATIC_LIBS: tuple[str, ...] = ("-ldl", "-lpthread", "-lrt")
+
+
+def _wheel(major: int) -> tuple[str, str, str]:
+    try:
+        return _WHEELS[major]
+    except KeyError:
+        raise ValueError(f"no CUDA runtime wheel for major version {major}") from None
+
+
+def nvidia_runtime_dir(major: int) -> Path:
+    """The lib dir of the installed CUDA `major` runtime wheel (12 or 13).
+
+    Raises SetupError, naming the wheel to install, when it is missing.
+    """
+    package, dist, soname = _wheel(major)
+    try:
+        spec = importlib.util.find_spec(package)
+    except ModuleNotFoundError:
+        spec = None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        lib_dir = Path(location) / "lib"
+        if (lib_dir / soname).is_file() and (lib_dir / "libcudart_static.a").is_file():
+            return lib_dir
+    raise SetupError(f"the CUDA {major} runtime wheel is not installed: pip install {dist}")
+
+
+def runtime_library(outdir: Path, runtime: Runtime) -> Path:
+    """The file that holds the runtime's code for build_capture(outdir, runtime).
+
+    That is the file a tracer attaches its probes to: the shared library, or for the
+    static runtimes the capture executable itself.
+    """
+    if runtime == "stub":
+        return Path(outdir) / "simgpu" / SIMGPU_SONAME
+    if runtime in ("cu12", "cu13"):
+        major = int(runtime[2:])
+        return nvidia_runtime_dir(major) / _wheel(major)[2]
+    if runtime in ("static12", "static13"):
+        return Path(outdir) / f"capture-{runtime}"
+    raise ValueError(f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
+
+
+def build_capture(outdir: Path, runtime: Runtime) -> Path:
+    """Build outdir/capture-RUNTIME, the capture workload on that runtime; return it."""
+    outdir = Path(outdir)
+    output = outdir / f"capture-{runtime}"
+    if runtime == "stub":
+        lib_dir = build_simgpu(outdir / "simgpu")
+        args = link_args(lib_dir, SIMGPU_SONAME)
+        inputs: list[Path] = []
+    elif runtime in ("cu12", "cu13"):
+        major = int(runtime[2:])
+        lib_dir = nvidia_runtime_dir(major)
+        args = link_args(lib_dir, _wheel(major)[2])
+        inputs = []
+    elif runtime in ("static12", "static13"):
+        archive = nvidia_runtime_dir(int(runtime[6:])) / "libcudart_static.a"
+        args = [str(archive), *STATIC_LIBS]
+        inputs = [archive]
+    else:
+        raise ValueError(f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
+    return compile_c(output, [CAPTURE_SOURCE], [*args, "-lpthread"], inputs=inputs)
+
+
+def build_dlopen(outdir: Path) -> Path:
+    """Build outdir/dlopen, which loads a runtime with dlopen(--lib PATH); return it."""
+    return compile_c(Path(outdir) / "dlopen", [DLOPEN_SOURCE], ["-ldl"])
