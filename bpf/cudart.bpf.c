@@ -194,8 +194,10 @@ static __always_inline int gf_launch(struct pt_regs *ctx, u16 api)
 	ev->dim[3] = (u32)block_xy;
 	ev->dim[4] = block_xy >> 32;
 	ev->dim[5] = (u32)PT_REGS_PARM5(ctx);
-	ev->bytes = gf_stack_arg(ctx, 0);
-	ev->stream = gf_stack_arg(ctx, 1);
+	u64 stacked[2] = {}; /* sharedMem, stream: one read, not two */
+	bpf_probe_read_user(stacked, sizeof(stacked), (void *)(PT_REGS_SP(ctx) + 8));
+	ev->bytes = stacked[0];
+	ev->stream = stacked[1];
 	gf_commit(ev);
 	return 0;
 }

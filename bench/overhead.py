@@ -1,0 +1,122 @@
+"""Per-call cost on the traced process: no probe, an empty uprobe (the floor), gpuflight.
+
+    sudo .venv/bin/python bench/overhead.py [--calls N] [--rounds R]
+
+A C loop makes N cudaLaunchKernel calls (then N launch + N cudaMemcpyAsync) into a
+runtime whose functions start with `push rbp`, like libcudart's. The three modes
+run interleaved, R rounds, on the same machine; medians and ratios are printed.
+gpuflight's run also reports its own events and drops, so the same run says
+whether capture kept up (lossless) at that rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+from tabulate import tabulate
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+
+
+def build(out: Path) -> Path:
+    lib = out / "libcudart.so.12"
+    subprocess.run(["cc", "-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared",
+                    "-Wl,-soname,libcudart.so.12", "-o", str(lib), str(BENCH / "fakert.c")],
+                   check=True)
+    calls = out / "calls"
+    subprocess.run(["cc", "-O2", "-o", str(calls), str(BENCH / "calls.c"), f"-L{out}",
+                    "-l:libcudart.so.12", f"-Wl,-rpath,{out}"], check=True)
+    return calls
+
+
+def prologue(lib: Path, symbol: str) -> bytes:
+    with lib.open("rb") as f:
+        elf = ELFFile(f)
+        sym = elf.get_section_by_name(".dynsym").get_symbol_by_name(symbol)[0]
+        text = elf.get_section_by_name(".text")
+        offset = sym["st_value"] - text["sh_addr"] + text["sh_offset"]
+        f.seek(offset)
+        return f.read(4)
+
+
+def run_calls(calls: Path, n: int, copies: bool) -> float:
+    args = [str(calls), str(n)] + (["copies"] if copies else [])
+    return float(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+
+
+def run_empty(calls: Path, lib: Path, n: int, copies: bool) -> float:
+    from bcc import BPF  # the floor needs a bare bcc program, not gpuflight's
+
+    bpf = BPF(src_file=str(BENCH / "empty.bpf.c").encode())
+    for symbol in ("cudaLaunchKernel", "cudaMemcpyAsync"):
+        bpf.attach_uprobe(name=str(lib).encode(), sym=symbol.encode(), fn_name=b"empty")
+    try:
+        return run_calls(calls, n, copies)
+    finally:
+        bpf.cleanup()
+
+
+def run_gpuflight(calls: Path, n: int, copies: bool) -> tuple[float, int, int]:
+    args = [sys.executable, "-m", "producer", "trace", "--", str(calls), str(n)]
+    proc = subprocess.run(args + (["copies"] if copies else []), check=True,
+                          capture_output=True, text=True, cwd=REPO)
+    ns = float(proc.stdout)
+    events = int(proc.stderr.split(" events):")[0].rsplit(", ", 1)[1].replace(",", ""))
+    dropped = int(proc.stderr.rsplit("events dropped:", 1)[1].split()[0].replace(",", ""))
+    return ns, events, dropped
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        calls = build(Path(tmp))
+        lib = Path(tmp) / "libcudart.so.12"
+        for symbol in ("cudaLaunchKernel", "cudaMemcpyAsync"):
+            head = prologue(lib, symbol)
+            assert head[:1] == b"\x55", f"{symbol} starts with {head.hex()}, not push rbp"
+        rows, raw = [], {}
+        for copies in (False, True):
+            samples: dict[str, list[float]] = {"none": [], "empty": [], "gpuflight": []}
+            captured = dropped = 0
+            for _ in range(args.rounds):
+                samples["none"].append(run_calls(calls, args.calls, copies))
+                samples["empty"].append(run_empty(calls, lib, args.calls, copies))
+                ns, events, drops = run_gpuflight(calls, args.calls, copies)
+                samples["gpuflight"].append(ns)
+                captured += events
+                dropped += drops
+                time.sleep(8)  # let the background probe release finish (see README)
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            expected = args.rounds * args.calls * (2 if copies else 1)
+            rows.append([
+                "launch + memcpyAsync" if copies else "launch",
+                f"{med['none']:.0f}", f"{med['empty']:.0f}", f"{med['gpuflight']:.0f}",
+                f"{med['gpuflight'] / med['empty']:.2f}x",
+                f"{(med['gpuflight'] - med['none']) / (med['empty'] - med['none']):.2f}x",
+                f"{captured:,}/{expected:,}", f"{dropped:,}",
+            ])
+            raw["copies" if copies else "launch"] = samples
+    print(f"machine: {platform.node()} {platform.machine()}, kernel {platform.release()}, "
+          f"{time.strftime('%Y-%m-%d')}, {args.calls:,} calls x {args.rounds} rounds, medians")
+    print(tabulate(rows, headers=["calls", "no probe ns", "empty uprobe ns", "gpuflight ns",
+                                  "vs floor", "added vs floor's added", "events captured",
+                                  "dropped"]))
+    print(json.dumps(raw))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
