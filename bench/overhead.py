@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 from tabulate import tabulate
 
 BENCH = Path(__file__).resolve().parent
@@ -42,8 +43,9 @@ def build(out: Path) -> Path:
 def prologue(lib: Path, symbol: str) -> bytes:
     with lib.open("rb") as f:
         elf = ELFFile(f)
-        sym = elf.get_section_by_name(".dynsym").get_symbol_by_name(symbol)[0]
-        text = elf.get_section_by_name(".text")
+        dynsym, text = elf.get_section_by_name(".dynsym"), elf.get_section_by_name(".text")
+        assert isinstance(dynsym, SymbolTableSection) and text is not None
+        sym = (dynsym.get_symbol_by_name(symbol) or [])[0]
         offset = sym["st_value"] - text["sh_addr"] + text["sh_offset"]
         f.seek(offset)
         return f.read(4)

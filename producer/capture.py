@@ -12,10 +12,11 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from producer import discover
+from producer.decode import Enricher
 from producer.environment import ensure_tracefs
 from producer.probes import DropCounts, Probes
 from producer.settings import CaptureSettings
@@ -37,11 +38,21 @@ class CaptureStats:
 
 
 class Capture:
-    def __init__(self, settings: CaptureSettings, sinks: Sequence[EventSink]) -> None:
+    def __init__(
+        self,
+        settings: CaptureSettings,
+        sinks: Sequence[EventSink],
+        enricher: Enricher | None = None,
+    ) -> None:
         if (settings.follow_forks or settings.watch_exec) and not ensure_tracefs():
             settings = replace(settings, follow_forks=False, watch_exec=False)
         self.settings = settings
         self._sinks = list(sinks)
+        #: Called with each pid seen mapping a probed runtime, while it is alive
+        #: (identity is read then: a short-lived process may be gone at publish time).
+        self.process_observers: list[Callable[[int], None]] = []
+        self._observed: set[int] = set()
+        self.enricher = enricher or Enricher()
         self._classifier = discover.Classifier()
         self._scanned: set[int] = set()
         self._loader_covered: set[int] = set()
@@ -73,11 +84,16 @@ class Capture:
         self.stats.rescans += 1
         for library in snapshot.libraries.values():
             self.probes.attach(library)
+        attached = self.probes.attached
         for pid, keys in snapshot.libraries_by_pid.items():
             self._scanned.add(pid)
-            attached = self.probes.attached
-            if any(k in attached and attached[k].library.kind == "loader" for k in keys):
+            kinds = {attached[k].library.kind for k in keys if k in attached}
+            if "loader" in kinds:
                 self._loader_covered.add(pid)
+            if "runtime" in kinds and pid not in self._observed:
+                self._observed.add(pid)
+                for observer in self.process_observers:
+                    observer(pid)
 
     def rescan(self) -> None:
         live = self._live_pids()
@@ -86,6 +102,7 @@ class Capture:
             live &= wanted
         self._scanned &= live
         self._loader_covered &= live
+        self._observed &= live
         todo = (live - self._scanned) | (live - self._loader_covered)
         self.scan(todo)
 
@@ -110,6 +127,8 @@ class Capture:
             self.rescan()
             self._next_rescan = now + self.settings.rescan_interval_s
         self.drain()
+        for sink in self._sinks:
+            sink.tick()
 
     def _release(self, pid: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -122,6 +141,7 @@ class Capture:
             events = self.probes.ring.drain(BATCH_EVENTS)
             if len(events) == 0:
                 break
+            self.enricher.enrich(events)
             for sink in self._sinks:
                 sink.write(events)
             total += len(events)

@@ -6,9 +6,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from producer import wire
 from producer.errors import GpuflightError, UsageError
+from producer.publish import KafkaSettings, load_config
 from producer.settings import CaptureSettings
 
 log = logging.getLogger("gpuflight")
@@ -31,6 +34,29 @@ def _add_capture_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_kafka_options(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--kafka", required=required, metavar="HOST:PORT",
+                        help="Kafka bootstrap servers")
+    parser.add_argument("--topic-prefix", default=wire.DEFAULT_PREFIX,
+                        help="topics are PREFIX.events.v1 etc. (default %(default)s)")
+    parser.add_argument("--kafka-config", type=Path, metavar="FILE",
+                        help="librdkafka properties (key=value lines), e.g. SASL/TLS; "
+                        "GPUFLIGHT_KAFKA_* variables override (GPUFLIGHT_KAFKA_SASL_PASSWORD)")
+
+
+def _kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> KafkaSettings:
+    settings = KafkaSettings(
+        bootstrap=args.kafka,
+        topic_prefix=args.topic_prefix,
+        config=load_config(args.kafka_config),
+    )
+    if buffer_mb is not None:
+        settings = replace(settings, buffer_bytes=buffer_mb << 20)
+    if getattr(args, "kafka_close_timeout", None) is not None:
+        settings = replace(settings, close_timeout_s=args.kafka_close_timeout)
+    return settings
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuflight",
@@ -46,11 +72,44 @@ def _parser() -> argparse.ArgumentParser:
 
     producer = sub.add_parser("producer", help="capture node-wide until SIGTERM/SIGINT")
     producer.add_argument("--output", "-o", type=Path, help="write events as JSON lines")
+    _add_kafka_options(producer, required=False)
+    producer.add_argument(
+        "--buffer-mb",
+        type=int,
+        default=256,
+        help="bound of the Kafka publish queue; beyond it batches are dropped and counted "
+        "(default %(default)s)",
+    )
+    producer.add_argument(
+        "--kafka-close-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="at shutdown, how long to wait for Kafka to take what is queued (default 30)",
+    )
     producer.add_argument(
         "--pid", type=int, action="append", help="capture only this process (repeatable)"
     )
     producer.add_argument("--proc", type=Path, default=Path("/proc"), help=argparse.SUPPRESS)
     _add_capture_options(producer)
+
+    replay = sub.add_parser("replay", help="re-emit the events of a time range from Kafka")
+    _add_kafka_options(replay, required=True)
+    replay.add_argument("--from", dest="from_time", required=True, metavar="TIME",
+                        help="ISO 8601 (UTC unless it says), or since the epoch: seconds, "
+                        "or an integer with a unit (…ns, …ms) for an exact bound")
+    replay.add_argument("--to", dest="to_time", required=True, metavar="TIME")
+    replay.add_argument("--host", help="only this host's events")
+    replay.add_argument("--pid", type=int, help="only this process's events")
+    where = replay.add_mutually_exclusive_group(required=True)
+    where.add_argument("--output", "-o", type=Path, help="write JSON lines ('-': stdout)")
+    where.add_argument("--to-topic", metavar="TOPIC", help="re-publish into this topic")
+
+    stack = sub.add_parser("stack", help="a local Kafka on loopback, for one machine and tests")
+    stack.add_argument("action", choices=("up", "down", "status"))
+    stack.add_argument("--dir", type=Path, default=None, metavar="DIR",
+                       help="where the stack keeps its data (default "
+                       "~/.local/share/gpuflight/stack)")
 
     demo = sub.add_parser("demo", help="the kernel-fusion showcase on a simulated GPU")
     demo.add_argument("--steps", type=int, default=None, help="training steps per run")
@@ -81,7 +140,34 @@ def _dispatch(args: argparse.Namespace) -> int:
         settings = CaptureSettings(
             proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages
         )
-        return node.run(settings, args.output)
+        kafka = _kafka_settings(args, args.buffer_mb) if args.kafka else None
+        return node.run(settings, args.output, kafka)
+    if args.command == "replay":
+        from producer import replay
+
+        stats = replay.replay(
+            _kafka_settings(args),
+            from_ns=replay.parse_time(args.from_time),
+            to_ns=replay.parse_time(args.to_time),
+            host=args.host,
+            pid=args.pid,
+            output=args.output,
+            to_topic=args.to_topic,
+        )
+        log.info("replayed %d events from %d messages (%d skipped as malformed)",
+                 stats.events, stats.messages, stats.skipped_malformed)
+        return 0
+    if args.command == "stack":
+        from producer import stack
+
+        data_dir = args.dir or stack.default_data_dir()
+        if args.action == "up":
+            stack.stack_up(data_dir)
+        elif args.action == "down":
+            stack.stack_down(data_dir)
+        for line in stack.stack_status(data_dir):
+            print(line)
+        return 0
     if args.command == "demo":
         from producer.demo import showcase
 

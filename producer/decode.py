@@ -1,8 +1,8 @@
 """Raw event arrays → the events of `--output` (one JSON object per line).
 
-Decoding is per batch: columns are turned into Python lists once, then each
-event is assembled from them. The sizes of allocations are remembered per
-process so that a free can say how many bytes it released.
+Two steps: `Enricher` adds, once per batch and in ring order, what only the node
+knows (wall-clock time, the size of each free); `to_events` turns enriched
+records into dicts, per batch (columns become Python lists once).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from producer.records import (
     API_NAMES,
     COPY_KINDS,
     F_ASYNC,
+    F_BYTES_KNOWN,
     F_HAS_RESULT,
     SYNC_SCOPES,
     TYPE_NAMES,
@@ -50,13 +51,14 @@ class AllocationSizes:
     def freed(self, pid: int, ptr: int) -> int | None:
         return self._sizes.pop((pid, ptr), None)
 
-    def forget_process(self, pid: int) -> None:
-        for key in [k for k in self._sizes if k[0] == pid]:
-            del self._sizes[key]
 
+class Enricher:
+    """What only the node knows, added once per batch, in ring order: wall-clock
+    timestamps, and the size of each free (from the allocation of its pointer).
 
-class Decoder:
-    """Stateful decoder: feed it batches in ring order."""
+    Everything downstream (--output, Kafka, the summary) sees enriched records, so
+    a consumer decodes exactly the events `--output` writes, with no state.
+    """
 
     def __init__(self, clock_offset_ns: int | None = None) -> None:
         self.clock_offset_ns = (
@@ -64,85 +66,104 @@ class Decoder:
         )
         self.allocations = AllocationSizes()
 
-    def decode(self, events: npt.NDArray[np.void]) -> list[Event]:
+    def enrich(self, events: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
+        """Enrich a drained batch in place (it is ours) and return it."""
         if len(events) == 0:
-            return []
-        columns = {name: events[name].tolist() for name in events.dtype.names or ()}
-        ts = (events["ts_ns"].astype(np.int64) + self.clock_offset_ns).tolist()
-        out: list[Event] = []
-        for i in range(len(events)):
-            out.append(self._one(columns, ts[i], i))
-        return out
+            return events
+        events["ts_ns"] += np.uint64(self.clock_offset_ns)
+        types = events["type"]
+        memory = np.flatnonzero((types == EventType.ALLOC) | (types == EventType.FREE))
+        for i in memory.tolist():
+            event = events[i]
+            ok = bool(event["flags"] & F_HAS_RESULT) and int(event["result"]) == 0
+            pid, ptr = int(event["pid"]), int(event["handle"])
+            if int(event["type"]) == EventType.ALLOC:
+                if ok:
+                    self.allocations.allocated(pid, ptr, int(event["bytes"]))
+            elif ok:
+                nbytes = self.allocations.freed(pid, ptr)
+                if nbytes is not None:
+                    event["bytes"] = nbytes
+                    event["flags"] |= F_BYTES_KNOWN
+        return events
 
-    def _one(self, c: dict[str, list[Any]], ts_ns: int, i: int) -> Event:
-        etype = c["type"][i]
-        flags = c["flags"][i]
-        has_result = bool(flags & F_HAS_RESULT)
-        event: Event = {
-            "type": TYPE_NAMES.get(etype, f"unknown_{etype}"),
-            "ts_ns": ts_ns,
-            "pid": c["pid"][i],
-            "tid": c["tid"][i],
-            "api": API_NAMES.get(c["api"][i], f"unknown_{c['api'][i]}"),
-            "layer": LAYER_RUNTIME,
-        }
-        result = c["result"][i] if has_result else None
-        ok = (result == 0) if has_result else None
-        duration = c["duration_ns"][i] if has_result else None
-        dim = c["dim"][i]
-        if etype == EventType.LAUNCH:
-            event.update(
-                grid=dim[0:3],
-                block=dim[3:6],
-                shared_mem_bytes=c["bytes"][i],
-                stream=c["stream"][i],
-                kernel=None,
-                function=c["handle"][i],
-            )
-        elif etype == EventType.MEMCPY:
-            kind = dim[0]
-            event.update(
-                bytes=c["bytes"][i],
-                kind=COPY_KINDS[kind] if kind < len(COPY_KINDS) else f"unknown_{kind}",
-                **{"async": bool(flags & F_ASYNC)},
-                stream=c["stream"][i],
-                duration_ns=duration,
-                ok=ok,
-            )
-        elif etype == EventType.MEMSET:
-            event.update(
-                bytes=c["bytes"][i], **{"async": bool(flags & F_ASYNC)}, stream=c["stream"][i]
-            )
-        elif etype == EventType.ALLOC:
-            ptr = c["handle"][i] if ok else None
-            if ok and ptr:
-                self.allocations.allocated(event["pid"], ptr, c["bytes"][i])
-            event.update(
-                bytes=c["bytes"][i],
-                ptr=ptr,
-                alloc_kind=ALLOC_KINDS.get(dim[0], "unknown"),
-                stream=c["stream"][i],
-                duration_ns=duration,
-                ok=ok,
-            )
-        elif etype == EventType.FREE:
-            ptr = c["handle"][i]
-            freed = self.allocations.freed(event["pid"], ptr) if ok is not False else None
-            event.update(
-                ptr=ptr, bytes=freed, stream=c["stream"][i], duration_ns=duration, ok=ok
-            )
-        elif etype == EventType.SYNC:
-            scope = SYNC_SCOPES.get(dim[0], "unknown")
-            handle = c["handle"][i]
-            event.update(
-                scope=scope,
-                stream=handle if scope == "stream" else 0,
-                event=handle if scope == "event" else None,
-                duration_ns=duration,
-                ok=ok,
-            )
-        elif etype == EventType.GRAPH_LAUNCH:
-            event.update(graph_exec=c["handle"][i], stream=c["stream"][i])
-        if has_result:
-            event["result"] = result
-        return event
+
+def to_events(events: npt.NDArray[np.void]) -> list[Event]:
+    """Enriched records → the events of --output. Stateless."""
+    if len(events) == 0:
+        return []
+    columns = {name: events[name].tolist() for name in events.dtype.names or ()}
+    return [_one(columns, i) for i in range(len(events))]
+
+
+def _one(c: dict[str, list[Any]], i: int) -> Event:
+    etype = c["type"][i]
+    flags = c["flags"][i]
+    has_result = bool(flags & F_HAS_RESULT)
+    event: Event = {
+        "type": TYPE_NAMES.get(etype, f"unknown_{etype}"),
+        "ts_ns": c["ts_ns"][i],
+        "pid": c["pid"][i],
+        "tid": c["tid"][i],
+        "api": API_NAMES.get(c["api"][i], f"unknown_{c['api'][i]}"),
+        "layer": LAYER_RUNTIME,
+    }
+    result = c["result"][i] if has_result else None
+    ok = (result == 0) if has_result else None
+    duration = c["duration_ns"][i] if has_result else None
+    dim = c["dim"][i]
+    is_async = bool(flags & F_ASYNC)
+    if etype == EventType.LAUNCH:
+        event.update(
+            grid=dim[0:3],
+            block=dim[3:6],
+            shared_mem_bytes=c["bytes"][i],
+            stream=c["stream"][i],
+            kernel=None,
+            function=c["handle"][i],
+        )
+    elif etype == EventType.MEMCPY:
+        kind = dim[0]
+        event.update(
+            bytes=c["bytes"][i],
+            kind=COPY_KINDS[kind] if kind < len(COPY_KINDS) else f"unknown_{kind}",
+            stream=c["stream"][i],
+            duration_ns=duration,
+            ok=ok,
+        )
+        event["async"] = is_async
+    elif etype == EventType.MEMSET:
+        event.update(bytes=c["bytes"][i], stream=c["stream"][i])
+        event["async"] = is_async
+    elif etype == EventType.ALLOC:
+        event.update(
+            bytes=c["bytes"][i],
+            ptr=c["handle"][i] if ok else None,
+            alloc_kind=ALLOC_KINDS.get(dim[0], "unknown"),
+            stream=c["stream"][i],
+            duration_ns=duration,
+            ok=ok,
+        )
+    elif etype == EventType.FREE:
+        event.update(
+            ptr=c["handle"][i],
+            bytes=c["bytes"][i] if flags & F_BYTES_KNOWN else None,
+            stream=c["stream"][i],
+            duration_ns=duration,
+            ok=ok,
+        )
+    elif etype == EventType.SYNC:
+        scope = SYNC_SCOPES.get(dim[0], "unknown")
+        handle = c["handle"][i]
+        event.update(
+            scope=scope,
+            stream=handle if scope == "stream" else 0,
+            event=handle if scope == "event" else None,
+            duration_ns=duration,
+            ok=ok,
+        )
+    elif etype == EventType.GRAPH_LAUNCH:
+        event.update(graph_exec=c["handle"][i], stream=c["stream"][i])
+    if has_result:
+        event["result"] = result
+    return event

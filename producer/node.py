@@ -1,29 +1,77 @@
-"""`gpuflight producer`: node-wide capture until SIGTERM or SIGINT."""
+"""`gpuflight producer`: node-wide capture until SIGTERM or SIGINT.
+
+Events go to a JSON-lines file, to Kafka, or both; with Kafka, the producer
+also publishes its own metrics and (where NVML is there) GPU samples.
+"""
 
 from __future__ import annotations
 
 import logging
+import queue
 import signal
+import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
+from producer import wire
 from producer.capture import Capture
-from producer.decode import Decoder
 from producer.environment import check_can_probe
 from producer.errors import UsageError
+from producer.publish import KafkaSettings, KafkaSink
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink
 
 log = logging.getLogger(__name__)
 
-#: How often the producer logs its counters.
-STATS_INTERVAL_S = 30.0
+#: How often the producer logs its counters when it has no Kafka to publish them to.
+LOG_INTERVAL_S = 30.0
+NVML_INTERVAL_S = 1.0
 
 
-def run(settings: CaptureSettings, output: Path | None) -> int:
-    if output is None:
-        raise UsageError("producer needs a destination: --output FILE (--kafka comes later)")
+def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float) -> dict[str, Any]:
+    drops = capture.drops()
+    return {
+        "host": kafka.host if kafka else None,
+        "ts_ns": time.time_ns(),
+        "uptime_s": round(time.monotonic() - started, 3),
+        "captured": capture.stats.events,
+        "produced": kafka.produced_events if kafka else 0,
+        "published": kafka.delivered_events if kafka else 0,
+        "dropped_kernel": drops.events,
+        "dropped_kernel_by_pid": {str(k): v for k, v in drops.by_pid.items()},
+        "dropped_user": kafka.dropped_events if kafka else 0,
+        "dropped_user_by_pid": (
+            {str(k): v for k, v in kafka.dropped_by_pid.items()} if kafka else {}
+        ),
+        "queue_messages": kafka.queue_depth() if kafka else 0,
+        "libraries_attached": sum(
+            1 for a in capture.probes.attached.values() if a.library.kind == "runtime"
+        ),
+    }
+
+
+def _start_nvml(samples: queue.SimpleQueue[list[Any]], stop: threading.Event) -> None:
+    try:
+        from producer import nvml
+
+        sampler = nvml.NvmlSampler()
+    except Exception as exc:  # NvmlUnavailable and anything the library throws
+        log.info("NVML: %s; GPU samples are off, capture goes on", exc)
+        return
+    thread = threading.Thread(
+        target=nvml.run_sampler,
+        args=(sampler, samples.put, NVML_INTERVAL_S, stop),
+        name="nvml",
+        daemon=True,
+    )
+    thread.start()
+
+
+def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None = None) -> int:
+    if output is None and kafka is None:
+        raise UsageError("producer needs a destination: --kafka HOST:PORT and/or --output FILE")
     check_can_probe()
     stopping: list[int] = []
 
@@ -32,29 +80,68 @@ def run(settings: CaptureSettings, output: Path | None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
-    sinks: list[EventSink] = [JsonLinesSink(output, Decoder())]
+    sinks: list[EventSink] = []
+    if output is not None:
+        sinks.append(JsonLinesSink(output))
+    kafka_sink = KafkaSink(kafka, proc_root=settings.proc_root) if kafka else None
+    if kafka_sink is not None:
+        sinks.append(kafka_sink)
     capture = Capture(settings, sinks)
+    if kafka_sink is not None:
+        capture.process_observers.append(kafka_sink.observe)
     capture.start()
+    started = time.monotonic()
+    samples: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+    nvml_stop = threading.Event()
+    if kafka_sink is not None:
+        _start_nvml(samples, nvml_stop)
     scope = "every process" if settings.pids is None else f"pids {sorted(settings.pids)}"
+    destinations = ", ".join(
+        ([str(output)] if output else []) + ([f"Kafka {kafka.bootstrap}"] if kafka else [])
+    )
     log.info(
-        "ready: capturing %s, %d library file(s) attached",
+        "ready: capturing %s into %s, %d library file(s) attached",
         scope,
+        destinations,
         sum(1 for a in capture.probes.attached.values() if a.library.kind == "runtime"),
     )
-    next_stats = time.monotonic() + STATS_INTERVAL_S
+    interval = kafka.metrics_interval_s if kafka else LOG_INTERVAL_S
+    next_report = time.monotonic() + interval
     try:
         while not stopping:
             capture.step()
-            if time.monotonic() >= next_stats:
-                drops = capture.drops()
-                log.info("captured %d events, dropped %d", capture.stats.events, drops.events)
-                next_stats += STATS_INTERVAL_S
+            if kafka_sink is not None and kafka is not None:
+                while not samples.empty():
+                    gpus = [s.to_dict() for s in samples.get()]
+                    kafka_sink.publish_record(kafka.topics.nvml, wire.NVML_SCHEMA,
+                                              {"host": kafka_sink.host, "ts_ns": time.time_ns(),
+                                               "gpus": gpus})
+            if time.monotonic() >= next_report:
+                _report(capture, kafka_sink, kafka, started)
+                next_report += interval
     finally:
+        nvml_stop.set()
+        capture.drain()
+        if kafka_sink is not None and kafka is not None:
+            # The last metrics say what was delivered, so deliver first.
+            kafka_sink.flush(kafka.close_timeout_s)
+        _report(capture, kafka_sink, kafka, started)
         drops = capture.close()
     log.info(
-        "stopped: captured %d events, dropped %d in the kernel%s",
+        "stopped: captured %d events, dropped %d in the kernel%s%s",
         capture.stats.events,
         drops.events,
         f" (by pid: {drops.by_pid})" if drops.by_pid else "",
+        f", {kafka_sink.dropped_events} beyond the Kafka buffer" if kafka_sink else "",
     )
     return 0
+
+
+def _report(
+    capture: Capture, sink: KafkaSink | None, kafka: KafkaSettings | None, started: float
+) -> None:
+    record = metrics_record(capture, sink, started)
+    if sink is not None and kafka is not None:
+        sink.publish_record(kafka.topics.metrics, wire.METRICS_SCHEMA, record)
+    else:
+        log.info("captured %d events, dropped %d", record["captured"], record["dropped_kernel"])

@@ -115,6 +115,8 @@ SYNC_SCOPES: Final[dict[int, str]] = {1: "stream", 2: "device", 3: "event"}
 
 F_HAS_RESULT: Final = 0x1
 F_ASYNC: Final = 0x2
+#: Set by user space (never by BPF): a free's `bytes` is known (from its allocation).
+F_BYTES_KNOWN: Final = 0x80
 
 #: struct gf_event (80 bytes).
 EVENT_DTYPE: Final = np.dtype(

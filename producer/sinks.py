@@ -10,14 +10,17 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from producer.decode import Decoder, Event
+from producer.decode import Event, to_events
 from producer.summary import Summary
 
 
 class EventSink(Protocol):
-    """Takes batches of raw events (records.EVENT_DTYPE) in ring order."""
+    """Takes batches of enriched events (records.EVENT_DTYPE) in ring order."""
 
     def write(self, events: npt.NDArray[np.void]) -> None: ...
+
+    def tick(self) -> None:
+        """Called every loop turn, events or not (time-based flushing)."""
 
     def close(self) -> None: ...
 
@@ -25,18 +28,20 @@ class EventSink(Protocol):
 class JsonLinesSink:
     """`--output FILE`: one JSON object per event and line ('-' is stdout)."""
 
-    def __init__(self, path: Path | str, decoder: Decoder) -> None:
-        self._decoder = decoder
+    def __init__(self, path: Path | str) -> None:
         self._own = str(path) != "-"
         self._file: BinaryIO = open(path, "wb") if self._own else sys.stdout.buffer  # noqa: SIM115
         self.written = 0
 
     def write(self, events: npt.NDArray[np.void]) -> None:
-        decoded = self._decoder.decode(events)
+        decoded = to_events(events)
         if decoded:
             self._file.write(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)
                                       for e in decoded))
             self.written += len(decoded)
+
+    def tick(self) -> None:
+        pass
 
     def close(self) -> None:
         self._file.flush()
@@ -51,6 +56,9 @@ class SummarySink:
     def write(self, events: npt.NDArray[np.void]) -> None:
         self.summary.add(events)
 
+    def tick(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -58,12 +66,14 @@ class SummarySink:
 class MemorySink:
     """Keeps decoded events in memory; for tests and small tools."""
 
-    def __init__(self, decoder: Decoder | None = None) -> None:
-        self._decoder = decoder or Decoder()
+    def __init__(self) -> None:
         self.events: list[Event] = []
 
     def write(self, events: npt.NDArray[np.void]) -> None:
-        self.events.extend(self._decoder.decode(events))
+        self.events.extend(to_events(events))
+
+    def tick(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

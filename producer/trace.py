@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from producer.capture import Capture
-from producer.decode import Decoder
 from producer.environment import check_can_probe
 from producer.errors import UsageError
 from producer.settings import CaptureSettings
@@ -74,11 +73,10 @@ def run(
     check_can_probe()
     base = settings or CaptureSettings()
     settings = replace(base, pids=frozenset(), follow_forks=True, hold_on_load=True)
-    decoder = Decoder()
     summary_sink = SummarySink()
     sinks: list[EventSink] = [summary_sink]
     if output is not None:
-        sinks.append(JsonLinesSink(output, decoder))
+        sinks.append(JsonLinesSink(output))
     capture = Capture(settings, sinks)
     pid, release = _spawn_held(argv)
     capture.probes.add_to_scope([pid])

@@ -7,9 +7,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from producer.decode import Decoder
+from producer.decode import Enricher, to_events
 from producer.records import API_IDS, EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType
 from producer.summary import Summary, render
+
+
+def decode(events: npt.NDArray[np.void], offset: int = 0) -> list[dict[str, Any]]:
+    return to_events(Enricher(clock_offset_ns=offset).enrich(events))
 
 
 def make(rows: list[dict[str, Any]]) -> npt.NDArray[np.void]:
@@ -29,7 +33,7 @@ def launch(
 
 def test_launch_fields() -> None:
     events = make([launch(1000, (4, 2, 1), (128, 1, 1), bytes=256, stream=0x1000, handle=0xABC)])
-    (event,) = Decoder(clock_offset_ns=5).decode(events)
+    (event,) = decode(events, 5)
     assert event == {
         "type": "launch", "ts_ns": 1005, "pid": 10, "tid": 11, "api": "cudaLaunchKernel",
         "layer": "runtime", "grid": [4, 2, 1], "block": [128, 1, 1], "shared_mem_bytes": 256,
@@ -44,7 +48,7 @@ def test_sync_copy_has_duration_and_result_async_has_neither() -> None:
         {"type": EventType.MEMCPY, "api": API_IDS["cudaMemcpyAsync"], "flags": F_ASYNC,
          "bytes": 1 << 20, "dim": [2, 0, 0, 0, 0, 0], "stream": 7},
     ])
-    sync, copy_async = Decoder(0).decode(events)
+    sync, copy_async = decode(events)
     assert (sync["kind"], sync["async"], sync["duration_ns"], sync["ok"], sync["result"]) == (
         "H2D", False, 700, False, 35)
     assert (copy_async["kind"], copy_async["async"], copy_async["duration_ns"],
@@ -60,7 +64,7 @@ def test_free_knows_bytes_from_the_allocation() -> None:
         {"type": EventType.FREE, "api": API_IDS["cudaFree"], "handle": 0x7000, **done},
         {"type": EventType.FREE, "api": API_IDS["cudaFree"], "handle": 0x9000, **done},
     ])
-    alloc, freed, unknown = Decoder(0).decode(events)
+    alloc, freed, unknown = decode(events)
     assert (alloc["ptr"], alloc["alloc_kind"], alloc["ok"]) == (0x7000, "device", True)
     assert (freed["ptr"], freed["bytes"]) == (0x7000, 999)
     assert unknown["bytes"] is None  # allocated before capture began
@@ -69,7 +73,7 @@ def test_free_knows_bytes_from_the_allocation() -> None:
 def test_failed_allocation_has_no_pointer() -> None:
     events = make([{"type": EventType.ALLOC, "api": API_IDS["cudaMallocHost"], "handle": 0,
                     "flags": F_HAS_RESULT, "result": 2, "bytes": 64, "dim": [4, 0, 0, 0, 0, 0]}])
-    (alloc,) = Decoder(0).decode(events)
+    (alloc,) = decode(events)
     assert (alloc["ptr"], alloc["ok"], alloc["alloc_kind"]) == (None, False, "host_pinned")
 
 
@@ -83,7 +87,7 @@ def test_sync_scopes() -> None:
         {"type": EventType.SYNC, "api": API_IDS["cudaDeviceSynchronize"],
          "dim": [2, 0, 0, 0, 0, 0], **done},
     ])
-    stream, event, device = Decoder(0).decode(events)
+    stream, event, device = decode(events)
     assert (stream["scope"], stream["stream"]) == ("stream", 5)
     assert (event["scope"], event["event"], event["stream"]) == ("event", 6, 0)
     assert (device["scope"], device["duration_ns"], device["ok"]) == ("device", 50, True)

@@ -1,0 +1,15 @@
+# The gpuflight node agent: Debian's bcc, our package, the BPF sources.
+FROM debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3-bpfcc python3-venv python3-pip \
+       gcc libc6-dev util-linux \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /opt/gpuflight
+COPY pyproject.toml README.md ./
+COPY bpf ./bpf
+COPY producer ./producer
+COPY streams ./streams
+RUN python3 -m venv --system-site-packages /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir -e .
+ENV GPUFLIGHT_BPF_DIR=/opt/gpuflight/bpf PATH=/opt/venv/bin:$PATH
+ENTRYPOINT ["gpuflight"]

@@ -1,0 +1,124 @@
+"""Who a process is: read once per process from /proc, published to the processes topic.
+
+The job a process belongs to, in order of preference: its Kubernetes pod
+(namespace/pod), its SLURM job, or its command and pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+_CONTAINER_ID: Final = re.compile(r"([0-9a-f]{64})")
+_POD_UID: Final = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
+_SERVICE_ACCOUNT_NAMESPACE: Final = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    host: str
+    pid: int
+    start_time: int  # clock ticks since boot (/proc/PID/stat field 22)
+    started_at_ns: int | None
+    comm: str | None
+    cmdline: list[str]
+    exe: str | None
+    container_id: str | None
+    pod_uid: str | None
+    pod: str | None
+    namespace: str | None
+    slurm_job_id: str | None
+
+    @property
+    def job(self) -> str:
+        if self.pod:
+            return f"k8s:{self.namespace or 'default'}/{self.pod}"
+        if self.slurm_job_id:
+            return f"slurm:{self.slurm_job_id}"
+        return f"{self.comm or 'unknown'}:{self.pid}"
+
+    def to_record(self) -> dict[str, Any]:
+        return {**asdict(self), "job": self.job}
+
+
+def _read(path: Path, limit: int = 1 << 20) -> bytes | None:
+    with contextlib.suppress(OSError), path.open("rb") as f:
+        return f.read(limit)
+    return None
+
+
+def stat_fields(proc_root: Path, pid: int) -> tuple[str, list[str]] | None:
+    """(comm, the fields after comm) of /proc/PID/stat; comm may hold spaces."""
+    raw = _read(proc_root / str(pid) / "stat")
+    if not raw:
+        return None
+    text = raw.decode(errors="replace")
+    open_paren, close_paren = text.find("("), text.rfind(")")
+    if open_paren < 0 or close_paren < 0:
+        return None
+    return text[open_paren + 1 : close_paren], text[close_paren + 2 :].split()
+
+
+def start_time(proc_root: Path, pid: int) -> int:
+    """The process's start time in clock ticks since boot (0 if it is gone)."""
+    fields = stat_fields(proc_root, pid)
+    # Fields after comm start at field 3 (state); starttime is field 22.
+    return int(fields[1][19]) if fields and len(fields[1]) > 19 else 0
+
+
+def _boot_time_ns(proc_root: Path) -> int | None:
+    raw = _read(proc_root / "stat")
+    for line in (raw or b"").splitlines():
+        if line.startswith(b"btime "):
+            return int(line.split()[1]) * 1_000_000_000
+    return None
+
+
+def _environ(proc_root: Path, pid: int) -> dict[str, str]:
+    raw = _read(proc_root / str(pid) / "environ") or b""
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def resolve(proc_root: Path, pid: int, host: str, clock_ticks: int = 100) -> ProcessIdentity:
+    """Everything /proc says about a process; fields of a vanished process are None."""
+    base = proc_root / str(pid)
+    fields = stat_fields(proc_root, pid)
+    ticks = int(fields[1][19]) if fields and len(fields[1]) > 19 else 0
+    boot = _boot_time_ns(proc_root)
+    cmdline = (_read(base / "cmdline") or b"").rstrip(b"\0").split(b"\0")
+    cgroup = (_read(base / "cgroup") or b"").decode(errors="replace")
+    env = _environ(proc_root, pid)
+    exe: str | None = None
+    with contextlib.suppress(OSError):
+        exe = str((base / "exe").readlink())
+    container = _CONTAINER_ID.search(cgroup)
+    pod_uid = _POD_UID.search(cgroup)
+    in_kubernetes = pod_uid is not None or "KUBERNETES_SERVICE_HOST" in env
+    namespace = env.get("POD_NAMESPACE")
+    if in_kubernetes and namespace is None:
+        raw_ns = _read(base / "root" / _SERVICE_ACCOUNT_NAMESPACE, 256)
+        namespace = raw_ns.decode().strip() if raw_ns else None
+    return ProcessIdentity(
+        host=host,
+        pid=pid,
+        start_time=ticks,
+        started_at_ns=boot + ticks * 1_000_000_000 // clock_ticks if boot and ticks else None,
+        comm=fields[0] if fields else None,
+        cmdline=[c.decode(errors="replace") for c in cmdline if c],
+        exe=exe,
+        container_id=container.group(1) if container else None,
+        pod_uid=pod_uid.group(1).replace("_", "-") if pod_uid else None,
+        pod=(env.get("POD_NAME") or env.get("HOSTNAME")) if in_kubernetes else None,
+        namespace=namespace,
+        slurm_job_id=env.get("SLURM_JOB_ID"),
+    )

@@ -1,0 +1,453 @@
+"""GPU-side gauges from NVML (nvidia-ml-py's `pynvml`), one `GpuSample` per GPU and call.
+
+The eBPF probes see what applications ask of CUDA; NVML says what the GPUs did meanwhile:
+utilization, memory, power, temperature, SM clock, PCIe traffic and per-process use.
+
+    sampler = NvmlSampler()          # NvmlUnavailable: log it once and carry on without GPU gauges
+    samples = sampler.sample()       # never raises for a gauge a GPU or driver lacks: it is None
+
+A gauge the GPU or driver does not give (NVMLError_NotSupported, NoPermission, GpuIsLost, an
+older driver without the function...) is None in the sample, never an exception.
+
+NVML is found by the name libnvidia-ml.so.1, as pynvml does, unless a file is named: the
+`library_path` argument or GPUFLIGHT_NVML_LIB. pynvml keeps one library per process, so the first
+sampler's choice holds for the process; asking for another file afterwards is NvmlUnavailable.
+
+Costs: NVML's PCIe throughput counter is read over a 20 ms window per call, two calls per GPU,
+so a sample of an 8-GPU node takes about a third of a second; sample from its own thread
+(`start_sampler`), never from the capture loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Final, TypeVar
+
+from producer.errors import GpuflightError
+
+log = logging.getLogger(__name__)
+
+#: Names a specific libnvidia-ml.so.1 (e.g. one unpacked from a driver package).
+LIBRARY_ENV: Final = "GPUFLIGHT_NVML_LIB"
+#: The name pynvml (and the driver's own tools) load NVML by.
+DEFAULT_LIBRARY: Final = "libnvidia-ml.so.1"
+#: NVML reports PCIe throughput in KB/s, KB being 1024 bytes.
+_PCIE_KB: Final = 1024
+
+T = TypeVar("T")
+
+
+class NvmlUnavailable(GpuflightError):  # noqa: N818 (the name says what callers check)
+    """NVML cannot be used on this machine (no library, no driver, no GPU): one line saying why."""
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process on one GPU; a figure NVML did not give for it is None."""
+
+    pid: int
+    #: SM and memory-controller utilization of this process in its latest NVML sample since the
+    #: previous `sample()` (None: NVML had no utilization sample for it, or cannot give them).
+    sm_util_pct: int | None
+    mem_util_pct: int | None
+    #: GPU memory the process holds (None: not a compute process, or not reported).
+    used_memory_bytes: int | None
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {
+            "pid": self.pid,
+            "sm_util_pct": self.sm_util_pct,
+            "mem_util_pct": self.mem_util_pct,
+            "used_memory_bytes": self.used_memory_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> ProcessSample:
+        return cls(
+            pid=_req(_int(data, "pid")),
+            sm_util_pct=_int(data, "sm_util_pct"),
+            mem_util_pct=_int(data, "mem_util_pct"),
+            used_memory_bytes=_int(data, "used_memory_bytes"),
+        )
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one moment; every gauge the GPU or driver did not give is None."""
+
+    #: NVML's device index (the order of nvidia-smi, not CUDA_VISIBLE_DEVICES').
+    gpu: int
+    uuid: str | None
+    name: str | None
+    utilization_gpu_pct: int | None
+    utilization_memory_pct: int | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    power_w: float | None
+    temperature_c: int | None
+    sm_clock_mhz: int | None
+    pcie_rx_bytes_per_s: int | None
+    pcie_tx_bytes_per_s: int | None
+    #: Compute processes and processes with utilization samples, by pid; None when NVML gives
+    #: neither list for this GPU (empty: it gives them and there are none).
+    processes: tuple[ProcessSample, ...] | None
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON types only (orjson/json ready); `from_dict` is the inverse."""
+        return {
+            "gpu": self.gpu,
+            "uuid": self.uuid,
+            "name": self.name,
+            "utilization_gpu_pct": self.utilization_gpu_pct,
+            "utilization_memory_pct": self.utilization_memory_pct,
+            "memory_used_bytes": self.memory_used_bytes,
+            "memory_total_bytes": self.memory_total_bytes,
+            "power_w": self.power_w,
+            "temperature_c": self.temperature_c,
+            "sm_clock_mhz": self.sm_clock_mhz,
+            "pcie_rx_bytes_per_s": self.pcie_rx_bytes_per_s,
+            "pcie_tx_bytes_per_s": self.pcie_tx_bytes_per_s,
+            "processes": None
+            if self.processes is None
+            else [p.to_dict() for p in self.processes],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> GpuSample:
+        """Decode `to_dict()` output (e.g. parsed from Kafka); ValueError names a bad field."""
+        procs = data.get("processes")
+        if procs is not None and not (
+            isinstance(procs, list) and all(isinstance(p, Mapping) for p in procs)
+        ):
+            raise ValueError(f"GpuSample field 'processes' is not a list of objects: {procs!r}")
+        power = data.get("power_w")
+        if power is not None and (isinstance(power, bool) or not isinstance(power, int | float)):
+            raise ValueError(f"GpuSample field 'power_w' is not a number: {power!r}")
+        return cls(
+            gpu=_req(_int(data, "gpu")),
+            uuid=_str(data, "uuid"),
+            name=_str(data, "name"),
+            utilization_gpu_pct=_int(data, "utilization_gpu_pct"),
+            utilization_memory_pct=_int(data, "utilization_memory_pct"),
+            memory_used_bytes=_int(data, "memory_used_bytes"),
+            memory_total_bytes=_int(data, "memory_total_bytes"),
+            power_w=None if power is None else float(power),
+            temperature_c=_int(data, "temperature_c"),
+            sm_clock_mhz=_int(data, "sm_clock_mhz"),
+            pcie_rx_bytes_per_s=_int(data, "pcie_rx_bytes_per_s"),
+            pcie_tx_bytes_per_s=_int(data, "pcie_tx_bytes_per_s"),
+            processes=None if procs is None else tuple(ProcessSample.from_dict(p) for p in procs),
+        )
+
+
+def _int(data: Mapping[str, object], key: str) -> int | None:
+    if key not in data:
+        raise ValueError(f"GpuSample field {key!r} is missing")
+    value = data[key]
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"GpuSample field {key!r} is not an integer: {value!r}")
+
+
+def _str(data: Mapping[str, object], key: str) -> str | None:
+    if key not in data:
+        raise ValueError(f"GpuSample field {key!r} is missing")
+    value = data[key]
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"GpuSample field {key!r} is not a string: {value!r}")
+
+
+def _req(value: int | None) -> int:
+    if value is None:
+        raise ValueError("GpuSample: 'gpu' and 'pid' cannot be null")
+    return value
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: object
+    uuid: str | None
+    name: str | None
+    #: NVML CPU timestamp (µs) of the newest process-utilization sample seen; 0: none yet.
+    last_util_us: int = 0
+
+
+class NvmlSampler:
+    """Initialises NVML once, finds the GPUs, and reads their gauges on each `sample()`.
+
+    `nvml` is the pynvml module (a fake one in tests); `library_path` (else GPUFLIGHT_NVML_LIB,
+    else the loader's libnvidia-ml.so.1) names the NVML library file.
+    """
+
+    def __init__(
+        self,
+        library_path: str | os.PathLike[str] | None = None,
+        *,
+        nvml: ModuleType | None = None,
+    ) -> None:
+        #: pynvml has no type information: its functions and structs are Any here.
+        self._nvml: Any = nvml if nvml is not None else _import_pynvml()
+        if library_path is None:
+            library_path = os.environ.get(LIBRARY_ENV) or None
+        self.library = os.fspath(library_path) if library_path is not None else DEFAULT_LIBRARY
+        if library_path is not None:
+            _preload(self._nvml, self.library)
+        self._init()
+        self._closed = False
+        self._unsupported: set[tuple[int, str]] = set()
+        try:
+            self.devices = self._enumerate()
+        except BaseException:
+            self.close()
+            raise
+
+    def _init(self) -> None:
+        nv = self._nvml
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError_LibraryNotFound:
+            raise NvmlUnavailable(
+                f"NVML library not found: no {DEFAULT_LIBRARY} on the loader path (no NVIDIA "
+                f"driver installed here?); {LIBRARY_ENV} can name the file"
+            ) from None
+        except nv.NVMLError_DriverNotLoaded:
+            raise NvmlUnavailable(
+                f"NVIDIA driver not loaded: NVML ({self.library}) is there, but no kernel "
+                "driver answers"
+            ) from None
+        except nv.NVMLError_LibRmVersionMismatch:
+            raise NvmlUnavailable(
+                f"NVML library {self.library} does not match the loaded NVIDIA kernel driver"
+            ) from None
+        except nv.NVMLError_NoPermission:
+            raise NvmlUnavailable(
+                "NVML has no permission to open the NVIDIA devices (/dev/nvidia*)"
+            ) from None
+        except nv.NVMLError as e:
+            raise NvmlUnavailable(f"NVML failed to initialise: {_one_line(e)}") from None
+
+    def _enumerate(self) -> list[_Device]:
+        nv = self._nvml
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+        except nv.NVMLError as e:
+            raise NvmlUnavailable(f"NVML cannot count the GPUs: {_one_line(e)}") from None
+        if count == 0:
+            raise NvmlUnavailable("no GPU: the NVIDIA driver is loaded but NVML sees no device")
+        devices: list[_Device] = []
+        for index in range(count):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+            except nv.NVMLError as e:
+                log.warning("GPU %d is skipped: NVML gives no handle (%s)", index, _one_line(e))
+                continue
+            devices.append(self._device(index, handle))
+        if not devices:
+            raise NvmlUnavailable(f"no GPU: NVML sees {count} device(s) but can open none")
+        return devices
+
+    def _device(self, index: int, handle: object) -> _Device:
+        nv = self._nvml
+        return _Device(
+            index,
+            handle,
+            uuid=self._read(index, "uuid", lambda: str(nv.nvmlDeviceGetUUID(handle))),
+            name=self._read(index, "name", lambda: str(nv.nvmlDeviceGetName(handle))),
+        )
+
+    def _read(self, gpu: int, what: str, get: Callable[[], T]) -> T | None:
+        """`get()`, or None (logged once per GPU and gauge) when NVML cannot give it."""
+        nv = self._nvml
+        try:
+            return get()
+        except (nv.NVMLError, nv.NVMLLibraryMismatchError) as e:
+            if (gpu, what) not in self._unsupported:
+                self._unsupported.add((gpu, what))
+                log.debug("GPU %d: no %s from NVML (%s)", gpu, what, _one_line(e))
+            return None
+
+    def sample(self) -> list[GpuSample]:
+        """Every GPU's gauges now; per-process figures cover the time since the last call."""
+        return [self._sample(d) for d in self.devices]
+
+    def _sample(self, dev: _Device) -> GpuSample:
+        nv = self._nvml
+        h = dev.handle
+        i = dev.index
+        util = self._read(i, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        mem = self._read(i, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        power_mw = self._read(i, "power", lambda: int(nv.nvmlDeviceGetPowerUsage(h)))
+        rx_kb = self._read(
+            i, "pcie_rx", lambda: int(nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))
+        )
+        tx_kb = self._read(
+            i, "pcie_tx", lambda: int(nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))
+        )
+        temperature = self._read(
+            i, "temperature", lambda: int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        )
+        return GpuSample(
+            gpu=i,
+            uuid=dev.uuid,
+            name=dev.name,
+            utilization_gpu_pct=None if util is None else int(util.gpu),
+            utilization_memory_pct=None if util is None else int(util.memory),
+            memory_used_bytes=None if mem is None else int(mem.used),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            power_w=None if power_mw is None else power_mw / 1000,
+            temperature_c=temperature,
+            sm_clock_mhz=self._read(
+                i, "sm_clock", lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            ),
+            pcie_rx_bytes_per_s=None if rx_kb is None else rx_kb * _PCIE_KB,
+            pcie_tx_bytes_per_s=None if tx_kb is None else tx_kb * _PCIE_KB,
+            processes=self._processes(dev),
+        )
+
+    def _processes(self, dev: _Device) -> tuple[ProcessSample, ...] | None:
+        nv = self._nvml
+        h = dev.handle
+        running = self._read(
+            dev.index, "processes", lambda: list(nv.nvmlDeviceGetComputeRunningProcesses(h))
+        )
+        utils = self._read(dev.index, "process_utilization", lambda: self._utilization(dev))
+        if running is None and utils is None:
+            return None
+        memory: dict[int, int | None] = {}
+        for p in running or ():
+            used = p.usedGpuMemory  # pynvml gives None where NVML has no figure
+            memory[int(p.pid)] = None if used is None else int(used)
+        latest: dict[int, Any] = {}
+        for s in utils or ():
+            pid = int(s.pid)
+            if pid not in latest or int(s.timeStamp) >= int(latest[pid].timeStamp):
+                latest[pid] = s
+        return tuple(
+            ProcessSample(
+                pid=pid,
+                sm_util_pct=int(latest[pid].smUtil) if pid in latest else None,
+                mem_util_pct=int(latest[pid].memUtil) if pid in latest else None,
+                used_memory_bytes=memory.get(pid),
+            )
+            for pid in sorted(memory.keys() | latest.keys())
+        )
+
+    def _utilization(self, dev: _Device) -> list[Any]:
+        """Process-utilization samples newer than the last ones seen (advances the mark)."""
+        nv = self._nvml
+        try:
+            samples = list(nv.nvmlDeviceGetProcessUtilization(dev.handle, dev.last_util_us))
+        except nv.NVMLError_NotFound:
+            return []  # no process had a sample since the mark
+        except nv.NVMLError as e:
+            if e.value == nv.NVML_SUCCESS:
+                return []  # pynvml raises "Success" when NVML reports zero samples
+            raise
+        if samples:
+            dev.last_util_us = max(dev.last_util_us, *(int(s.timeStamp) for s in samples))
+        return samples
+
+    def close(self) -> None:
+        """Shut NVML down (once); the sampler cannot sample afterwards."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        nv = self._nvml
+        try:
+            nv.nvmlShutdown()
+        except nv.NVMLError as e:
+            log.debug("nvmlShutdown: %s", _one_line(e))
+
+    def __enter__(self) -> NvmlSampler:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _import_pynvml() -> ModuleType:
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError:
+        raise NvmlUnavailable(
+            "NVML bindings not installed: the Python package nvidia-ml-py (pynvml) is missing"
+        ) from None
+
+
+def _preload(nv: Any, path: str) -> None:
+    """Make pynvml use the NVML library at `path` (it would dlopen libnvidia-ml.so.1 by name).
+
+    pynvml loads the library into its module global `nvmlLib` on the first nvmlInit unless it is
+    already set, so setting it first is the supported way to choose the file.
+    """
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        reason = _one_line(e).removeprefix(f"{path}: ")
+        raise NvmlUnavailable(f"NVML library {path} cannot be loaded: {reason}") from None
+    with nv.libLoadLock:
+        loaded = nv.nvmlLib
+        if loaded is None:
+            nv.nvmlLib = lib
+        elif loaded._handle != lib._handle:  # dlopen gives one handle per loaded file
+            raise NvmlUnavailable(
+                f"NVML is already loaded in this process from {loaded._name}; "
+                f"cannot switch to {path}"
+            )
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def run_sampler(
+    sampler: NvmlSampler,
+    publish: Callable[[list[GpuSample]], None],
+    interval_s: float,
+    stop: threading.Event,
+) -> None:
+    """Sample and publish every `interval_s` (on a fixed schedule) until `stop` is set.
+
+    A failing `publish` (or an unexpected error) is logged and the loop goes on; ticks missed
+    because a sample ran long are skipped, not caught up.
+    """
+    if interval_s <= 0:
+        raise ValueError(f"interval_s must be positive, not {interval_s}")
+    next_at = time.monotonic()
+    while not stop.is_set():
+        try:
+            publish(sampler.sample())
+        except Exception:
+            log.exception("GPU sample not published")
+        now = time.monotonic()
+        next_at += interval_s
+        if next_at < now:
+            next_at = now + interval_s - (now - next_at) % interval_s
+        stop.wait(next_at - now)
+
+
+def start_sampler(
+    sampler: NvmlSampler,
+    publish: Callable[[list[GpuSample]], None],
+    interval_s: float,
+    stop: threading.Event,
+) -> threading.Thread:
+    """`run_sampler` in a started daemon thread named gpuflight-nvml; set `stop`, then join."""
+    thread = threading.Thread(
+        target=run_sampler,
+        args=(sampler, publish, interval_s, stop),
+        name="gpuflight-nvml",
+        daemon=True,
+    )
+    thread.start()
+    return thread

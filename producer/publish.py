@@ -1,0 +1,311 @@
+"""Publish events to Kafka (wire.py): batched per process and flush interval.
+
+Lossless within a bound: librdkafka keeps every message until the broker has it
+(no delivery time-out, idempotent, acks=all), in a queue bounded by
+`buffer_bytes`. When that queue is full — the broker has been away too long —
+a batch is dropped, and its events are counted per process and published with
+the producer's metrics: never lost silently, never a crash.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from producer import identity, wire
+from producer.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "GPUFLIGHT_KAFKA_"
+
+#: librdkafka settings we rely on; a config file or the environment may override.
+DEFAULT_CONFIG: Mapping[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "compression.type": "zstd",
+    "linger.ms": 50,
+    "batch.size": 1_000_000,
+    "message.max.bytes": 8_000_000,
+    "message.timeout.ms": 0,  # keep retrying while the broker is away
+    "queue.buffering.max.messages": 2_000_000,
+}
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap: str
+    topic_prefix: str = wire.DEFAULT_PREFIX
+    #: librdkafka properties passed through verbatim (security settings included).
+    config: Mapping[str, str] = field(default_factory=dict)
+    #: Bound of the publish queue; beyond it batches are dropped and counted.
+    buffer_bytes: int = 256 << 20
+    #: A process's events wait at most this long before they are sent.
+    flush_interval_s: float = 0.25
+    max_batch_events: int = 100_000
+    partitions: int = 6
+    metrics_interval_s: float = 5.0
+    #: How long shutdown waits for the broker to take what is still queued.
+    close_timeout_s: float = 30.0
+
+    @property
+    def topics(self) -> wire.Topics:
+        return wire.Topics.with_prefix(self.topic_prefix)
+
+
+def load_config(path: Path | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """librdkafka properties from a `key=value` file, then GPUFLIGHT_KAFKA_* variables
+    (GPUFLIGHT_KAFKA_SASL_PASSWORD sets sasl.password)."""
+    config: dict[str, str] = {}
+    if path is not None:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise UsageError(f"cannot read Kafka config {path}: {exc.strerror}") from None
+        for number, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, sep, value = line.partition("=")
+            if not sep or not key.strip():
+                raise UsageError(f"{path}:{number}: expected key=value, got {line!r}")
+            config[key.strip()] = value.strip()
+    for name, value in environ.items():
+        if name.startswith(ENV_PREFIX):
+            config[name[len(ENV_PREFIX) :].lower().replace("_", ".")] = value
+    return config
+
+
+def topic_configs(topics: wire.Topics) -> dict[str, dict[str, str]]:
+    return {
+        topics.events: {"retention.ms": "-1"},  # kept for postmortem replay
+        topics.processes: {"cleanup.policy": "compact"},
+        topics.metrics: {"retention.ms": str(30 * 24 * 3600 * 1000)},
+        topics.nvml: {"retention.ms": "-1"},
+    }
+
+
+def ensure_topics(
+    admin: Any,
+    wanted: Mapping[str, Mapping[str, str]],
+    partitions: int,
+    timeout_s: float = 10.0,
+) -> bool:
+    """Create the topics if missing; False if the broker could not be asked."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    # Replication: the broker's default.replication.factor.
+    new = [NewTopic(name, partitions, -1, config=dict(config)) for name, config in wanted.items()]
+    try:
+        futures = admin.create_topics(new, request_timeout=timeout_s)
+        for future in futures.values():
+            try:
+                future.result(timeout=timeout_s)
+            except Exception as exc:
+                error = exc.args[0] if exc.args else None
+                if getattr(error, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+    except Exception as exc:
+        log.warning("cannot create Kafka topics yet (%s); retrying in the background", exc)
+        return False
+    return True
+
+
+class KafkaSink:
+    """An EventSink publishing enriched events to PREFIX.events.v1."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        proc_root: Path = Path("/proc"),
+        host: str | None = None,
+        producer_factory: Callable[[dict[str, Any]], Any] | None = None,
+        create_topics: bool = True,
+    ) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient
+
+        self.settings = settings
+        self.host = host or socket.gethostname()
+        self._proc_root = proc_root
+        self._topics = settings.topics
+        config: dict[str, Any] = {
+            **DEFAULT_CONFIG,
+            "bootstrap.servers": settings.bootstrap,
+            "queue.buffering.max.kbytes": max(1, settings.buffer_bytes // 1024),
+            **settings.config,
+            "error_cb": self._on_error,
+            "logger": logging.getLogger("producer.librdkafka"),
+        }
+        self._producer = (producer_factory or Producer)(config)
+        admin_config = {k: v for k, v in config.items() if k.startswith(("bootstrap", "security",
+                                                                          "sasl", "ssl"))}
+        self._admin = AdminClient(admin_config, logger=logging.getLogger("producer.librdkafka"))
+        self._wanted_topics = topic_configs(self._topics) if create_topics else {}
+        self._topics_ready = self.ensure_topics(self._wanted_topics)
+        self._next_topic_try = time.monotonic() + 10
+        self._pending: dict[int, list[npt.NDArray[np.void]]] = {}
+        self._pending_events = 0
+        self._pending_since: float | None = None
+        self._identities: dict[int, identity.ProcessIdentity] = {}
+        self._last_error: str | None = None
+        self.produced_events = 0
+        self.delivered_events = 0
+        self.failed_events = 0
+        self.dropped_events = 0
+        self.dropped_by_pid: Counter[int] = Counter()
+        self.messages = 0
+        self.message_bytes = 0
+
+    # -- EventSink ---------------------------------------------------------
+
+    def write(self, events: npt.NDArray[np.void]) -> None:
+        if len(events) == 0:
+            return
+        pids = events["pid"]
+        unique, inverse = np.unique(pids, return_inverse=True)
+        for k, pid in enumerate(unique.tolist()):
+            part = events if len(unique) == 1 else events[inverse == k]
+            self._pending.setdefault(pid, []).append(part)
+        self._pending_events += len(events)
+        if self._pending_since is None:
+            self._pending_since = time.monotonic()
+        if self._pending_events >= self.settings.max_batch_events:
+            self.flush_pending()
+
+    def tick(self) -> None:
+        """Send batches that waited a flush interval; serve delivery reports."""
+        now = time.monotonic()
+        if (
+            self._pending_since is not None
+            and now - self._pending_since >= self.settings.flush_interval_s
+        ):
+            self.flush_pending()
+        if not self._topics_ready and now >= self._next_topic_try:
+            self._topics_ready = self.ensure_topics(self._wanted_topics, timeout_s=2.0)
+            self._next_topic_try = now + 10
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float) -> int:
+        """Send what is pending and wait for delivery; the number of messages left."""
+        self.flush_pending()
+        return int(self._producer.flush(timeout_s))
+
+    def close(self) -> None:
+        timeout_s = self.settings.close_timeout_s
+        left = self.flush(timeout_s)
+        if left:
+            log.warning("%d Kafka message(s) still unsent after %.0f s; they are lost", left,
+                        timeout_s)
+        else:
+            log.info("Kafka: all %d messages delivered", self.messages)
+
+    # -- publishing --------------------------------------------------------
+
+    def ensure_topics(
+        self, wanted: Mapping[str, Mapping[str, str]], timeout_s: float = 10.0
+    ) -> bool:
+        return not wanted or ensure_topics(self._admin, wanted, self.settings.partitions,
+                                           timeout_s)
+
+    def produce_batch(self, topic: str, batch: wire.EventBatch) -> None:
+        """One events message as it is (replay into another topic)."""
+        self._produce(topic, key=wire.host_key(batch.host), value=wire.encode_events(batch),
+                      timestamp_ms=batch.first_ts_ns // 1_000_000, events=len(batch.events),
+                      pid=batch.pid)
+
+    def flush_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        self._pending_events, self._pending_since = 0, None
+        limit = self.settings.max_batch_events
+        for pid, parts in pending.items():
+            events = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            who = self._identity(pid)
+            for start in range(0, len(events), limit):
+                chunk = events[start : start + limit]
+                batch = wire.EventBatch(self.host, pid, who.start_time, chunk)
+                self._produce(
+                    self._topics.events,
+                    key=wire.host_key(self.host),
+                    value=wire.encode_events(batch),
+                    timestamp_ms=batch.first_ts_ns // 1_000_000,
+                    events=len(chunk),
+                    pid=pid,
+                )
+
+    def observe(self, pid: int) -> None:
+        """Learn (and publish) a process's identity while it is alive."""
+        self._identity(pid)
+
+    def _identity(self, pid: int) -> identity.ProcessIdentity:
+        who = self._identities.get(pid)
+        if who is None:
+            who = identity.resolve(self._proc_root, pid, self.host)
+            self._identities[pid] = who
+            self._produce(
+                self._topics.processes,
+                key=wire.process_key(self.host, pid, who.start_time),
+                value=wire.encode_record(wire.PROCESS_SCHEMA, who.to_record()),
+            )
+        return who
+
+    def publish_record(self, topic: str, schema: str, record: dict[str, Any]) -> None:
+        self._produce(topic, key=wire.host_key(self.host), value=wire.encode_record(schema, record))
+
+    def _produce(
+        self,
+        topic: str,
+        *,
+        key: bytes,
+        value: bytes,
+        timestamp_ms: int | None = None,
+        events: int = 0,
+        pid: int | None = None,
+    ) -> None:
+        callback = functools.partial(self._on_delivery, events)
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": callback}
+        if timestamp_ms is not None:
+            kwargs["timestamp"] = timestamp_ms
+        for attempt in range(2):
+            try:
+                self._producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                if attempt == 0:
+                    self._producer.poll(0.05)  # let delivery reports free some room
+                    continue
+                self.dropped_events += events
+                if pid is not None:
+                    self.dropped_by_pid[pid] += events
+                return
+        self.produced_events += events
+        self.messages += 1
+        self.message_bytes += len(value)
+
+    def _on_delivery(self, events: int, error: Any, _message: Any) -> None:
+        if error is None:
+            self.delivered_events += events
+        else:
+            self.failed_events += events
+            log.error("Kafka delivery failed: %s", error)
+
+    def _on_error(self, error: Any) -> None:
+        text = str(error)
+        if text != self._last_error:  # librdkafka repeats itself while a broker is away
+            log.warning("Kafka: %s", text)
+            self._last_error = text
+
+    def queue_depth(self) -> int:
+        return len(self._producer)

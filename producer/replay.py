@@ -1,0 +1,158 @@
+"""`gpuflight replay`: re-emit exactly the events of a time range, for a postmortem.
+
+Offsets are found by time. A message holds a flush interval of one process's
+events and is stamped with its first event, so reading starts one
+`slack` earlier than the range, and each event is then kept only if its own time
+is in [from, to). Reading stops once every partition is past the range or at
+the end it had when replay began. Messages that are not gpuflight events of
+this version are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from producer import wire
+from producer.errors import UsageError
+from producer.publish import KafkaSettings, KafkaSink
+from producer.sinks import JsonLinesSink
+
+log = logging.getLogger(__name__)
+
+#: How far before `from` to start reading (a batch spans at most a flush interval).
+DEFAULT_SLACK_S = 10.0
+
+
+_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def parse_time(text: str) -> int:
+    """Wall-clock ns from ISO 8601 (naive = UTC), or a time since the epoch: seconds,
+    or an integer with a unit (`1796225714176683439ns`, `1796225714176ms`) — exact."""
+    for unit, factor in sorted(_UNITS.items(), key=lambda u: -len(u[0])):
+        number = text.removesuffix(unit)
+        if number != text and number.isdigit():
+            return int(number) * factor
+    try:
+        return int(float(text) * 1e9)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"not a time: {text!r} (ISO 8601 or seconds since the epoch)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1e9)
+
+
+@dataclass
+class ReplayStats:
+    messages: int = 0
+    events: int = 0
+    skipped_malformed: int = 0
+
+
+def replay(
+    kafka: KafkaSettings,
+    *,
+    from_ns: int,
+    to_ns: int,
+    host: str | None = None,
+    pid: int | None = None,
+    output: Path | None = None,
+    to_topic: str | None = None,
+    slack_s: float = DEFAULT_SLACK_S,
+    timeout_s: float = 30.0,
+) -> ReplayStats:
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    if (output is None) == (to_topic is None):
+        raise UsageError("replay needs exactly one of --output FILE or --to-topic TOPIC")
+    if to_ns <= from_ns:
+        raise UsageError("--to must be after --from")
+    topic = kafka.topics.events
+    consumer = Consumer({
+        **kafka.config,
+        "bootstrap.servers": kafka.bootstrap,
+        "group.id": f"gpuflight-replay-{uuid.uuid4()}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": False,
+    })
+    stats = ReplayStats()
+    writer = JsonLinesSink(output) if output is not None else None
+    republisher = None
+    if to_topic is not None:
+        republisher = KafkaSink(kafka, create_topics=False)
+        republisher.ensure_topics({to_topic: {"retention.ms": "-1"}})
+    try:
+        try:
+            metadata = consumer.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise UsageError(f"cannot reach Kafka at {kafka.bootstrap}: {exc}") from None
+        partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
+        if not partitions or metadata.topics[topic].error is not None:
+            raise UsageError(f"topic {topic} does not exist on {kafka.bootstrap}")
+        start_ms = int((from_ns / 1e9 - slack_s) * 1000)
+        wanted = [TopicPartition(topic, p, max(0, start_ms)) for p in partitions]
+        starts = consumer.offsets_for_times(wanted, timeout=timeout_s)
+        ends: dict[int, int] = {}
+        assignment = []
+        for tp in starts:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition),
+                                                        timeout=timeout_s)
+            if tp.offset >= 0 and tp.offset < high:
+                ends[tp.partition] = high
+                assignment.append(TopicPartition(topic, tp.partition, tp.offset))
+        consumer.assign(assignment)
+        stop_ms = int((to_ns / 1e9 + slack_s) * 1000)
+        idle_since = time.monotonic()
+        while ends and time.monotonic() - idle_since < timeout_s:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                log.warning("Kafka: %s", message.error())
+                continue
+            idle_since = time.monotonic()
+            part, offset = message.partition() or 0, message.offset() or 0
+            if offset + 1 >= ends.get(part, 0) or message.timestamp()[1] > stop_ms:
+                ends.pop(part, None)
+                consumer.incremental_unassign([TopicPartition(topic, part)])
+                if message.timestamp()[1] > stop_ms:
+                    continue
+            stats.messages += 1
+            try:
+                batch = wire.decode_events(message.value())
+            except wire.WireError as exc:
+                stats.skipped_malformed += 1
+                log.debug("skipping offset %d of %s[%d]: %s", offset, topic, part, exc)
+                continue
+            if (host is not None and batch.host != host) or (pid is not None and batch.pid != pid):
+                continue
+            ts = batch.events["ts_ns"]
+            events = batch.events[(ts >= from_ns) & (ts < to_ns)]
+            if len(events) == 0:
+                continue
+            stats.events += len(events)
+            if writer is not None:
+                writer.write(events)
+            elif republisher is not None and to_topic is not None:
+                kept = wire.EventBatch(batch.host, batch.pid, batch.start_time, events)
+                republisher.produce_batch(to_topic, kept)
+    finally:
+        consumer.close()
+        if writer is not None:
+            writer.close()
+        if republisher is not None:
+            republisher.close()
+    if stats.skipped_malformed:
+        log.warning("skipped %d message(s) that are not gpuflight events v%d",
+                    stats.skipped_malformed, wire.VERSION)
+    return stats
+

@@ -1,0 +1,183 @@
+"""The Kafka wire contract, version 1 — the one module producers and streams share.
+
+Topics (PREFIX defaults to "gpuflight"; the major version is in the name, and
+changes within a version are additive only):
+
+  PREFIX.events.v1     raw events, many per message: one message holds one
+                       process's events of one flush interval, as columns.
+                       Key: the host, so per-process order holds within a
+                       partition and every per-host table needs no repartition.
+                       Kafka timestamp: the first event's wall-clock time (ms).
+                       Kept (no retention limit) so time ranges can be replayed.
+  PREFIX.processes.v1  one identity per process (compacted; key host/pid/start).
+  PREFIX.metrics.v1    producer self-metrics, every few seconds (key: host).
+  PREFIX.nvml.v1       per-GPU samples from NVML, every second (key: host).
+
+An events message (orjson):
+
+  {"schema": "gpuflight.events", "v": 1, "host": str, "pid": int,
+   "start_time": int,          # process start, clock ticks since boot (/proc stat)
+   "count": N, "ts0": int,     # first event's wall-clock ns
+   "columns": {NAME: [N ints], ...}}
+
+Columns are those of struct gf_event (bpf/events.h) after enrichment (wall
+clock, free sizes), with "ts" as deltas from ts0 and "dim" flattened to 6·N
+values; a column that is all zeros is left out. Decoding gives back exactly the
+records, hence exactly the events `--output` writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from producer.errors import GpuflightError
+from producer.records import EVENT_DTYPE
+
+VERSION: Final = 1
+EVENTS_SCHEMA: Final = "gpuflight.events"
+PROCESS_SCHEMA: Final = "gpuflight.process"
+METRICS_SCHEMA: Final = "gpuflight.metrics"
+NVML_SCHEMA: Final = "gpuflight.nvml"
+DEFAULT_PREFIX: Final = "gpuflight"
+
+#: Columns of an events message, in struct order ("ts" holds ts_ns - ts0).
+COLUMNS: Final[tuple[str, ...]] = (
+    "ts", "tid", "api", "type", "flags", "result", "duration_ns",
+    "handle", "stream", "bytes", "dim",
+)
+_FIELD_OF: Final = {"ts": "ts_ns"}
+_DIMS: Final = 6
+
+
+class WireError(GpuflightError):
+    """A message that is not a valid gpuflight message of this version."""
+
+
+@dataclass(frozen=True)
+class Topics:
+    events: str
+    processes: str
+    metrics: str
+    nvml: str
+
+    @classmethod
+    def with_prefix(cls, prefix: str = DEFAULT_PREFIX) -> Topics:
+        return cls(
+            events=f"{prefix}.events.v{VERSION}",
+            processes=f"{prefix}.processes.v{VERSION}",
+            metrics=f"{prefix}.metrics.v{VERSION}",
+            nvml=f"{prefix}.nvml.v{VERSION}",
+        )
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    """One events message: a process's records (records.EVENT_DTYPE)."""
+
+    host: str
+    pid: int
+    start_time: int
+    events: npt.NDArray[np.void]
+
+    @property
+    def first_ts_ns(self) -> int:
+        return int(self.events["ts_ns"][0]) if len(self.events) else 0
+
+
+def host_key(host: str) -> bytes:
+    return host.encode()
+
+
+def process_key(host: str, pid: int, start_time: int) -> bytes:
+    return f"{host}/{pid}/{start_time}".encode()
+
+
+def encode_events(batch: EventBatch) -> bytes:
+    events = batch.events
+    if len(events) == 0:
+        raise ValueError("an events message holds at least one event")
+    ts = events["ts_ns"].astype(np.int64)
+    ts0 = int(ts[0])
+    columns: dict[str, npt.NDArray[Any]] = {}
+    for name in COLUMNS:
+        if name == "ts":
+            column = ts - ts0
+        elif name == "dim":
+            column = np.ascontiguousarray(events["dim"]).reshape(-1)
+        else:
+            column = np.ascontiguousarray(events[_FIELD_OF.get(name, name)])
+        if column.any():
+            columns[name] = column.astype(np.int64)
+    message = {
+        "schema": EVENTS_SCHEMA,
+        "v": VERSION,
+        "host": batch.host,
+        "pid": batch.pid,
+        "start_time": batch.start_time,
+        "count": len(events),
+        "ts0": ts0,
+        "columns": columns,
+    }
+    return orjson.dumps(message, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _load(value: bytes | None, schema: str) -> dict[str, Any]:
+    if not value:
+        raise WireError("empty message")
+    try:
+        message = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"not JSON: {exc}") from None
+    if not isinstance(message, dict) or message.get("schema") != schema:
+        raise WireError(f"not a {schema} message")
+    if message.get("v") != VERSION:
+        raise WireError(f"{schema} version {message.get('v')!r}, this reader knows {VERSION}")
+    return message
+
+
+def decode_events(value: bytes | None) -> EventBatch:
+    message = _load(value, EVENTS_SCHEMA)
+    try:
+        count = int(message["count"])
+        host, pid = str(message["host"]), int(message["pid"])
+        start_time = int(message["start_time"])
+        ts0 = int(message["ts0"])
+        columns = message["columns"]
+        if count <= 0 or not isinstance(columns, dict):
+            raise WireError("no events")
+        events = np.zeros(count, dtype=EVENT_DTYPE)
+        events["pid"] = pid
+        for name, values in columns.items():
+            if name not in COLUMNS:
+                continue  # a later, additive column
+            column = np.asarray(values, dtype=np.int64)
+            expected = count * _DIMS if name == "dim" else count
+            if column.shape != (expected,):
+                raise WireError(f"column {name} has {column.size} values, not {expected}")
+            if name == "dim":
+                events["dim"] = column.reshape(count, _DIMS)
+            elif name == "ts":
+                events["ts_ns"] = column + ts0
+            else:
+                events[_FIELD_OF.get(name, name)] = column
+        if "ts" not in columns:
+            events["ts_ns"] = ts0
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise WireError(f"malformed events message: {exc}") from None
+    return EventBatch(host=host, pid=pid, start_time=start_time, events=events)
+
+
+def encode_record(schema: str, record: dict[str, Any]) -> bytes:
+    """A processes, metrics or nvml message: a flat record with schema and version."""
+    return orjson.dumps({"schema": schema, "v": VERSION, **record})
+
+
+def decode_record(value: bytes | None, schema: str) -> dict[str, Any]:
+    message = _load(value, schema)
+    del message["schema"], message["v"]
+    return message

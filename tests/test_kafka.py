@@ -1,0 +1,273 @@
+"""Producer → real Kafka → replay, against a real Apache Kafka broker (KRaft, from its jars).
+
+Exact round trip, a broker outage within and beyond the buffer bound, malformed
+messages on the topic. The broker is started from the jars scripts/setup fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from producer import stack, wire
+from producer.decode import to_events
+from tests.conftest import bpf_unavailable_reason, require
+from tests.test_capture import read_events, wait_for_probe_releases
+from tests.workloads import build, expected
+
+pytestmark = pytest.mark.bpf
+
+GPUFLIGHT = [sys.executable, "-m", "producer"]
+
+
+def kafka_unavailable_reason() -> str | None:
+    try:
+        stack.check_kafka_runnable()
+    except stack.StackError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.KafkaHandle]:
+    require(bpf_unavailable_reason())
+    require(kafka_unavailable_reason())
+    data = tmp_path_factory.mktemp("kafka")
+    handle = stack.kafka_up(data, port=stack.free_port())
+    yield handle
+    stack.kafka_down(data)
+
+
+def key(event: dict[str, Any]) -> str:
+    return json.dumps(event, sort_keys=True)
+
+
+class NodeProducer:
+    """`gpuflight producer --kafka ... --output ...`, started and stopped like a service."""
+
+    def __init__(self, bootstrap: str, prefix: str, out: Path, *extra: str) -> None:
+        wait_for_probe_releases()
+        self.out = out
+        self.proc = subprocess.Popen(
+            [*GPUFLIGHT, "producer", "--kafka", bootstrap, "--topic-prefix", prefix,
+             "--output", str(out), *extra],
+            stderr=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stderr is not None
+        self.log: list[str] = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            if "ready" in line:
+                self.started_ns = time.time_ns()
+                return
+        self.proc.kill()
+        raise AssertionError("producer never became ready: " + "".join(self.log))
+
+    def stop(self) -> list[dict[str, Any]]:
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=120)
+        self.log.append(err)
+        assert self.proc.returncode == 0, "".join(self.log)
+        assert "Traceback" not in err, err
+        return read_events(self.out)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+def run_workloads(bindir: Path, count: int = 3) -> list[int]:
+    pids = []
+    runtimes: tuple[build.Runtime, ...] = ("stub", "cu12", "cu13")
+    for runtime in runtimes[:count]:
+        binary = build.build_capture(bindir, runtime)
+        proc = subprocess.Popen([str(binary), "--threads", "2", "--iters", "200",
+                                 "--start-delay-ms", "1200"])
+        pids.append(proc.pid)
+        assert proc.wait(timeout=60) == 0
+    return pids
+
+
+def replay(bootstrap: str, prefix: str, out: Path, start_ns: int, end_ns: int,
+           *extra: str) -> tuple[list[dict[str, Any]], str]:
+    proc = subprocess.run(
+        [*GPUFLIGHT, "replay", "--kafka", bootstrap, "--topic-prefix", prefix,
+         "--from", f"{start_ns}ns", "--to", f"{end_ns}ns", *extra, "--output", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return read_events(out), proc.stderr
+
+
+def consume_all(bootstrap: str, topic: str) -> list[bytes]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": str(uuid.uuid4()),
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    metadata = consumer.list_topics(topic, timeout=10)
+    partitions = list(metadata.topics[topic].partitions)
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in partitions}
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions if ends[p] > 0])
+    values: list[bytes] = []
+    remaining = {p for p in partitions if ends[p] > 0}
+    deadline = time.monotonic() + 60
+    while remaining and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is None or message.error():
+            continue
+        values.append(message.value() or b"")
+        if (message.offset() or 0) + 1 >= ends[message.partition() or 0]:
+            remaining.discard(message.partition() or 0)
+    consumer.close()
+    return values
+
+
+@pytest.fixture(scope="module")
+def bindir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kafka-workloads")
+
+
+def test_round_trip_through_kafka_is_exact(broker: stack.KafkaHandle, bindir: Path,
+                                           tmp_path: Path) -> None:
+    prefix = f"rt{uuid.uuid4().hex[:8]}"
+    node = NodeProducer(broker.bootstrap, prefix, tmp_path / "node.jsonl")
+    try:
+        pids = run_workloads(bindir)
+        recorded = node.stop()
+    finally:
+        node.kill()
+    end_ns = time.time_ns()
+    for pid in pids:  # the workloads' own calls are all there
+        assert len([e for e in recorded if e["pid"] == pid]) == len(expected.capture_events(2, 200))
+    replayed, _ = replay(broker.bootstrap, prefix, tmp_path / "replay.jsonl",
+                         node.started_ns - 5 * 10**9, end_ns)
+    assert Counter(map(key, replayed)) == Counter(map(key, recorded))
+    # A narrower range and filters give exactly the matching subset.
+    one = pids[1]
+    middle = sorted(e["ts_ns"] for e in recorded if e["pid"] == one)
+    lo, hi = middle[len(middle) // 4], middle[3 * len(middle) // 4]
+    subset, _ = replay(broker.bootstrap, prefix, tmp_path / "subset.jsonl", lo, hi,
+                       "--pid", str(one))
+    want = [e for e in recorded if e["pid"] == one and lo <= e["ts_ns"] < hi]
+    assert want and Counter(map(key, subset)) == Counter(map(key, want))
+    # Each process's identity was published once, with the job it belongs to.
+    identities = [wire.decode_record(v, wire.PROCESS_SCHEMA)
+                  for v in consume_all(broker.bootstrap, f"{prefix}.processes.v1")]
+    by_pid = {r["pid"]: r for r in identities}
+    assert all(by_pid[p]["job"] == f"{by_pid[p]['comm']}:{p}" for p in pids)
+    # The producer's metrics say what it captured and published.
+    metrics = [wire.decode_record(v, wire.METRICS_SCHEMA)
+               for v in consume_all(broker.bootstrap, f"{prefix}.metrics.v1")]
+    last = max(metrics, key=lambda m: m["ts_ns"])
+    assert last["captured"] == len(recorded) == last["published"]
+    assert last["dropped_kernel"] == 0 and last["dropped_user"] == 0
+
+
+def test_replay_into_another_topic(broker: stack.KafkaHandle, bindir: Path,
+                                   tmp_path: Path) -> None:
+    prefix = f"rt{uuid.uuid4().hex[:8]}"
+    node = NodeProducer(broker.bootstrap, prefix, tmp_path / "node.jsonl")
+    try:
+        run_workloads(bindir, count=1)
+        recorded = node.stop()
+    finally:
+        node.kill()
+    target = f"{prefix}.postmortem"
+    proc = subprocess.run(
+        [*GPUFLIGHT, "replay", "--kafka", broker.bootstrap, "--topic-prefix", prefix,
+         "--from", str(node.started_ns / 1e9 - 5), "--to", str(time.time()),
+         "--to-topic", target],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    events = [e for v in consume_all(broker.bootstrap, target)
+              for e in to_events(wire.decode_events(v).events)]
+    assert Counter(map(key, events)) == Counter(map(key, recorded))
+
+
+def test_malformed_messages_are_skipped_and_counted(broker: stack.KafkaHandle, bindir: Path,
+                                                    tmp_path: Path) -> None:
+    prefix = f"bad{uuid.uuid4().hex[:8]}"
+    node = NodeProducer(broker.bootstrap, prefix, tmp_path / "node.jsonl")
+    try:
+        foreign = Producer({"bootstrap.servers": broker.bootstrap})
+        for value in (b"\xff\xfe not json", b'{"schema": "someone.else", "v": 1}',
+                      b'{"schema": "gpuflight.events", "v": 1, "count": 3}'):
+            foreign.produce(f"{prefix}.events.v1", value=value, key=b"intruder")
+        assert foreign.flush(30) == 0
+        run_workloads(bindir, count=1)
+        recorded = node.stop()
+    finally:
+        node.kill()
+    replayed, log = replay(broker.bootstrap, prefix, tmp_path / "replay.jsonl",
+                           node.started_ns - 5 * 10**9, time.time_ns())
+    assert Counter(map(key, replayed)) == Counter(map(key, recorded))
+    assert "skipped 3 message(s)" in log
+
+
+def test_broker_outage_loses_nothing_within_the_buffer(bindir: Path, tmp_path: Path) -> None:
+    require(bpf_unavailable_reason())
+    require(kafka_unavailable_reason())
+    data = tmp_path / "kafka"
+    port = stack.free_port()
+    handle = stack.kafka_up(data, port=port)
+    prefix = "outage"
+    node = NodeProducer(handle.bootstrap, prefix, tmp_path / "node.jsonl")
+    try:
+        binary = build.build_capture(bindir, "stub")
+        first = subprocess.run([str(binary), "--iters", "300", "--start-delay-ms", "1200"],
+                               timeout=60, check=False)
+        stack.kafka_down(data)
+        during = subprocess.run([str(binary), "--iters", "300"], timeout=60, check=False)
+        time.sleep(3)
+        stack.kafka_up(data, port=port)
+        after = subprocess.run([str(binary), "--iters", "300"], timeout=60, check=False)
+        assert first.returncode == during.returncode == after.returncode == 0
+        recorded = node.stop()
+    finally:
+        node.kill()
+    try:
+        assert len(recorded) >= 3 * len(expected.capture_events(1, 300))
+        replayed, _ = replay(handle.bootstrap, prefix, tmp_path / "replay.jsonl",
+                             node.started_ns - 5 * 10**9, time.time_ns())
+        assert Counter(map(key, replayed)) == Counter(map(key, recorded))
+    finally:
+        stack.kafka_down(data)
+
+
+def test_beyond_the_buffer_drops_are_counted_never_a_crash(bindir: Path,
+                                                           tmp_path: Path) -> None:
+    """No broker at all and a 1 MiB buffer: the producer keeps capturing and counts."""
+    require(bpf_unavailable_reason())
+    nobody = f"127.0.0.1:{stack.free_port()}"
+    node = NodeProducer(nobody, "nobroker", tmp_path / "node.jsonl", "--buffer-mb", "1",
+                        "--kafka-close-timeout", "2")
+    try:
+        binary = build.build_capture(bindir, "stub")
+        proc = subprocess.run([str(binary), "--threads", "4", "--iters", "5000",
+                               "--start-delay-ms", "1200"], timeout=120, check=False)
+        assert proc.returncode == 0
+        time.sleep(1)
+        recorded = node.stop()
+    finally:
+        node.kill()
+    log = "".join(node.log)
+    dropped = int(log.rsplit(" beyond the Kafka buffer", 1)[0].rsplit(", ", 1)[1])
+    assert dropped > 0
+    assert len(recorded) >= len(expected.capture_events(4, 5000))
+    assert "still unsent" in log

@@ -1,0 +1,160 @@
+"""The Kafka wire contract: exact round trips, compactness, malformed input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from producer import identity, wire
+from producer.decode import to_events
+from producer.errors import UsageError
+from producer.publish import load_config
+from producer.records import API_IDS, EVENT_DTYPE, F_BYTES_KNOWN, F_HAS_RESULT, EventType
+
+
+def sample(n: int = 1000) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    events = np.zeros(n, dtype=EVENT_DTYPE)
+    events["ts_ns"] = 1_796_000_000_000_000_000 + np.cumsum(rng.integers(0, 2000, n))
+    events["ts_ns"][5] -= 10_000  # another CPU's event, earlier in time: negative delta
+    events["pid"] = 4242
+    events["tid"] = 4242 + rng.integers(0, 3, n)
+    events["type"] = EventType.LAUNCH
+    events["api"] = API_IDS["cudaLaunchKernel"]
+    events["handle"] = 0x7F00_0000_1000
+    events["dim"] = [40, 1, 1, 256, 1, 1]
+    events[10]["type"] = EventType.FREE
+    events[10]["api"] = API_IDS["cudaFree"]
+    events[10]["flags"] = F_HAS_RESULT | F_BYTES_KNOWN
+    events[10]["bytes"] = 1 << 40
+    events[11]["type"] = EventType.MEMCPY
+    events[11]["api"] = API_IDS["cudaMemcpy"]
+    events[11]["flags"] = F_HAS_RESULT
+    events[11]["result"] = 35
+    events[11]["duration_ns"] = 1234
+    events[11]["handle"] = 2**64 - 1  # survives the int64 columns
+    return events
+
+
+def test_round_trip_is_exact() -> None:
+    events = sample()
+    batch = wire.EventBatch("node-a", 4242, 987, events)
+    back = wire.decode_events(wire.encode_events(batch))
+    assert (back.host, back.pid, back.start_time) == ("node-a", 4242, 987)
+    assert back.events.tobytes() == events.tobytes()
+    assert to_events(back.events) == to_events(events)
+
+
+def test_zero_columns_are_left_out_and_launches_are_compact() -> None:
+    events = sample()
+    events = events[events["type"] == EventType.LAUNCH]
+    value = wire.encode_events(wire.EventBatch("node-a", 4242, 987, events))
+    columns = orjson.loads(value)["columns"]
+    assert "result" not in columns and "duration_ns" not in columns and "bytes" not in columns
+    # Uncompressed JSON; Kafka compresses batches on top of this (bench/ measures it).
+    assert len(value) / len(events) < 60
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"", "empty"),
+        (b"\x00\x01garbage", "not JSON"),
+        (b'{"schema": "something.else", "v": 1}', "not a gpuflight.events"),
+        (b'{"schema": "gpuflight.events", "v": 2}', "version 2"),
+        (b'{"schema": "gpuflight.events", "v": 1, "count": 2, "host": "h", "pid": 1,'
+         b' "start_time": 0, "ts0": 5, "columns": {"tid": [1]}}', "column tid has 1"),
+        (b'{"schema": "gpuflight.events", "v": 1, "count": 1, "host": "h", "pid": 1,'
+         b' "start_time": 0, "ts0": 5, "columns": {"tid": ["x"]}}', "malformed"),
+        (b'{"schema": "gpuflight.events", "v": 1}', "malformed"),
+    ],
+)
+def test_malformed_messages_raise_wire_errors(value: bytes, reason: str) -> None:
+    with pytest.raises(wire.WireError, match=reason):
+        wire.decode_events(value)
+
+
+def test_unknown_columns_are_ignored_additive_changes() -> None:
+    events = sample()
+    message = orjson.loads(wire.encode_events(wire.EventBatch("h", 4242, 1, events)))
+    message["columns"]["future_column"] = list(range(len(events)))
+    message["future_field"] = "x"
+    assert wire.decode_events(orjson.dumps(message)).events.tobytes() == events.tobytes()
+
+
+def test_records_round_trip() -> None:
+    value = wire.encode_record(wire.METRICS_SCHEMA, {"host": "h", "captured": 5})
+    assert wire.decode_record(value, wire.METRICS_SCHEMA) == {"host": "h", "captured": 5}
+    with pytest.raises(wire.WireError):
+        wire.decode_record(value, wire.PROCESS_SCHEMA)
+
+
+def test_topic_names_carry_the_major_version() -> None:
+    topics = wire.Topics.with_prefix("prod")
+    assert (topics.events, topics.processes, topics.metrics, topics.nvml) == (
+        "prod.events.v1", "prod.processes.v1", "prod.metrics.v1", "prod.nvml.v1")
+
+
+def test_kafka_config_file_and_environment(tmp_path: Path) -> None:
+    path = tmp_path / "kafka.properties"
+    path.write_text("# TLS and SASL\nsecurity.protocol = SASL_SSL\nsasl.mechanism=PLAIN\n\n")
+    config = load_config(path, {"GPUFLIGHT_KAFKA_SASL_PASSWORD": "s3cret", "HOME": "/root"})
+    assert config == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                      "sasl.password": "s3cret"}
+    path.write_text("no equals sign\n")
+    with pytest.raises(UsageError, match=r"kafka\.properties:1: expected key=value"):
+        load_config(path, {})
+    with pytest.raises(UsageError, match="cannot read Kafka config"):
+        load_config(tmp_path / "missing", {})
+
+
+def write_proc(root: Path, pid: int, cgroup: str, environ: dict[str, str]) -> None:
+    base = root / str(pid)
+    base.mkdir(parents=True)
+    stat = f"{pid} (python3 train) S 1 " + " ".join(["0"] * 17) + " 123456 0 0"
+    (base / "stat").write_text(stat)
+    (base / "cmdline").write_bytes(b"python3\0train.py\0--fused\0")
+    (base / "cgroup").write_text(cgroup)
+    (base / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in environ.items()))
+    (root / "stat").write_text("cpu 1 2 3\nbtime 1700000000\n")
+
+
+def test_identity_of_a_kubernetes_pod(tmp_path: Path) -> None:
+    cid = "ab" * 32
+    cgroup = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+              f"1c2d3e4f_aaaa_bbbb_cccc_0123456789ab.slice/cri-containerd-{cid}.scope\n")
+    write_proc(tmp_path, 77, cgroup, {"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                                      "HOSTNAME": "trainer-0"})
+    ns = tmp_path / "77" / "root" / "var/run/secrets/kubernetes.io/serviceaccount"
+    ns.mkdir(parents=True)
+    (ns / "namespace").write_text("ml-team\n")
+    who = identity.resolve(tmp_path, 77, "node-a")
+    assert (who.comm, who.cmdline, who.start_time) == ("python3 train",
+                                                       ["python3", "train.py", "--fused"], 123456)
+    assert who.started_at_ns == 1700000000 * 10**9 + 1234560 * 10**6
+    assert (who.container_id, who.pod_uid) == (cid, "1c2d3e4f-aaaa-bbbb-cccc-0123456789ab")
+    assert who.job == "k8s:ml-team/trainer-0"
+
+
+def test_identity_of_slurm_and_plain_processes(tmp_path: Path) -> None:
+    write_proc(tmp_path, 5, "0::/user.slice\n", {"SLURM_JOB_ID": "9001"})
+    write_proc(tmp_path, 6, "0::/user.slice\n", {})
+    assert identity.resolve(tmp_path, 5, "h").job == "slurm:9001"
+    assert identity.resolve(tmp_path, 6, "h").job == "python3 train:6"
+    gone = identity.resolve(tmp_path, 999, "h")
+    assert (gone.comm, gone.start_time, gone.job) == (None, 0, "unknown:999")
+
+
+def test_replay_times() -> None:
+    from producer.replay import parse_time
+
+    assert parse_time("1796225714176683439ns") == 1796225714176683439
+    assert parse_time("1796225714176ms") == 1796225714176 * 10**6
+    assert parse_time("1700000000.5") == 1700000000_500_000_000
+    assert parse_time("2023-11-14T22:13:20Z") == 1700000000 * 10**9
+    assert parse_time("2023-11-14T22:13:20") == 1700000000 * 10**9  # naive: UTC
+    with pytest.raises(UsageError, match="not a time"):
+        parse_time("yesterday")
