@@ -88,6 +88,8 @@ class Capture:
         for pid, keys in snapshot.libraries_by_pid.items():
             self._scanned.add(pid)
             kinds = {attached[k].library.kind for k in keys if k in attached}
+            # A process whose loader is not probed (kernel threads, static programs)
+            # is looked at again on every rescan tick instead.
             if "loader" in kinds:
                 self._loader_covered.add(pid)
             if "runtime" in kinds and pid not in self._observed:
