@@ -1,18 +1,27 @@
 """`gpuflight stack up|down|status`: the local services gpuflight publishes to, on loopback only.
 
-For now one service, a single-node Apache Kafka 4 broker in KRaft mode (broker and controller in
-one JVM), run from the jars that scripts/setup-kafka copies into .cache/kafka/libs. A stack lives
-in one data directory (default ~/.local/share/gpuflight/stack, under $XDG_DATA_HOME if set):
+Two services, each a process of its own:
+  - a single-node Apache Kafka 4 broker in KRaft mode (broker and controller in one JVM), run
+    from the jars that scripts/setup-kafka copies into .cache/kafka/libs;
+  - InfluxDB 1.8 (influxd, built by scripts/setup-influxdb into .cache/influxdb), which serves
+    both the v2 write API (/api/v2/write, influxdb-client's) and InfluxQL (/query); database
+    "db" with retention policy "rp" is the v2 bucket "db/rp".
+A stack lives in one data directory (default ~/.local/share/gpuflight/stack, under
+$XDG_DATA_HOME if set):
 
     kafka.log            the broker's stdout and stderr (the previous run's: kafka.log.1)
     kafka.pid            while it runs
     kafka/               server.properties and log4j2.properties, rewritten at each `up`
     kafka/data/          log.dirs: the topics and the KRaft metadata log, kept across down/up
                          (retention is unlimited: topics stay for postmortem replay)
+    influxdb.log         influxd's output (the previous run's: influxdb.log.1)
+    influxdb.pid         while it runs
+    influxdb/            influxdb.conf, rewritten at each `up`
+    influxdb/{meta,data,wal}/  the databases, kept across down/up (autogen keeps points forever)
 
-`up` on a stack that already runs with the same ports is a no-op that returns the running
-broker (`KafkaHandle.already_running`); asking for other ports is a StackError. Every failure is
-a StackError with a one-line message that says what to do.
+`up` on a service that already runs with the same ports is a no-op that returns the running one
+(`KafkaHandle.already_running`, `InfluxHandle.already_running`); asking for other ports is a
+StackError. Every failure is a StackError with a one-line message that says what to do.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import re
@@ -28,6 +38,10 @@ import signal
 import socket
 import subprocess
 import time
+import tomllib
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -54,6 +68,9 @@ KAFKA_JAVA_OPTS = (
     "-Dlog4j2.shutdownHookEnabled=false",
 )
 INSTALL_JAVA = "install a Java 17+ runtime (apt-get install default-jre-headless)"
+DEFAULT_INFLUX_PORT = 8086
+# Where scripts/setup-influxdb builds influxd; GPUFLIGHT_INFLUXD overrides it.
+DEFAULT_INFLUXD = REPO / ".cache" / "influxdb" / "influxd"
 
 # Brokers this process started: waited for, so a stopped one leaves no zombie that looks alive.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -75,6 +92,20 @@ class KafkaHandle:
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+
+@dataclass(frozen=True)
+class InfluxHandle:
+    data_dir: Path
+    port: int
+    rpc_port: int
+    pid: int
+    log_file: Path
+    already_running: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -294,12 +325,13 @@ def _running_pid(pid_file: Path, marker: str) -> int | None:
     return None
 
 
-def _spawn(command: list[str], cwd: Path, log_file: Path, pid_file: Path) -> int:
+def _spawn(command: list[str], cwd: Path, log_file: Path, pid_file: Path,
+           env: dict[str, str] | None = None) -> int:
     """Start command in its own session, output to log_file (the previous one kept as .1)."""
     if log_file.exists():
         log_file.replace(log_file.with_name(log_file.name + ".1"))
     with open(log_file, "wb") as out:
-        proc = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     _CHILDREN[proc.pid] = proc
     pid_file.write_text(f"{proc.pid}\n")
@@ -483,10 +515,221 @@ def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
     return True
 
 
+# -- InfluxDB --------------------------------------------------------------------------------
+
+def find_influxd(binary: Path | None = None) -> Path:
+    """The influxd to run; StackError when scripts/setup has not built it."""
+    if binary is None:
+        binary = Path(os.environ.get("GPUFLIGHT_INFLUXD") or DEFAULT_INFLUXD)
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise StackError(f"no influxd at {binary}: run scripts/setup")
+    return binary
+
+
+def _influx_dir(data_dir: Path) -> Path:
+    return data_dir / "influxdb"
+
+
+def _influx_pid_file(data_dir: Path) -> Path:
+    return data_dir / "influxdb.pid"
+
+
+def _influx_log_file(data_dir: Path) -> Path:
+    return data_dir / "influxdb.log"
+
+
+def _influx_conf(data_dir: Path) -> Path:
+    return _influx_dir(data_dir) / "influxdb.conf"
+
+
+def _influx_config(data_dir: Path, port: int, rpc_port: int) -> str:
+    def path(name: str) -> str:  # a TOML basic string: JSON's escapes are TOML's
+        return json.dumps(str(_influx_dir(data_dir) / name))
+
+    return f"""\
+# Written by gpuflight (producer/stack.py) at each `stack up`: edits here are lost.
+# One node on loopback only, no authentication.
+reporting-disabled = true
+# The RPC service (backup and restore); its default, 8088, is a popular port.
+bind-address = "{HOST}:{rpc_port}"
+
+[meta]
+  dir = {path("meta")}
+
+[data]
+  dir = {path("data")}
+  wal-dir = {path("wal")}
+  query-log-enabled = false
+
+[monitor]
+  # No _internal database growing beside ours every 10 s.
+  store-enabled = false
+
+[http]
+  bind-address = "{HOST}:{port}"
+  auth-enabled = false
+  flux-enabled = true
+  # No line per request in influxdb.log (failed writes are answered to the writer).
+  log-enabled = false
+
+[logging]
+  suppress-logo = true
+"""
+
+
+def _read_influx_ports(data_dir: Path) -> tuple[int, int] | None:
+    """(HTTP port, RPC port) from the influxdb.conf of the last `up`, if any."""
+    try:
+        config = tomllib.loads(_influx_conf(data_dir).read_text())
+        http = str(config["http"]["bind-address"]).rpartition(":")[2]
+        rpc = str(config["bind-address"]).rpartition(":")[2]
+        return int(http), int(rpc)
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _last_influx_log_line(path: Path) -> str:
+    """The line of influxd's log that says most: the last error, else the last line.
+
+    influxd logs logfmt (`ts=... lvl=info msg="..."`); what makes it exit comes last, as a
+    plain line ("run: open server: listen: ... address already in use").
+    """
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return f"no log at {path}"
+    lines = [line for line in lines if line]
+    if not lines:
+        return f"nothing in {path}"
+    for line in reversed(lines):
+        if line.startswith("run: ") or re.search(r"\blvl=(error|fatal)\b", line):
+            return line[:400]
+    return lines[-1][:400]
+
+
+# Loopback needs no proxy, whatever http_proxy says.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _wait_for_ping(url: str, alive: Callable[[], bool], deadline: float) -> bool:
+    """Wait until url/ping answers 204; False if the server died or the deadline passed."""
+    while time.monotonic() < deadline and alive():
+        try:
+            with _DIRECT.open(f"{url}/ping", timeout=1.0) as response:
+                if response.status == 204:
+                    return True
+        except OSError:  # refused until it listens (URLError, a reset, a timeout)
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def influx_up(data_dir: Path, port: int = DEFAULT_INFLUX_PORT, *, rpc_port: int | None = None,
+              binary: Path | None = None, timeout: float = START_TIMEOUT_S) -> InfluxHandle:
+    """Start the InfluxDB of data_dir on HOST:port and return once /ping answers.
+
+    rpc_port (backup and restore only) defaults to any free port. A running InfluxDB with
+    this HTTP port is returned as it is.
+    """
+    data_dir = data_dir.expanduser().resolve()
+    conf = _influx_conf(data_dir)
+    marker = str(conf)
+    with _locked(data_dir):
+        pid = _running_pid(_influx_pid_file(data_dir), marker)
+        if pid is not None:
+            running = _read_influx_ports(data_dir) or (0, 0)
+            if running[0] != port or rpc_port not in {None, running[1]}:
+                raise StackError(
+                    f"InfluxDB of {data_dir} already runs on {HOST}:{running[0]} (RPC "
+                    f"{running[1]}, pid {pid}): run `gpuflight stack down` first to change ports")
+            return InfluxHandle(data_dir, running[0], running[1], pid,
+                                _influx_log_file(data_dir), already_running=True)
+
+        if not port_free(port):
+            raise StackError(f"port {HOST}:{port} is busy: another InfluxDB or program listens "
+                             f"there (ss -ltnp 'sport = :{port}'); stop it or choose another port")
+        if rpc_port is None:
+            rpc_port = free_port(frozenset({port}))
+        elif rpc_port == port or not port_free(rpc_port):
+            raise StackError(f"RPC port {HOST}:{rpc_port} is busy"
+                             f"{' (it is the HTTP port)' if rpc_port == port else ''}: "
+                             "choose another")
+        influxd = find_influxd(binary)
+
+        _influx_dir(data_dir).mkdir(parents=True, exist_ok=True)
+        conf.write_text(_influx_config(data_dir, port, rpc_port))
+        # influxd lets INFLUXDB_* variables override its configuration file: none of those.
+        env = {key: value for key, value in os.environ.items()
+               if not key.startswith("INFLUXDB_")}
+        log_file = _influx_log_file(data_dir)
+        started = time.monotonic()
+        pid = _spawn([str(influxd), "run", "-config", marker], _influx_dir(data_dir), log_file,
+                     _influx_pid_file(data_dir), env)
+        handle = InfluxHandle(data_dir, port, rpc_port, pid, log_file)
+        if _wait_for_ping(handle.url, lambda: _alive(pid, marker), started + timeout):
+            log.info("InfluxDB up on %s (pid %d) in %.1f s", handle.url, pid,
+                     time.monotonic() - started)
+            return handle
+        if not _alive(pid, marker):
+            _influx_pid_file(data_dir).unlink(missing_ok=True)
+            raise StackError(f"InfluxDB exited while starting: {_last_influx_log_line(log_file)} "
+                             f"(all in {log_file})")
+        _stop(pid, marker, STOP_TIMEOUT_S)
+        _influx_pid_file(data_dir).unlink(missing_ok=True)
+        raise StackError(f"InfluxDB did not answer on {handle.url}/ping within {timeout:.0f} s, "
+                         f"stopped it: {_last_influx_log_line(log_file)} (all in {log_file})")
+
+
+def influx_down(data_dir: Path, timeout: float = STOP_TIMEOUT_S) -> bool:
+    """Stop the InfluxDB of data_dir (SIGTERM, SIGKILL after timeout); False if none ran."""
+    data_dir = data_dir.expanduser().resolve()
+    with _locked(data_dir):
+        marker = str(_influx_conf(data_dir))
+        pid = _running_pid(_influx_pid_file(data_dir), marker)
+        if pid is None:
+            return False
+        _stop(pid, marker, timeout)
+        _influx_pid_file(data_dir).unlink(missing_ok=True)
+        log.info("InfluxDB (pid %d) stopped", pid)
+        return True
+
+
+def influx_status(data_dir: Path) -> str:
+    """'running on 127.0.0.1:8086 (pid N)' or 'stopped'."""
+    data_dir = data_dir.expanduser().resolve()
+    pid = _running_pid(_influx_pid_file(data_dir), str(_influx_conf(data_dir)))
+    ports = _read_influx_ports(data_dir)
+    if pid is None or ports is None:
+        return "stopped"
+    return f"running on {HOST}:{ports[0]} (pid {pid})"
+
+
+def create_database(url: str, name: str, *, timeout: float = 30.0) -> None:
+    """CREATE DATABASE name (InfluxQL, POST /query): a database that exists is left as it is."""
+    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
+    body = urllib.parse.urlencode({"q": f'CREATE DATABASE "{quoted}"'}).encode()
+    request = urllib.request.Request(f"{url}/query", data=body, method="POST")
+    try:
+        with _DIRECT.open(request, timeout=timeout) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        reason = exc.read().decode(errors="replace").strip() or f"HTTP {exc.code}"
+        with contextlib.suppress(ValueError, AttributeError):
+            reason = json.loads(reason).get("error") or reason
+        raise StackError(f"cannot create database {name} on {url}: {reason}") from exc
+    except (OSError, ValueError) as exc:
+        why = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise StackError(f"cannot create database {name}: {url} did not answer ({why})") from exc
+    errors = [result["error"] for result in answer.get("results", []) if "error" in result]
+    if errors:
+        raise StackError(f"cannot create database {name} on {url}: {errors[0]}")
+
+
 # -- the whole stack -------------------------------------------------------------------------
 
 SERVICES: tuple[Service, ...] = (
     Service("kafka", kafka_up, kafka_down, kafka_status),
+    Service("influxdb", influx_up, influx_down, influx_status),
 )
 
 
@@ -501,6 +744,6 @@ def stack_down(data_dir: Path) -> None:
 
 
 def stack_status(data_dir: Path) -> list[str]:
-    """One line per service: 'kafka: running on 127.0.0.1:9092 (pid N)'."""
+    """One line per service: 'kafka: running on 127.0.0.1:9092 (pid N)', then 'influxdb: ...'."""
     return [f"{service.name}: {service.status(data_dir)}" for service in SERVICES]
 

@@ -97,7 +97,9 @@ def test_up_status_down_and_up_again_keeps_the_topics(own_stack: Path) -> None:
     assert not handle.already_running and handle.bootstrap == f"127.0.0.1:{port}"
     assert handle.controller_port != port
     assert stack.kafka_status(own_stack) == f"running on 127.0.0.1:{port} (pid {handle.pid})"
-    assert stack.stack_status(own_stack) == [f"kafka: {stack.kafka_status(own_stack)}"]
+    assert stack.stack_status(own_stack) == [
+        f"kafka: {stack.kafka_status(own_stack)}", "influxdb: stopped"
+    ]
     stack.create_topic(handle.bootstrap, "kept", 2, {})
 
     # A second `up` with the same ports is a no-op; other ports are a clear error.

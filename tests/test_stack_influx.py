@@ -1,0 +1,206 @@
+"""The stack's InfluxDB (producer/stack.py) against a real influxd 1.8 (scripts/setup-influxdb).
+
+Points go in the way the stream app writes them (influxdb-client, v2 write API) and come back
+the way Grafana reads them (InfluxQL over HTTP).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import socket
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producer import stack
+from tests.conftest import require
+
+DB = "gpuflight"
+BUCKET = f"{DB}/autogen"  # database/retention policy: a v2 bucket on InfluxDB 1.8
+T0 = 1_700_000_000_000_000_000  # ns
+
+
+def influx_unavailable_reason() -> str | None:
+    if importlib.util.find_spec("influxdb_client") is None:
+        return "influxdb-client is not installed (run scripts/setup)"
+    try:
+        stack.find_influxd()
+    except stack.StackError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture
+def own_influx(tmp_path: Path) -> Iterator[Path]:
+    """A data directory whose InfluxDB is stopped at the end, whatever the test did."""
+    require(influx_unavailable_reason())
+    yield tmp_path
+    stack.influx_down(tmp_path)
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def influxql(url: str, query: str) -> list[dict[str, Any]]:
+    """The series a SELECT returns, times in ns; an InfluxQL error fails the test."""
+    params = urllib.parse.urlencode({"db": DB, "q": query, "epoch": "ns"})
+    with _DIRECT.open(f"{url}/query?{params}", timeout=30) as response:
+        answer = json.loads(response.read())
+    (result,) = answer["results"]
+    assert "error" not in result, result["error"]
+    series: list[dict[str, Any]] = result.get("series", [])
+    return series
+
+
+def kernel(gpu: str, name: str, calls: int, seconds: float, ns: int) -> dict[str, Any]:
+    """A point as influxdb-client takes it (Point's methods are not typed)."""
+    return {"measurement": "kernel", "tags": {"gpu": gpu, "name": name},
+            "fields": {"calls": calls, "seconds": seconds}, "time": ns}
+
+
+def write(url: str, records: list[Any]) -> None:
+    """Write with influxdb-client's v2 API, synchronously, times in ns."""
+    from influxdb_client.client.influxdb_client import InfluxDBClient
+    from influxdb_client.client.write_api import SYNCHRONOUS
+    from influxdb_client.domain.write_precision import WritePrecision
+
+    with InfluxDBClient(url=url, token="", org="-") as client:
+        client.write_api(write_options=SYNCHRONOUS).write(
+            bucket=BUCKET, record=records, write_precision=WritePrecision.NS)
+
+
+def test_points_written_with_the_v2_api_come_back_by_influxql(
+        own_influx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # influxd would take this over its configuration file: it must not reach it.
+    monkeypatch.setenv("INFLUXDB_HTTP_BIND_ADDRESS", "127.0.0.1:1")
+    handle = stack.influx_up(own_influx, stack.free_port())
+    environ = Path(f"/proc/{handle.pid}/environ").read_bytes().split(b"\0")
+    assert not any(var.startswith(b"INFLUXDB_") for var in environ)
+    stack.create_database(handle.url, DB)
+    stack.create_database(handle.url, DB)  # exists: fine
+
+    write(handle.url, [
+        kernel("0", "sgemm", 3, 0.25, T0),
+        kernel("1", "sgemm", 7, 1.5, T0 + 1),
+        f"kernel,gpu=0,name=memcpy calls=1i,seconds=0.125 {T0 + 2}",  # line protocol too
+    ])
+    (series,) = influxql(handle.url, 'SELECT "calls", "seconds", "gpu", "name" FROM "kernel"')
+    assert series["columns"] == ["time", "calls", "seconds", "gpu", "name"]
+    assert series["values"] == [
+        [T0, 3, 0.25, "0", "sgemm"],
+        [T0 + 1, 7, 1.5, "1", "sgemm"],
+        [T0 + 2, 1, 0.125, "0", "memcpy"],
+    ]
+
+    # The same measurement, tags and time again: the point is replaced, not added.
+    write(handle.url, [kernel("0", "sgemm", 4, 0.5, T0)])
+    (series,) = influxql(handle.url, "SELECT \"calls\", \"seconds\" FROM \"kernel\" "
+                                     "WHERE \"gpu\" = '0' AND \"name\" = 'sgemm'")
+    assert series["values"] == [[T0, 4, 0.5]]
+    (series,) = influxql(handle.url, 'SELECT COUNT("calls") FROM "kernel"')
+    assert series["values"] == [[0, 3]]
+
+
+def test_up_status_down_and_up_again_keeps_the_points(own_influx: Path) -> None:
+    port = stack.free_port()
+    handle = stack.influx_up(own_influx, port)
+    assert not handle.already_running and handle.url == f"http://127.0.0.1:{port}"
+    assert handle.rpc_port not in {port, 8088}
+    status = f"running on 127.0.0.1:{port} (pid {handle.pid})"
+    assert stack.influx_status(own_influx) == status
+    assert f"influxdb: {status}" in stack.stack_status(own_influx)
+    stack.create_database(handle.url, DB)
+    write(handle.url, [f"kept value=42i {T0}"])
+
+    # A second `up` with the same port is a no-op; another port is a clear error.
+    again = stack.influx_up(own_influx, port)
+    assert again.already_running and again.pid == handle.pid
+    assert again.rpc_port == handle.rpc_port
+    with pytest.raises(stack.StackError, match=r"already runs on .*stack down"):
+        stack.influx_up(own_influx, stack.free_port(frozenset({port})))
+
+    assert stack.influx_down(own_influx)
+    assert stack.influx_status(own_influx) == "stopped"
+    assert not (own_influx / "influxdb.pid").exists()
+    assert not Path(f"/proc/{handle.pid}").exists()
+    assert not stack.influx_down(own_influx)  # nothing to stop: fine
+
+    # The data outlives the process, and the port may change between runs.
+    handle2 = stack.influx_up(own_influx, stack.free_port(frozenset({port})))
+    (series,) = influxql(handle2.url, 'SELECT "value" FROM "kept"')
+    assert series["values"] == [[T0, 42]]
+    assert (own_influx / "influxdb.log.1").exists()  # the previous run's log is kept
+
+
+def _one_line(error: pytest.ExceptionInfo[stack.StackError]) -> str:
+    message = str(error.value)
+    assert "\n" not in message and message
+    return message
+
+
+def test_up_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(stack.StackError) as error:
+            stack.influx_up(tmp_path, port)
+        assert f"port 127.0.0.1:{port} is busy" in _one_line(error)
+        with pytest.raises(stack.StackError) as error:
+            stack.influx_up(tmp_path, stack.free_port(frozenset({port})), rpc_port=port)
+        assert f"RPC port 127.0.0.1:{port} is busy" in _one_line(error)
+    assert stack.influx_status(tmp_path) == "stopped"
+
+
+def test_missing_influxd_says_run_setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with pytest.raises(stack.StackError) as error:
+        stack.influx_up(tmp_path, stack.free_port(), binary=tmp_path / "influxd")
+    assert _one_line(error) == f"no influxd at {tmp_path / 'influxd'}: run scripts/setup"
+    monkeypatch.setenv("GPUFLIGHT_INFLUXD", str(tmp_path / "elsewhere"))
+    with pytest.raises(stack.StackError) as error:
+        stack.find_influxd()
+    assert _one_line(error).endswith("run scripts/setup")
+
+
+def test_a_start_that_fails_says_why_in_one_line(tmp_path: Path) -> None:
+    # What influxd prints when it cannot start, from a stand-in that exits at once.
+    fake = tmp_path / "influxd"
+    fake.write_text('#!/bin/sh\n'
+                    'echo \'ts=2026-01-01T00:00:00Z lvl=info msg="InfluxDB starting"\' >&2\n'
+                    'echo "run: open server: open meta: permission denied" >&2\n'
+                    'exit 1\n')
+    fake.chmod(0o755)
+    with pytest.raises(stack.StackError) as error:
+        stack.influx_up(tmp_path / "stack", stack.free_port(), binary=fake)
+    message = _one_line(error)
+    assert message.startswith(
+        "InfluxDB exited while starting: run: open server: open meta: permission denied")
+    assert message.endswith(f"(all in {tmp_path / 'stack' / 'influxdb.log'})")
+    assert stack.influx_status(tmp_path / "stack") == "stopped"
+    assert not (tmp_path / "stack" / "influxdb.pid").exists()
+
+
+def test_a_start_that_hangs_is_stopped(tmp_path: Path) -> None:
+    fake = tmp_path / "influxd"
+    fake.write_text('#!/bin/sh\necho \'lvl=info msg="Go runtime"\' >&2\nexec sleep 60\n')
+    fake.chmod(0o755)
+    with pytest.raises(stack.StackError) as error:
+        stack.influx_up(tmp_path / "stack", stack.free_port(), binary=fake, timeout=0.5)
+    assert re.match(r"InfluxDB did not answer on http://127\.0\.0\.1:\d+/ping within 0 s, "
+                    r'stopped it: lvl=info msg="Go runtime" \(all in ', _one_line(error))
+    assert stack.influx_status(tmp_path / "stack") == "stopped"
+
+
+def test_a_stale_pid_file_is_not_trusted(tmp_path: Path) -> None:
+    # The pid of a live process that is not this stack's InfluxDB (this very test): left alone.
+    (tmp_path / "influxdb.pid").write_text(f"{os.getpid()}\n")
+    assert stack.influx_status(tmp_path) == "stopped"
+    assert not stack.influx_down(tmp_path)
+    assert not (tmp_path / "influxdb.pid").exists()
