@@ -105,7 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--output", "-o", type=Path, help="write JSON lines ('-': stdout)")
     where.add_argument("--to-topic", metavar="TOPIC", help="re-publish into this topic")
 
-    stack = sub.add_parser("stack", help="local Kafka and InfluxDB on loopback, for one machine and tests")
+    stack = sub.add_parser(
+        "stack", help="local Kafka and InfluxDB on loopback, for one machine and tests"
+    )
     stack.add_argument("action", choices=("up", "down", "status"))
     stack.add_argument("--dir", type=Path, default=None, metavar="DIR",
                        help="where the stack keeps its data (default "
