@@ -1,0 +1,378 @@
+"""The InfluxDB contract of the stream app: measurement names, tag keys, field keys and types.
+
+Everything the stream app writes is a `Point` of one measurement of `ALL`; the Grafana
+dashboards and alert rules may name only what `ALL` lists (a test checks them against it), and
+`validate` checks a point before it is written. One measurement per concern:
+
+  measurement        tags                                 written from
+  launches           host job layer api                   events (kernel and graph launches)
+  kernels            host job kernel                      events (bounded: top kernels + "other")
+  grid_blocks        host job bucket                      events (log2 histogram of x·y·z)
+  block_threads      host job bucket                      events (log2 histogram of x·y·z)
+  launch_shape       host job                             events (percentiles from histograms)
+  copies             host job kind                        events (cudaMemcpy*)
+  memset             host job                             events (cudaMemset*)
+  memory             host job                             events + the memory ledger
+  syncs              host job scope                       events (cudaStream/Device/EventSync)
+  cpu_blocked        host job                             events (time the CPU waited)
+  errors             host job api                         events (calls whose result was not 0)
+  gpu                host gpu                             NVML samples
+  gpu_process        host gpu job                         NVML samples, processes by job
+  bandwidth_anomaly  host job kind direction_of_change    detect.py
+  memory_bound       host job                             detect.py
+  pipeline           host                                 producer metrics
+
+Field types are part of the contract (InfluxDB fixes a field's type per shard): an `int`
+field is always written as an integer, a `float` field always as a float. Every point's time
+is the start of its window (ns), except gpu, gpu_process and pipeline: the sample's time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+from producer.records import COPY_KINDS, SYNC_SCOPES
+
+FieldValue = int | float
+
+
+class Tags:
+    """Tag keys."""
+
+    HOST: Final = "host"
+    JOB: Final = "job"
+    LAYER: Final = "layer"
+    API: Final = "api"
+    KERNEL: Final = "kernel"
+    BUCKET: Final = "bucket"
+    KIND: Final = "kind"
+    SCOPE: Final = "scope"
+    GPU: Final = "gpu"
+    DIRECTION: Final = "direction_of_change"
+
+
+class Fields:
+    """Field keys (a key may be used by several measurements, with one meaning)."""
+
+    COUNT: Final = "count"
+    RATE_PER_S: Final = "rate_per_s"
+    P50_GRID_BLOCKS: Final = "p50_grid_blocks"
+    P90_GRID_BLOCKS: Final = "p90_grid_blocks"
+    P99_GRID_BLOCKS: Final = "p99_grid_blocks"
+    P50_BLOCK_THREADS: Final = "p50_block_threads"
+    P90_BLOCK_THREADS: Final = "p90_block_threads"
+    P99_BLOCK_THREADS: Final = "p99_block_threads"
+    LAUNCHES: Final = "launches"
+    THREADS_PER_S: Final = "threads_per_s"
+    BYTES: Final = "bytes"
+    BYTES_PER_S: Final = "bytes_per_s"
+    SYNC_COUNT: Final = "sync_count"
+    SYNC_BYTES: Final = "sync_bytes"
+    SYNC_NS: Final = "sync_ns"
+    BANDWIDTH_BYTES_PER_S: Final = "bandwidth_bytes_per_s"
+    ALLOC_COUNT: Final = "alloc_count"
+    ALLOC_BYTES: Final = "alloc_bytes"
+    FREE_COUNT: Final = "free_count"
+    FREE_BYTES: Final = "free_bytes"
+    LIVE_BYTES: Final = "live_bytes"
+    PEAK_LIVE_BYTES: Final = "peak_live_bytes"
+    COPY_NS: Final = "copy_ns"
+    BLOCKED_SHARE: Final = "blocked_share"
+    PROCESSES: Final = "processes"
+    UTILIZATION_GPU_PCT: Final = "utilization_gpu_pct"
+    UTILIZATION_MEMORY_PCT: Final = "utilization_memory_pct"
+    MEMORY_USED_BYTES: Final = "memory_used_bytes"
+    MEMORY_TOTAL_BYTES: Final = "memory_total_bytes"
+    POWER_W: Final = "power_w"
+    TEMPERATURE_C: Final = "temperature_c"
+    SM_CLOCK_MHZ: Final = "sm_clock_mhz"
+    PCIE_RX_BYTES_PER_S: Final = "pcie_rx_bytes_per_s"
+    PCIE_TX_BYTES_PER_S: Final = "pcie_tx_bytes_per_s"
+    SM_UTIL_PCT: Final = "sm_util_pct"
+    MEM_UTIL_PCT: Final = "mem_util_pct"
+    USED_MEMORY_BYTES: Final = "used_memory_bytes"
+    BASELINE: Final = "baseline"
+    OBSERVED: Final = "observed"
+    RATIO: Final = "ratio"
+    ZSCORE: Final = "zscore"
+    VERDICT: Final = "verdict"
+    CONSECUTIVE_WINDOWS: Final = "consecutive_windows"
+    ALERT: Final = "alert"
+    COPY_SYNC_SHARE: Final = "copy_sync_share"
+    BYTES_PER_LAUNCH: Final = "bytes_per_launch"
+    GPU_UTILIZATION_PCT: Final = "gpu_utilization_pct"
+    CAPTURED: Final = "captured"
+    PRODUCED: Final = "produced"
+    PUBLISHED: Final = "published"
+    DROPPED_KERNEL: Final = "dropped_kernel"
+    DROPPED_USER: Final = "dropped_user"
+    QUEUE_MESSAGES: Final = "queue_messages"
+
+
+# -- tag values with a fixed vocabulary ------------------------------------------------------
+
+#: `kernels`: the kernels beyond the reported top ones, together.
+OTHER_KERNEL: Final = "other"
+#: `copies`/`bandwidth_anomaly` kind: a cudaMemcpyKind outside COPY_KINDS.
+UNKNOWN_KIND: Final = "unknown"
+COPY_KIND_VALUES: Final[tuple[str, ...]] = (*COPY_KINDS, UNKNOWN_KIND)
+#: `syncs` scope.
+UNKNOWN_SCOPE: Final = "unknown"
+SYNC_SCOPE_VALUES: Final[tuple[str, ...]] = (*SYNC_SCOPES.values(), UNKNOWN_SCOPE)
+#: `errors` / `launches` api for an API id this version does not know.
+UNKNOWN_API: Final = "unknown"
+LOW_BANDWIDTH: Final = "low_bandwidth"
+HIGH_BYTES: Final = "high_bytes"
+DIRECTIONS: Final[tuple[str, ...]] = (LOW_BANDWIDTH, HIGH_BYTES)
+#: Buckets of the log2 histograms: bucket i holds [2^i, 2^(i+1)) (bucket 0 also holds 0).
+HISTOGRAM_BUCKETS: Final = 64
+
+
+def bucket_label(index: int) -> str:
+    """The `bucket` tag of log2 bucket `index`: "2^5" holds 32..63."""
+    if not 0 <= index < HISTOGRAM_BUCKETS:
+        raise ValueError(f"bucket {index} is outside 0..{HISTOGRAM_BUCKETS - 1}")
+    return f"2^{index}"
+
+
+# -- the registry ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    type: type[int] | type[float]
+    #: For dashboards: "", "bytes", "ns", "1/s", "bytes/s", "%", "W", "C", "MHz", "share".
+    unit: str = ""
+
+
+def _int(name: str, unit: str = "") -> FieldSpec:
+    return FieldSpec(name, int, unit)
+
+
+def _float(name: str, unit: str = "") -> FieldSpec:
+    return FieldSpec(name, float, unit)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    tags: tuple[str, ...]
+    fields: tuple[FieldSpec, ...]
+
+    @property
+    def field_names(self) -> frozenset[str]:
+        return frozenset(f.name for f in self.fields)
+
+    def field(self, name: str) -> FieldSpec:
+        for spec in self.fields:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"{self.name} has no field {name!r}")
+
+
+_WINDOW_JOB: Final = (Tags.HOST, Tags.JOB)
+
+LAUNCHES: Final = Measurement(
+    "launches",
+    (Tags.HOST, Tags.JOB, Tags.LAYER, Tags.API),
+    (_int(Fields.COUNT), _float(Fields.RATE_PER_S, "1/s")),
+)
+KERNELS: Final = Measurement(
+    "kernels", (Tags.HOST, Tags.JOB, Tags.KERNEL), (_int(Fields.COUNT),)
+)
+GRID_BLOCKS: Final = Measurement(
+    "grid_blocks", (Tags.HOST, Tags.JOB, Tags.BUCKET), (_int(Fields.COUNT),)
+)
+BLOCK_THREADS: Final = Measurement(
+    "block_threads", (Tags.HOST, Tags.JOB, Tags.BUCKET), (_int(Fields.COUNT),)
+)
+LAUNCH_SHAPE: Final = Measurement(
+    "launch_shape",
+    _WINDOW_JOB,
+    (
+        _int(Fields.LAUNCHES),
+        _float(Fields.P50_GRID_BLOCKS),
+        _float(Fields.P90_GRID_BLOCKS),
+        _float(Fields.P99_GRID_BLOCKS),
+        _float(Fields.P50_BLOCK_THREADS),
+        _float(Fields.P90_BLOCK_THREADS),
+        _float(Fields.P99_BLOCK_THREADS),
+        _float(Fields.THREADS_PER_S, "1/s"),
+    ),
+)
+COPIES: Final = Measurement(
+    "copies",
+    (Tags.HOST, Tags.JOB, Tags.KIND),
+    (
+        _int(Fields.COUNT),
+        _int(Fields.BYTES, "bytes"),
+        _float(Fields.BYTES_PER_S, "bytes/s"),
+        _int(Fields.SYNC_COUNT),
+        _int(Fields.SYNC_BYTES, "bytes"),
+        _int(Fields.SYNC_NS, "ns"),
+        _float(Fields.BANDWIDTH_BYTES_PER_S, "bytes/s"),
+    ),
+)
+MEMSET: Final = Measurement(
+    "memset", _WINDOW_JOB, (_int(Fields.COUNT), _int(Fields.BYTES, "bytes"))
+)
+MEMORY: Final = Measurement(
+    "memory",
+    _WINDOW_JOB,
+    (
+        _int(Fields.ALLOC_COUNT),
+        _int(Fields.ALLOC_BYTES, "bytes"),
+        _int(Fields.FREE_COUNT),
+        _int(Fields.FREE_BYTES, "bytes"),
+        _int(Fields.LIVE_BYTES, "bytes"),
+        _int(Fields.PEAK_LIVE_BYTES, "bytes"),
+    ),
+)
+SYNCS: Final = Measurement(
+    "syncs", (Tags.HOST, Tags.JOB, Tags.SCOPE), (_int(Fields.COUNT), _int(Fields.SYNC_NS, "ns"))
+)
+CPU_BLOCKED: Final = Measurement(
+    "cpu_blocked",
+    _WINDOW_JOB,
+    (
+        _int(Fields.SYNC_NS, "ns"),
+        _int(Fields.COPY_NS, "ns"),
+        _float(Fields.BLOCKED_SHARE, "share"),
+        _int(Fields.PROCESSES),
+    ),
+)
+ERRORS: Final = Measurement(
+    "errors", (Tags.HOST, Tags.JOB, Tags.API), (_int(Fields.COUNT),)
+)
+GPU: Final = Measurement(
+    "gpu",
+    (Tags.HOST, Tags.GPU),
+    (
+        _int(Fields.UTILIZATION_GPU_PCT, "%"),
+        _int(Fields.UTILIZATION_MEMORY_PCT, "%"),
+        _int(Fields.MEMORY_USED_BYTES, "bytes"),
+        _int(Fields.MEMORY_TOTAL_BYTES, "bytes"),
+        _float(Fields.POWER_W, "W"),
+        _int(Fields.TEMPERATURE_C, "C"),
+        _int(Fields.SM_CLOCK_MHZ, "MHz"),
+        _int(Fields.PCIE_RX_BYTES_PER_S, "bytes/s"),
+        _int(Fields.PCIE_TX_BYTES_PER_S, "bytes/s"),
+    ),
+)
+GPU_PROCESS: Final = Measurement(
+    "gpu_process",
+    (Tags.HOST, Tags.GPU, Tags.JOB),
+    (
+        _int(Fields.SM_UTIL_PCT, "%"),
+        _int(Fields.MEM_UTIL_PCT, "%"),
+        _int(Fields.USED_MEMORY_BYTES, "bytes"),
+        _int(Fields.PROCESSES),
+    ),
+)
+BANDWIDTH_ANOMALY: Final = Measurement(
+    "bandwidth_anomaly",
+    (Tags.HOST, Tags.JOB, Tags.KIND, Tags.DIRECTION),
+    (
+        _float(Fields.BASELINE),
+        _float(Fields.OBSERVED),
+        _float(Fields.RATIO),
+        _float(Fields.ZSCORE),
+    ),
+)
+MEMORY_BOUND: Final = Measurement(
+    "memory_bound",
+    _WINDOW_JOB,
+    (
+        _int(Fields.VERDICT),
+        _int(Fields.CONSECUTIVE_WINDOWS),
+        _int(Fields.ALERT),
+        _float(Fields.BLOCKED_SHARE, "share"),
+        _float(Fields.COPY_SYNC_SHARE, "share"),
+        _float(Fields.BYTES_PER_LAUNCH, "bytes"),
+        _float(Fields.GPU_UTILIZATION_PCT, "%"),
+    ),
+)
+PIPELINE: Final = Measurement(
+    "pipeline",
+    (Tags.HOST,),
+    (
+        _int(Fields.CAPTURED),
+        _int(Fields.PRODUCED),
+        _int(Fields.PUBLISHED),
+        _int(Fields.DROPPED_KERNEL),
+        _int(Fields.DROPPED_USER),
+        _int(Fields.QUEUE_MESSAGES),
+    ),
+)
+
+#: Every measurement the stream app writes, by name.
+ALL: Final[Mapping[str, Measurement]] = MappingProxyType(
+    {
+        m.name: m
+        for m in (
+            LAUNCHES,
+            KERNELS,
+            GRID_BLOCKS,
+            BLOCK_THREADS,
+            LAUNCH_SHAPE,
+            COPIES,
+            MEMSET,
+            MEMORY,
+            SYNCS,
+            CPU_BLOCKED,
+            ERRORS,
+            GPU,
+            GPU_PROCESS,
+            BANDWIDTH_ANOMALY,
+            MEMORY_BOUND,
+            PIPELINE,
+        )
+    }
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One InfluxDB point: what a sink writes. Fields that are absent are left out."""
+
+    measurement: str
+    tags: Mapping[str, str]
+    fields: Mapping[str, FieldValue]
+    time_ns: int
+
+
+def problems(point: Point) -> list[str]:
+    """What is wrong with `point` against `ALL` (empty: it may be written)."""
+    spec = ALL.get(point.measurement)
+    if spec is None:
+        return [f"unknown measurement {point.measurement!r}"]
+    found: list[str] = []
+    if set(point.tags) != set(spec.tags):
+        found.append(f"{spec.name}: tags {sorted(point.tags)}, expected {sorted(spec.tags)}")
+    found += [f"{spec.name}: tag {k} is empty" for k, v in point.tags.items() if not v]
+    if not point.fields:
+        found.append(f"{spec.name}: no fields")
+    for name, value in point.fields.items():
+        if name not in spec.field_names:
+            found.append(f"{spec.name}: unknown field {name!r}")
+            continue
+        expected = spec.field(name).type
+        if type(value) is not expected:
+            found.append(
+                f"{spec.name}.{name}: {type(value).__name__}, expected {expected.__name__}"
+            )
+        elif isinstance(value, float) and not math.isfinite(value):
+            found.append(f"{spec.name}.{name}: {value} is not finite")
+    return found
+
+
+def validate(point: Point) -> None:
+    """ValueError listing every problem of `point`; nothing when it may be written."""
+    found = problems(point)
+    if found:
+        raise ValueError("; ".join(found))
