@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from producer import elfsyms
+from producer.records import API_IDS
 
 __all__ = [
     "LOADER_SYMBOL",
@@ -42,55 +43,9 @@ __all__ = [
     "scan_pid",
 ]
 
-# Every GF_API_<name> of bpf/events.h, in its order (tests/test_discover.py checks the two agree).
-RUNTIME_API_NAMES: tuple[str, ...] = (
-    "cudaLaunchKernel",
-    "cudaLaunchKernel_ptsz",
-    "cudaLaunchKernelExC",
-    "cudaLaunchKernelExC_ptsz",
-    "cudaLaunchCooperativeKernel",
-    "cudaLaunchCooperativeKernel_ptsz",
-    "cudaMemcpy",
-    "cudaMemcpy_ptds",
-    "cudaMemcpyAsync",
-    "cudaMemcpyAsync_ptsz",
-    "cudaMemcpyPeer",
-    "cudaMemcpyPeerAsync",
-    "cudaMemcpy2D",
-    "cudaMemcpy2D_ptds",
-    "cudaMemcpy2DAsync",
-    "cudaMemcpy2DAsync_ptsz",
-    "cudaMemset",
-    "cudaMemset_ptds",
-    "cudaMemsetAsync",
-    "cudaMemsetAsync_ptsz",
-    "cudaMemset2D",
-    "cudaMemset2D_ptds",
-    "cudaMemset2DAsync",
-    "cudaMemset2DAsync_ptsz",
-    "cudaMemset3D",
-    "cudaMemset3D_ptds",
-    "cudaMemset3DAsync",
-    "cudaMemset3DAsync_ptsz",
-    "cudaMalloc",
-    "cudaMallocAsync",
-    "cudaMallocAsync_ptsz",
-    "cudaMallocManaged",
-    "cudaMallocHost",
-    "cudaHostAlloc",
-    "cudaMallocFromPoolAsync",
-    "cudaMallocFromPoolAsync_ptsz",
-    "cudaFree",
-    "cudaFreeAsync",
-    "cudaFreeAsync_ptsz",
-    "cudaFreeHost",
-    "cudaStreamSynchronize",
-    "cudaStreamSynchronize_ptsz",
-    "cudaDeviceSynchronize",
-    "cudaEventSynchronize",
-    "cudaGraphLaunch",
-    "cudaGraphLaunch_ptsz",
-)
+# Every GF_API_<name> of bpf/events.h, in its order: the mirror in producer/records.py
+# (tests/test_records.py checks it against the header).
+RUNTIME_API_NAMES: tuple[str, ...] = tuple(API_IDS)
 RUNTIME_SYMBOLS: frozenset[str] = frozenset(RUNTIME_API_NAMES)
 
 # The loader calls this empty function after every change to its link map (dlopen, start-up).
