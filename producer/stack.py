@@ -296,6 +296,38 @@ def _last_log_line(path: Path) -> str:
 
 # -- processes -------------------------------------------------------------------------------
 
+def _start_failed(name: str, where: str, *, pid: int, marker: str, pid_file: Path,
+                  log_file: Path, last_line: Callable[[Path], str], timeout: float) -> StackError:
+    """The error of a service that exited while starting or never answered (then stopped)."""
+    if not _alive(pid, marker):
+        pid_file.unlink(missing_ok=True)
+        return StackError(f"{name} exited while starting: {last_line(log_file)} "
+                          f"(all in {log_file})")
+    _stop(pid, marker, STOP_TIMEOUT_S)
+    pid_file.unlink(missing_ok=True)
+    return StackError(f"{name} did not answer on {where} within {timeout:.0f} s, "
+                      f"stopped it: {last_line(log_file)} (all in {log_file})")
+
+
+def _stop_service(data_dir: Path, name: str, pid_file: Path, marker: str,
+                  timeout: float) -> bool:
+    with _locked(data_dir):
+        pid = _running_pid(pid_file, marker)
+        if pid is None:
+            return False
+        _stop(pid, marker, timeout)
+        pid_file.unlink(missing_ok=True)
+        log.info("%s (pid %d) stopped", name, pid)
+        return True
+
+
+def _service_status(pid_file: Path, marker: str, ports: tuple[int, int] | None) -> str:
+    pid = _running_pid(pid_file, marker)
+    if pid is None or ports is None:
+        return "stopped"
+    return f"running on {HOST}:{ports[0]} (pid {pid})"
+
+
 def _alive(pid: int, marker: str) -> bool:
     """Whether pid is running (not a zombie) with marker among its arguments."""
     child = _CHILDREN.get(pid)
@@ -458,38 +490,22 @@ def kafka_up(data_dir: Path, port: int = DEFAULT_KAFKA_PORT, controller_port: in
             log.info("Kafka up on %s (pid %d) in %.1f s", handle.bootstrap, pid,
                      time.monotonic() - started)
             return handle
-        if not _alive(pid, str(properties)):
-            _pid_file(data_dir).unlink(missing_ok=True)
-            raise StackError(f"Kafka exited while starting: {_last_log_line(log_file)} "
-                             f"(all in {log_file})")
-        _stop(pid, str(properties), STOP_TIMEOUT_S)
-        _pid_file(data_dir).unlink(missing_ok=True)
-        raise StackError(f"Kafka did not answer on {handle.bootstrap} within {timeout:.0f} s, "
-                         f"stopped it: {_last_log_line(log_file)} (all in {log_file})")
+        raise _start_failed("Kafka", handle.bootstrap, pid=pid, marker=str(properties),
+                            pid_file=_pid_file(data_dir), log_file=log_file,
+                            last_line=_last_log_line, timeout=timeout)
 
 
 def kafka_down(data_dir: Path, timeout: float = STOP_TIMEOUT_S) -> bool:
     """Stop the broker of data_dir (SIGTERM, SIGKILL after timeout); False if none ran."""
     data_dir = data_dir.expanduser().resolve()
-    with _locked(data_dir):
-        marker = str(_properties(data_dir))
-        pid = _running_pid(_pid_file(data_dir), marker)
-        if pid is None:
-            return False
-        _stop(pid, marker, timeout)
-        _pid_file(data_dir).unlink(missing_ok=True)
-        log.info("Kafka (pid %d) stopped", pid)
-        return True
+    return _stop_service(data_dir, "Kafka", _pid_file(data_dir), str(_properties(data_dir)),
+                         timeout)
 
 
 def kafka_status(data_dir: Path) -> str:
     """'running on 127.0.0.1:9092 (pid N)' or 'stopped'."""
     data_dir = data_dir.expanduser().resolve()
-    pid = _running_pid(_pid_file(data_dir), str(_properties(data_dir)))
-    ports = _read_ports(data_dir)
-    if pid is None or ports is None:
-        return "stopped"
-    return f"running on {HOST}:{ports[0]} (pid {pid})"
+    return _service_status(_pid_file(data_dir), str(_properties(data_dir)), _read_ports(data_dir))
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str],
@@ -670,38 +686,23 @@ def influx_up(data_dir: Path, port: int = DEFAULT_INFLUX_PORT, *, rpc_port: int 
             log.info("InfluxDB up on %s (pid %d) in %.1f s", handle.url, pid,
                      time.monotonic() - started)
             return handle
-        if not _alive(pid, marker):
-            _influx_pid_file(data_dir).unlink(missing_ok=True)
-            raise StackError(f"InfluxDB exited while starting: {_last_influx_log_line(log_file)} "
-                             f"(all in {log_file})")
-        _stop(pid, marker, STOP_TIMEOUT_S)
-        _influx_pid_file(data_dir).unlink(missing_ok=True)
-        raise StackError(f"InfluxDB did not answer on {handle.url}/ping within {timeout:.0f} s, "
-                         f"stopped it: {_last_influx_log_line(log_file)} (all in {log_file})")
+        raise _start_failed("InfluxDB", f"{handle.url}/ping", pid=pid, marker=marker,
+                            pid_file=_influx_pid_file(data_dir), log_file=log_file,
+                            last_line=_last_influx_log_line, timeout=timeout)
 
 
 def influx_down(data_dir: Path, timeout: float = STOP_TIMEOUT_S) -> bool:
     """Stop the InfluxDB of data_dir (SIGTERM, SIGKILL after timeout); False if none ran."""
     data_dir = data_dir.expanduser().resolve()
-    with _locked(data_dir):
-        marker = str(_influx_conf(data_dir))
-        pid = _running_pid(_influx_pid_file(data_dir), marker)
-        if pid is None:
-            return False
-        _stop(pid, marker, timeout)
-        _influx_pid_file(data_dir).unlink(missing_ok=True)
-        log.info("InfluxDB (pid %d) stopped", pid)
-        return True
+    return _stop_service(data_dir, "InfluxDB", _influx_pid_file(data_dir),
+                         str(_influx_conf(data_dir)), timeout)
 
 
 def influx_status(data_dir: Path) -> str:
     """'running on 127.0.0.1:8086 (pid N)' or 'stopped'."""
     data_dir = data_dir.expanduser().resolve()
-    pid = _running_pid(_influx_pid_file(data_dir), str(_influx_conf(data_dir)))
-    ports = _read_influx_ports(data_dir)
-    if pid is None or ports is None:
-        return "stopped"
-    return f"running on {HOST}:{ports[0]} (pid {pid})"
+    return _service_status(_influx_pid_file(data_dir), str(_influx_conf(data_dir)),
+                           _read_influx_ports(data_dir))
 
 
 def create_database(url: str, name: str, *, timeout: float = 30.0) -> None:
