@@ -36,6 +36,16 @@ class CopyStats:
         """Achieved bandwidth of synchronous copies, bytes per second."""
         return self.sync_bytes * 1e9 / self.sync_ns if self.sync_ns else None
 
+    def add(self, other: CopyStats) -> None:
+        self.count += other.count
+        self.bytes += other.bytes
+        self.sync_count += other.sync_count
+        self.sync_bytes += other.sync_bytes
+        self.sync_ns += other.sync_ns
+
+    def as_list(self) -> list[int]:
+        return [self.count, self.bytes, self.sync_count, self.sync_bytes, self.sync_ns]
+
 
 @dataclass
 class Summary:

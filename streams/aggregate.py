@@ -65,6 +65,7 @@ from producer.records import (
     SYNC_SCOPES,
     EventType,
 )
+from producer.summary import CopyStats
 from streams import measurements as m
 from streams.measurements import Fields, FieldValue, Point, Tags
 
@@ -116,30 +117,6 @@ def api_name(api: int) -> str:
     return API_NAMES.get(api, m.UNKNOWN_API)
 
 
-@dataclass
-class CopyTotals:
-    count: int = 0
-    bytes: int = 0
-    sync_count: int = 0
-    sync_bytes: int = 0
-    sync_ns: int = 0
-
-    @property
-    def sync_bandwidth(self) -> float | None:
-        """Achieved bandwidth of synchronous copies, bytes per second."""
-        return self.sync_bytes * 1e9 / self.sync_ns if self.sync_ns else None
-
-    def add(self, other: CopyTotals) -> None:
-        self.count += other.count
-        self.bytes += other.bytes
-        self.sync_count += other.sync_count
-        self.sync_bytes += other.sync_bytes
-        self.sync_ns += other.sync_ns
-
-    def as_list(self) -> list[int]:
-        return [self.count, self.bytes, self.sync_count, self.sync_bytes, self.sync_ns]
-
-
 def _zeros() -> list[int]:
     return [0] * _BUCKETS
 
@@ -161,7 +138,7 @@ class WindowAggregate:
     grid_blocks: list[int] = field(default_factory=_zeros)
     block_threads: list[int] = field(default_factory=_zeros)
     threads_launched: int = 0
-    copies: dict[str, CopyTotals] = field(default_factory=dict)
+    copies: dict[str, CopyStats] = field(default_factory=dict)
     memset_count: int = 0
     memset_bytes: int = 0
     alloc_count: int = 0
@@ -261,7 +238,7 @@ class WindowAggregate:
                 block_threads=_untrim(data["block_threads"]),
                 threads_launched=int(data["threads_launched"]),
                 copies={
-                    str(k): CopyTotals(*(int(x) for x in _exactly(v, 5)))
+                    str(k): CopyStats(*(int(x) for x in _exactly(v, 5)))
                     for k, v in data["copies"].items()
                 },
                 errors={str(k): int(n) for k, n in data["errors"].items()},
@@ -487,14 +464,14 @@ def _add_copies(agg: WindowAggregate, copies: Events) -> None:
     for kind in present:
         mine = kinds == kind if len(present) > 1 else np.ones(len(copies), dtype=bool)
         mine_timed = mine & timed
-        totals = CopyTotals(
+        totals = CopyStats(
             count=int(np.count_nonzero(mine)),
             bytes=_exact_sum(nbytes[mine]),
             sync_count=int(np.count_nonzero(mine_timed)),
             sync_bytes=_exact_sum(nbytes[mine_timed]),
             sync_ns=_exact_sum(durations[mine_timed]),
         )
-        agg.copies.setdefault(_copy_kind(kind), CopyTotals()).add(totals)
+        agg.copies.setdefault(_copy_kind(kind), CopyStats()).add(totals)
 
 
 def _add_memory(agg: WindowAggregate, events: Events) -> None:
@@ -564,7 +541,7 @@ def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
     out.block_threads = [x + y for x, y in zip(out.block_threads, b.block_threads, strict=True)]
     out.threads_launched += b.threads_launched
     for kind, totals in b.copies.items():
-        out.copies.setdefault(kind, CopyTotals()).add(totals)
+        out.copies.setdefault(kind, CopyStats()).add(totals)
     out.memset_count += b.memset_count
     out.memset_bytes += b.memset_bytes
     out.alloc_count += b.alloc_count

@@ -51,8 +51,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
+from producer.summary import CopyStats
 from streams import measurements as m
-from streams.aggregate import CopyTotals, WindowAggregate, blocked_share
+from streams.aggregate import WindowAggregate, blocked_share
 from streams.measurements import Fields, Point, Tags
 
 DICT_VERSION: Final = 1
@@ -156,7 +157,7 @@ def judge_copies(
     state: SeriesState,
     window_start_ns: int,
     window_s: float,
-    totals: CopyTotals | None,
+    totals: CopyStats | None,
     settings: DetectSettings,
 ) -> list[Judgement]:
     """Judge one window of one series, then add it to the history (in place).
@@ -167,7 +168,7 @@ def judge_copies(
     if state.last_window_ns is not None and window_start_ns <= state.last_window_ns:
         return []
     state.last_window_ns = window_start_ns
-    totals = totals or CopyTotals()
+    totals = totals or CopyStats()
     found: list[Judgement] = []
     if (
         totals.sync_count >= settings.min_sync_copies

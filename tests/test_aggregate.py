@@ -20,10 +20,10 @@ from producer.records import (
     F_HAS_RESULT,
     EventType,
 )
+from producer.summary import CopyStats
 from streams import measurements as m
 from streams.aggregate import (
     MAX_PIDS,
-    CopyTotals,
     MemoryLedger,
     MemoryLevel,
     StaleWindowError,
@@ -154,10 +154,10 @@ def test_hand_made_window_adds_up_exactly() -> None:
     assert agg.block_threads[8] == 3 and sum(agg.block_threads) == 3
     assert agg.threads_launched == 2 * 40 * 256 + 8192 * 256
     assert agg.copies == {
-        "H2D": CopyTotals(count=2, bytes=12_004_000, sync_count=1, sync_bytes=12_000_000,
+        "H2D": CopyStats(count=2, bytes=12_004_000, sync_count=1, sync_bytes=12_000_000,
                           sync_ns=1_000_000),
-        "D2H": CopyTotals(count=1, bytes=1 << 20),
-        "unknown": CopyTotals(count=1, bytes=10, sync_count=1, sync_bytes=10, sync_ns=5),
+        "D2H": CopyStats(count=1, bytes=1 << 20),
+        "unknown": CopyStats(count=1, bytes=10, sync_count=1, sync_bytes=10, sync_ns=5),
     }
     assert agg.copies["H2D"].sync_bandwidth == 12e9
     assert (agg.memset_count, agg.memset_bytes) == (1, 64)

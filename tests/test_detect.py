@@ -8,8 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
+from producer.summary import CopyStats
 from streams import measurements as m
-from streams.aggregate import CopyTotals, WindowAggregate
+from streams.aggregate import WindowAggregate
 from streams.detect import (
     BandwidthAnomaly,
     BandwidthDetector,
@@ -40,7 +41,7 @@ def window(
     at `bandwidth` bytes/s."""
     return WindowAggregate(
         i * WINDOW_NS, "node1", "job1",
-        copies={kind: CopyTotals(
+        copies={kind: CopyStats(
             count=sync_count * 2, bytes=max(int(nbytes), sync_bytes), sync_count=sync_count,
             sync_bytes=sync_bytes, sync_ns=round(sync_bytes * 1e9 / bandwidth))},
         pids={1},
@@ -251,10 +252,10 @@ def test_evidence_from_an_aggregate() -> None:
         0, "node1", "job1",
         launches={("runtime", "cudaLaunchKernel"): 8, ("runtime", "cudaGraphLaunch"): 2},
         copies={
-            "H2D": CopyTotals(count=4, bytes=16 * MIB, sync_count=4, sync_bytes=16 * MIB,
+            "H2D": CopyStats(count=4, bytes=16 * MIB, sync_count=4, sync_bytes=16 * MIB,
                               sync_ns=100_000_000),
-            "D2H": CopyTotals(count=2, bytes=4 * MIB),
-            "D2D": CopyTotals(count=1, bytes=1 << 30),  # stays on the GPU: not counted
+            "D2H": CopyStats(count=2, bytes=4 * MIB),
+            "D2D": CopyStats(count=1, bytes=1 << 30),  # stays on the GPU: not counted
         },
         sync_count={"device": 3}, sync_ns={"device": 300_000_000},
         pids={1, 2},
@@ -299,7 +300,7 @@ def test_check_memory_bound_counts_and_writes_points() -> None:
         return WindowAggregate(
             i * WINDOW_NS, "node1", "job1",
             launches={("runtime", "cudaLaunchKernel"): 10},
-            copies={"H2D": CopyTotals(count=10, bytes=100 * MIB, sync_count=10,
+            copies={"H2D": CopyStats(count=10, bytes=100 * MIB, sync_count=10,
                                       sync_bytes=100 * MIB, sync_ns=4_000_000_000)},
             pids={1},
         )
