@@ -34,3 +34,10 @@ def require(reason: str | None) -> None:
 @pytest.fixture
 def bpf_ready() -> None:
     require(bpf_unavailable_reason())
+
+
+def one_line(error: pytest.ExceptionInfo[Exception]) -> str:
+    """The message of a raised error, checked to be one non-empty line."""
+    message = str(error.value)
+    assert "\n" not in message and message
+    return message

@@ -155,14 +155,18 @@ def test_kernel_drops_are_counted_never_silent(bindir: Path, tmp_path: Path) -> 
 # ---- producer: node-wide --------------------------------------------------------
 
 class Producer:
-    def __init__(self, out: Path, *extra: str) -> None:
+    """`gpuflight producer --output OUT ...`, started and stopped like a service."""
+
+    def __init__(self, out: Path, *extra: str, ready_timeout_s: float = 60,
+                 stop_timeout_s: float = 60) -> None:
         self.out = out
+        self.stop_timeout_s = stop_timeout_s
         self.proc = subprocess.Popen(
             [*GPUFLIGHT, "producer", "--output", str(out), *extra],
             stderr=subprocess.PIPE, text=True,
         )
         self.log: list[str] = []
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + ready_timeout_s
         assert self.proc.stderr is not None
         while time.monotonic() < deadline:
             line = self.proc.stderr.readline()
@@ -170,17 +174,22 @@ class Producer:
                 break
             self.log.append(line)
             if "ready" in line:
+                self.started_ns = time.time_ns()
                 return
         self.proc.kill()
         raise AssertionError("producer never became ready: " + "".join(self.log))
 
     def stop(self) -> list[dict[str, Any]]:
         self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=60)
+        _, err = self.proc.communicate(timeout=self.stop_timeout_s)
         self.log.append(err)
         assert self.proc.returncode == 0, "".join(self.log)
-        assert "Traceback" not in err
+        assert "Traceback" not in err, err
         return read_events(self.out)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
 
 
 def wait_for_probe_releases(timeout_s: float = 60) -> None:
@@ -207,8 +216,7 @@ def producer(tmp_path: Path) -> Iterator[Producer]:
     wait_for_probe_releases()
     running = Producer(tmp_path / "node.jsonl")
     yield running
-    if running.proc.poll() is None:
-        running.proc.kill()
+    running.kill()
 
 
 def of_pid(events: list[dict[str, Any]], pid: int) -> list[dict[str, Any]]:
@@ -272,6 +280,5 @@ def test_producer_pid_filter(bindir: Path, tmp_path: Path) -> None:
         assert wanted.wait(timeout=60) == 0 and other.wait(timeout=60) == 0
         events = running.stop()
     finally:
-        if running.proc.poll() is None:
-            running.proc.kill()
+        running.kill()
     assert Counter(e["pid"] for e in events) == {wanted.pid: len(expected.capture_events(1, 3))}

@@ -7,7 +7,6 @@ messages on the topic. The broker is started from the jars scripts/setup fetched
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -23,20 +22,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from producer import stack, wire
 from producer.decode import to_events
 from tests.conftest import bpf_unavailable_reason, require
+from tests.kafka_fixture import kafka_unavailable_reason
+from tests.test_capture import Producer as NodeProducer
 from tests.test_capture import read_events, wait_for_probe_releases
 from tests.workloads import build, expected
 
 pytestmark = pytest.mark.bpf
 
 GPUFLIGHT = [sys.executable, "-m", "producer"]
-
-
-def kafka_unavailable_reason() -> str | None:
-    try:
-        stack.check_kafka_runnable()
-    except stack.StackError as exc:
-        return str(exc)
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -53,42 +46,11 @@ def key(event: dict[str, Any]) -> str:
     return json.dumps(event, sort_keys=True)
 
 
-class NodeProducer:
-    """`gpuflight producer --kafka ... --output ...`, started and stopped like a service."""
-
-    def __init__(self, bootstrap: str, prefix: str, out: Path, *extra: str) -> None:
-        wait_for_probe_releases()
-        self.out = out
-        self.proc = subprocess.Popen(
-            [*GPUFLIGHT, "producer", "--kafka", bootstrap, "--topic-prefix", prefix,
-             "--output", str(out), *extra],
-            stderr=subprocess.PIPE, text=True,
-        )
-        assert self.proc.stderr is not None
-        self.log: list[str] = []
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            self.log.append(line)
-            if "ready" in line:
-                self.started_ns = time.time_ns()
-                return
-        self.proc.kill()
-        raise AssertionError("producer never became ready: " + "".join(self.log))
-
-    def stop(self) -> list[dict[str, Any]]:
-        self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=120)
-        self.log.append(err)
-        assert self.proc.returncode == 0, "".join(self.log)
-        assert "Traceback" not in err, err
-        return read_events(self.out)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+def node_producer(bootstrap: str, prefix: str, out: Path, *extra: str) -> NodeProducer:
+    """`gpuflight producer --kafka ... --output ...`, once earlier probes are released."""
+    wait_for_probe_releases()
+    return NodeProducer(out, "--kafka", bootstrap, "--topic-prefix", prefix, *extra,
+                    ready_timeout_s=90, stop_timeout_s=120)
 
 
 def run_workloads(bindir: Path, count: int = 3) -> list[int]:
@@ -145,7 +107,7 @@ def bindir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_round_trip_through_kafka_is_exact(broker: stack.KafkaHandle, bindir: Path,
                                            tmp_path: Path) -> None:
     prefix = f"rt{uuid.uuid4().hex[:8]}"
-    node = NodeProducer(broker.bootstrap, prefix, tmp_path / "node.jsonl")
+    node = node_producer(broker.bootstrap, prefix, tmp_path / "node.jsonl")
     try:
         pids = run_workloads(bindir)
         recorded = node.stop()
@@ -181,7 +143,7 @@ def test_round_trip_through_kafka_is_exact(broker: stack.KafkaHandle, bindir: Pa
 def test_replay_into_another_topic(broker: stack.KafkaHandle, bindir: Path,
                                    tmp_path: Path) -> None:
     prefix = f"rt{uuid.uuid4().hex[:8]}"
-    node = NodeProducer(broker.bootstrap, prefix, tmp_path / "node.jsonl")
+    node = node_producer(broker.bootstrap, prefix, tmp_path / "node.jsonl")
     try:
         run_workloads(bindir, count=1)
         recorded = node.stop()
@@ -203,7 +165,7 @@ def test_replay_into_another_topic(broker: stack.KafkaHandle, bindir: Path,
 def test_malformed_messages_are_skipped_and_counted(broker: stack.KafkaHandle, bindir: Path,
                                                     tmp_path: Path) -> None:
     prefix = f"bad{uuid.uuid4().hex[:8]}"
-    node = NodeProducer(broker.bootstrap, prefix, tmp_path / "node.jsonl")
+    node = node_producer(broker.bootstrap, prefix, tmp_path / "node.jsonl")
     try:
         foreign = Producer({"bootstrap.servers": broker.bootstrap})
         for value in (b"\xff\xfe not json", b'{"schema": "someone.else", "v": 1}',
@@ -227,7 +189,7 @@ def test_broker_outage_loses_nothing_within_the_buffer(bindir: Path, tmp_path: P
     port = stack.free_port()
     handle = stack.kafka_up(data, port=port)
     prefix = "outage"
-    node = NodeProducer(handle.bootstrap, prefix, tmp_path / "node.jsonl")
+    node = node_producer(handle.bootstrap, prefix, tmp_path / "node.jsonl")
     try:
         binary = build.build_capture(bindir, "stub")
         first = subprocess.run([str(binary), "--iters", "300", "--start-delay-ms", "1200"],
@@ -255,7 +217,7 @@ def test_beyond_the_buffer_drops_are_counted_never_a_crash(bindir: Path,
     """No broker at all and a 1 MiB buffer: the producer keeps capturing and counts."""
     require(bpf_unavailable_reason())
     nobody = f"127.0.0.1:{stack.free_port()}"
-    node = NodeProducer(nobody, "nobroker", tmp_path / "node.jsonl", "--buffer-mb", "1",
+    node = node_producer(nobody, "nobroker", tmp_path / "node.jsonl", "--buffer-mb", "1",
                         "--kafka-close-timeout", "2")
     try:
         binary = build.build_capture(bindir, "stub")

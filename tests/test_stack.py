@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from producer import stack
+from tests.conftest import one_line
 
 pytest_plugins = ["tests.kafka_fixture"]
 
@@ -122,30 +123,24 @@ def test_up_status_down_and_up_again_keeps_the_topics(own_stack: Path) -> None:
     assert (own_stack / "kafka.log.1").exists()  # the previous run's log is kept
 
 
-def _one_line(error: pytest.ExceptionInfo[stack.StackError]) -> str:
-    message = str(error.value)
-    assert "\n" not in message and message
-    return message
-
-
-def test_up_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
+def test_up_on_a_busy_port_isone_line(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(stack.StackError) as error:
             stack.kafka_up(tmp_path, port)
-        assert f"port 127.0.0.1:{port} is busy" in _one_line(error)
+        assert f"port 127.0.0.1:{port} is busy" in one_line(error)
         with pytest.raises(stack.StackError) as error:
             stack.kafka_up(tmp_path, stack.free_port(frozenset({port})), controller_port=port)
-        assert f"controller port 127.0.0.1:{port} is busy" in _one_line(error)
+        assert f"controller port 127.0.0.1:{port} is busy" in one_line(error)
     assert stack.kafka_status(tmp_path) == "stopped"
 
 
 def test_missing_jars_say_run_setup(tmp_path: Path) -> None:
     with pytest.raises(stack.StackError) as error:
         stack.kafka_up(tmp_path, stack.free_port(), libs=tmp_path / "libs")
-    assert _one_line(error).endswith("run scripts/setup")
+    assert one_line(error).endswith("run scripts/setup")
 
 
 def test_missing_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
@@ -154,7 +149,7 @@ def test_missing_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(stack.StackError) as error:
         stack.find_java()
-    assert _one_line(error).endswith(
+    assert one_line(error).endswith(
         "install a Java 17+ runtime (apt-get install default-jre-headless)")
 
 
@@ -166,7 +161,7 @@ def test_old_java_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(stack.StackError) as error:
         stack.find_java()
-    assert "is Java 8, Kafka 4 needs 17 or later" in _one_line(error)
+    assert "is Java 8, Kafka 4 needs 17 or later" in one_line(error)
 
 
 def test_a_stale_pid_file_is_not_trusted(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from producer import stack
-from tests.conftest import require
+from tests.conftest import one_line, require
 
 DB = "gpuflight"
 BUCKET = f"{DB}/autogen"  # database/retention policy: a v2 bucket on InfluxDB 1.8
@@ -139,37 +139,31 @@ def test_up_status_down_and_up_again_keeps_the_points(own_influx: Path) -> None:
     assert (own_influx / "influxdb.log.1").exists()  # the previous run's log is kept
 
 
-def _one_line(error: pytest.ExceptionInfo[stack.StackError]) -> str:
-    message = str(error.value)
-    assert "\n" not in message and message
-    return message
-
-
-def test_up_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
+def test_up_on_a_busy_port_isone_line(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(stack.StackError) as error:
             stack.influx_up(tmp_path, port)
-        assert f"port 127.0.0.1:{port} is busy" in _one_line(error)
+        assert f"port 127.0.0.1:{port} is busy" in one_line(error)
         with pytest.raises(stack.StackError) as error:
             stack.influx_up(tmp_path, stack.free_port(frozenset({port})), rpc_port=port)
-        assert f"RPC port 127.0.0.1:{port} is busy" in _one_line(error)
+        assert f"RPC port 127.0.0.1:{port} is busy" in one_line(error)
     assert stack.influx_status(tmp_path) == "stopped"
 
 
 def test_missing_influxd_says_run_setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(stack.StackError) as error:
         stack.influx_up(tmp_path, stack.free_port(), binary=tmp_path / "influxd")
-    assert _one_line(error) == f"no influxd at {tmp_path / 'influxd'}: run scripts/setup"
+    assert one_line(error) == f"no influxd at {tmp_path / 'influxd'}: run scripts/setup"
     monkeypatch.setenv("GPUFLIGHT_INFLUXD", str(tmp_path / "elsewhere"))
     with pytest.raises(stack.StackError) as error:
         stack.find_influxd()
-    assert _one_line(error).endswith("run scripts/setup")
+    assert one_line(error).endswith("run scripts/setup")
 
 
-def test_a_start_that_fails_says_why_in_one_line(tmp_path: Path) -> None:
+def test_a_start_that_fails_says_why_inone_line(tmp_path: Path) -> None:
     # What influxd prints when it cannot start, from a stand-in that exits at once.
     fake = tmp_path / "influxd"
     fake.write_text('#!/bin/sh\n'
@@ -179,7 +173,7 @@ def test_a_start_that_fails_says_why_in_one_line(tmp_path: Path) -> None:
     fake.chmod(0o755)
     with pytest.raises(stack.StackError) as error:
         stack.influx_up(tmp_path / "stack", stack.free_port(), binary=fake)
-    message = _one_line(error)
+    message = one_line(error)
     assert message.startswith(
         "InfluxDB exited while starting: run: open server: open meta: permission denied")
     assert message.endswith(f"(all in {tmp_path / 'stack' / 'influxdb.log'})")
@@ -194,7 +188,7 @@ def test_a_start_that_hangs_is_stopped(tmp_path: Path) -> None:
     with pytest.raises(stack.StackError) as error:
         stack.influx_up(tmp_path / "stack", stack.free_port(), binary=fake, timeout=0.5)
     assert re.match(r"InfluxDB did not answer on http://127\.0\.0\.1:\d+/ping within 0 s, "
-                    r'stopped it: lvl=info msg="Go runtime" \(all in ', _one_line(error))
+                    r'stopped it: lvl=info msg="Go runtime" \(all in ', one_line(error))
     assert stack.influx_status(tmp_path / "stack") == "stopped"
 
 
