@@ -46,9 +46,7 @@ def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float) ->
             {str(k): v for k, v in kafka.dropped_by_pid.items()} if kafka else {}
         ),
         "queue_messages": kafka.queue_depth() if kafka else 0,
-        "libraries_attached": sum(
-            1 for a in capture.probes.attached.values() if a.library.kind == "runtime"
-        ),
+        "libraries_attached": capture.probes.runtime_files(),
     }
 
 
@@ -103,7 +101,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
         "ready: capturing %s into %s, %d library file(s) attached",
         scope,
         destinations,
-        sum(1 for a in capture.probes.attached.values() if a.library.kind == "runtime"),
+        capture.probes.runtime_files(),
     )
     interval = kafka.metrics_interval_s if kafka else LOG_INTERVAL_S
     next_report = time.monotonic() + interval

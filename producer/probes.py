@@ -130,6 +130,10 @@ class Probes:
             raise AttachError(f"cannot attach to {LOADER_SYMBOL}: {exc}") from exc
         return AttachedFile(library, 1, frozenset({LOADER_SYMBOL}))
 
+    def runtime_files(self) -> int:
+        """How many runtime library files are probed."""
+        return sum(1 for a in self.attached.values() if a.library.kind == "runtime")
+
     # -- scope ------------------------------------------------------------
 
     def add_to_scope(self, pids: Iterable[int]) -> None:

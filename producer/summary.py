@@ -15,6 +15,7 @@ from producer.records import (
     API_NAMES,
     COPY_KINDS,
     F_ASYNC,
+    F_BYTES_KNOWN,
     F_HAS_RESULT,
     SYNC_SCOPES,
     EventType,
@@ -49,7 +50,7 @@ class CopyStats:
 
 @dataclass
 class Summary:
-    """Everything the trace summary prints; `add` takes one batch of raw events."""
+    """Everything the trace summary prints; `add` takes one batch of enriched events."""
 
     events: int = 0
     launches_by_api: Counter[str] = field(default_factory=Counter)
@@ -72,7 +73,6 @@ class Summary:
     first_ts_ns: int | None = None
     last_ts_ns: int | None = None
     pids: set[int] = field(default_factory=set)
-    _sizes: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def add(self, ev: npt.NDArray[np.void]) -> None:
         if len(ev) == 0:
@@ -130,20 +130,19 @@ class Summary:
     def _add_memory(self, events: npt.NDArray[np.void]) -> None:
         # Rare events; order matters for the peak, so walk them one by one.
         for e in events[np.argsort(events["ts_ns"], kind="stable")].tolist():
-            _ts, pid, _tid, _api, etype, flags, result, _d, handle, _s, nbytes, dim = e
+            _ts, _pid, _tid, _api, etype, flags, result, _d, _handle, _s, nbytes, dim = e
             ok = bool(flags & F_HAS_RESULT) and result == 0
             if etype == EventType.ALLOC:
                 self.alloc_count += 1
                 if ok:
                     self.alloc_bytes += nbytes
                     self.alloc_by_kind[ALLOC_KINDS.get(dim[0], "unknown")] += nbytes
-                    self._sizes[(pid, handle)] = nbytes
                     self.live_bytes += nbytes
                     self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
             else:
                 self.free_count += 1
-                if ok:
-                    self.live_bytes -= self._sizes.pop((pid, handle), 0)
+                if ok and flags & F_BYTES_KNOWN:  # the enricher knew its allocation
+                    self.live_bytes -= nbytes
 
     def _add_syncs(self, syncs: npt.NDArray[np.void]) -> None:
         for scope in np.unique(syncs["dim"][:, 0]).tolist():

@@ -111,7 +111,7 @@ def test_summary_counts_shapes_bandwidth_and_peak() -> None:
          "duration_ns": 2_000_000, "dim": [2, 0, 0, 0, 0, 0], **done},
     ]
     summary = Summary()
-    events = make(rows)
+    events = Enricher(clock_offset_ns=0).enrich(make(rows))  # as the capture loop hands them
     summary.add(events[:5])
     summary.add(events[5:])
     assert summary.launches == 9
