@@ -7,7 +7,6 @@ it is held, so not even its first call is missed.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -114,6 +113,4 @@ def run(
         print("\n" + render(result.summary, title, wall_s, drops.events) + "\n", file=sys.stderr)
     if drops.events:
         log.warning("%d events were dropped in the kernel (ring buffer full)", drops.events)
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
     return result
