@@ -14,7 +14,6 @@ import pytest
 from producer import stack
 from tests.conftest import one_line
 
-pytest_plugins = ["tests.kafka_fixture"]
 
 MESSAGES = 1000
 
