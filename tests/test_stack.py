@@ -14,7 +14,6 @@ import pytest
 from producer import stack
 from tests.conftest import one_line
 
-
 MESSAGES = 1000
 
 
