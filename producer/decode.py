@@ -8,7 +8,7 @@ records into dicts, per batch (columns become Python lists once).
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -23,12 +23,10 @@ from producer.records import (
     SYNC_SCOPES,
     TYPE_NAMES,
     EventType,
+    layer_of,
 )
 
 Event = dict[str, Any]
-
-LAYER_RUNTIME: Final = "runtime"
-
 
 def monotonic_to_wall_offset_ns() -> int:
     """Offset that turns bpf_ktime_get_ns() (CLOCK_MONOTONIC) into wall-clock ns."""
@@ -106,7 +104,7 @@ def _one(c: dict[str, list[Any]], i: int) -> Event:
         "pid": c["pid"][i],
         "tid": c["tid"][i],
         "api": API_NAMES.get(c["api"][i], f"unknown_{c['api'][i]}"),
-        "layer": LAYER_RUNTIME,
+        "layer": layer_of(c["api"][i]),
     }
     result = c["result"][i] if has_result else None
     ok = (result == 0) if has_result else None

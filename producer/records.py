@@ -75,6 +75,17 @@ API_IDS: Final[dict[str, int]] = {
 }
 API_NAMES: Final[dict[int, str]] = {v: k for k, v in API_IDS.items()}
 
+LAYER_RUNTIME: Final = "runtime"
+LAYER_DRIVER: Final = "driver"
+#: API ids from this value up are driver API (libcuda) functions; below it, runtime ones.
+DRIVER_API_BASE: Final = 200
+
+
+def layer_of(api: int) -> str:
+    """The API layer of an api id: "runtime" (libcudart) or "driver" (libcuda)."""
+    return LAYER_DRIVER if api >= DRIVER_API_BASE else LAYER_RUNTIME
+
+
 #: Functions whose probe completes at return (result, duration, out-pointer).
 WITH_RETURN: Final[frozenset[str]] = frozenset(
     {
@@ -115,8 +126,14 @@ SYNC_SCOPES: Final[dict[int, str]] = {1: "stream", 2: "device", 3: "event"}
 
 F_HAS_RESULT: Final = 0x1
 F_ASYNC: Final = 0x2
+#: Set by user space (never by BPF): a launch made while its stream was being captured
+#: into a graph (cudaStreamBeginCapture … EndCapture): recorded as a graph node, not run.
+F_CAPTURED: Final = 0x40
 #: Set by user space (never by BPF): a free's `bytes` is known (from its allocation).
 F_BYTES_KNOWN: Final = 0x80
+#: A graph_launch event's dim[GRAPH_KERNEL_NODES]: the kernel nodes of the graph exec it
+#: launched, when the exec was instantiated while observed (0: not known).
+GRAPH_KERNEL_NODES: Final = 0
 
 #: struct gf_event (80 bytes).
 EVENT_DTYPE: Final = np.dtype(

@@ -18,7 +18,14 @@ An events message (orjson):
   {"schema": "gpuflight.events", "v": 1, "host": str, "pid": int,
    "start_time": int,          # process start, clock ticks since boot (/proc stat)
    "count": N, "ts0": int,     # first event's wall-clock ns
-   "columns": {NAME: [N ints], ...}}
+   "columns": {NAME: [N ints], ...},
+   "kernels": {HANDLE: [SHORT, FULL], ...}}   # optional (additive in v1)
+
+"kernels" names every launched `handle` of the message whose name the node knows: FULL is the
+demangled name (or the symbol as it is when it does not demangle), SHORT the same without
+template arguments and parameter lists (the stream app's bounded `kernel` tag); a kernel of
+unknown name is "MODULE+0xOFFSET". Each message carries its own names, so any replayed range
+decodes on its own.
 
 Columns are those of struct gf_event (bpf/events.h) after enrichment (wall
 clock, free sizes), with "ts" as deltas from ts0 and "dim" flattened to 6·N
@@ -28,8 +35,9 @@ records, hence exactly the events `--output` writes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -75,6 +83,11 @@ class Topics:
         )
 
 
+class KernelName(NamedTuple):
+    short: str
+    full: str
+
+
 @dataclass(frozen=True)
 class EventBatch:
     """One events message: a process's records (records.EVENT_DTYPE)."""
@@ -83,6 +96,8 @@ class EventBatch:
     pid: int
     start_time: int
     events: npt.NDArray[np.void]
+    #: Launch handle → name, for the launches of `events` whose name is known.
+    kernels: Mapping[int, KernelName] = field(default_factory=dict)
 
     @property
     def first_ts_ns(self) -> int:
@@ -123,6 +138,10 @@ def encode_events(batch: EventBatch) -> bytes:
         "ts0": ts0,
         "columns": columns,
     }
+    if batch.kernels:
+        message["kernels"] = {
+            str(handle): [name.short, name.full] for handle, name in batch.kernels.items()
+        }
     return orjson.dumps(message, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -167,9 +186,27 @@ def decode_events(value: bytes | None) -> EventBatch:
                 events[_FIELD_OF.get(name, name)] = column
         if "ts" not in columns:
             events["ts_ns"] = ts0
+        kernels = _kernel_names(message.get("kernels", {}))
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise WireError(f"malformed events message: {exc}") from None
-    return EventBatch(host=host, pid=pid, start_time=start_time, events=events)
+    return EventBatch(
+        host=host, pid=pid, start_time=start_time, events=events, kernels=kernels
+    )
+
+
+def _kernel_names(names: Any) -> dict[int, KernelName]:
+    if not isinstance(names, dict):
+        raise WireError("kernels is not an object")
+    out: dict[int, KernelName] = {}
+    for handle, name in names.items():
+        if (
+            not isinstance(name, list)
+            or len(name) != 2
+            or not all(isinstance(part, str) and part for part in name)
+        ):
+            raise WireError(f"kernel {handle}: not a [short, full] pair of names")
+        out[int(handle)] = KernelName(name[0], name[1])
+    return out
 
 
 def encode_record(schema: str, record: dict[str, Any]) -> bytes:

@@ -48,6 +48,27 @@ def test_round_trip_is_exact() -> None:
     assert to_events(back.events) == to_events(events)
 
 
+def test_kernel_names_round_trip_with_their_batch() -> None:
+    events = sample()
+    names = {0x7F00_0000_1000: wire.KernelName("gemm", "gemm<float, 128>(float*, int)")}
+    back = wire.decode_events(wire.encode_events(wire.EventBatch("h", 4242, 1, events, names)))
+    assert back.kernels == names
+    unnamed = wire.EventBatch("h", 4242, 1, events)
+    assert wire.decode_events(wire.encode_events(unnamed)).kernels == {}
+
+
+@pytest.mark.parametrize(
+    ("kernels", "reason"),
+    [([1], "kernels is not an object"), ({"12": ["only-short"]}, "kernel 12: not a"),
+     ({"12": ["", "full"]}, "kernel 12: not a"), ({"x": ["a", "b"]}, "malformed")],
+)
+def test_malformed_kernel_names_raise_wire_errors(kernels: object, reason: str) -> None:
+    message = orjson.loads(wire.encode_events(wire.EventBatch("h", 4242, 1, sample(20))))
+    message["kernels"] = kernels
+    with pytest.raises(wire.WireError, match=reason):
+        wire.decode_events(orjson.dumps(message))
+
+
 def test_zero_columns_are_left_out_and_launches_are_compact() -> None:
     events = sample()
     events = events[events["type"] == EventType.LAUNCH]
