@@ -13,9 +13,12 @@ plain dicts (`to_dict`/`from_dict`) for a Faust table and its changelog.
 What is counted, per (window, host, job):
 
 - launches by (layer, api): kernel launches and graph launches (`cudaGraphLaunch*` is its own
-  api, so a panel can leave it out); kernels by name when the caller knows it (`kernel_names`),
-  else "function@0x<host stub address>"; log2 histograms of grid blocks (x·y·z) and block
-  threads (x·y·z), threads launched (Σ blocks·threads).
+  api, so a panel can leave it out), and for graph launches the kernel nodes they ran where
+  the graph was instantiated while observed (`graph_kernel_nodes`); launches made while their
+  stream was captured into a graph (F_CAPTURED) ran nothing and count only as `captured`;
+  kernels by name when the caller knows it (`kernel_names`), else
+  "function@0x<host stub address>"; log2 histograms of grid blocks (x·y·z) and block threads
+  (x·y·z), threads launched (Σ blocks·threads).
 - copies by kind: count and bytes of every copy; `sync_*` for synchronous copies that completed
   (not async, a result of 0): their bytes and CPU-side duration, whence achieved bandwidth.
 - memsets; allocations and frees that succeeded (a free of a null pointer is not one); free
@@ -55,15 +58,17 @@ from typing import Any, Final, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from producer.decode import LAYER_RUNTIME
 from producer.records import (
     API_NAMES,
     COPY_KINDS,
     F_ASYNC,
     F_BYTES_KNOWN,
+    F_CAPTURED,
     F_HAS_RESULT,
+    GRAPH_KERNEL_NODES,
     SYNC_SCOPES,
     EventType,
+    layer_of,
 )
 from producer.summary import CopyStats
 from streams import measurements as m
@@ -108,11 +113,6 @@ def kernel_key(function: int, kernel_names: Mapping[int, str] | None = None) -> 
     return name if name else f"function@0x{function:x}"
 
 
-def layer_of(api: int) -> str:
-    """The API layer of an api id (the driver API will add "driver")."""
-    return LAYER_RUNTIME
-
-
 def api_name(api: int) -> str:
     return API_NAMES.get(api, m.UNKNOWN_API)
 
@@ -132,6 +132,10 @@ class WindowAggregate:
     events: int = 0
     #: (layer, api name) → kernel and graph launches.
     launches: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: (layer, api name) of graph launches → kernel nodes those launches ran (where known).
+    graph_kernel_nodes: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: Kernel launches recorded into a graph under stream capture (not run).
+    captured: int = 0
     kernels: dict[str, int] = field(default_factory=dict)
     #: Launches of kernels folded away (beyond `max_kernels` distinct keys).
     kernels_other: int = 0
@@ -199,6 +203,10 @@ class WindowAggregate:
             "max_kernels": self.max_kernels,
             "events": self.events,
             "launches": [[layer, api, n] for (layer, api), n in sorted(self.launches.items())],
+            "graph_kernel_nodes": [
+                [layer, api, n] for (layer, api), n in sorted(self.graph_kernel_nodes.items())
+            ],
+            "captured": self.captured,
             "kernels": dict(sorted(self.kernels.items())),
             "kernels_other": self.kernels_other,
             "grid_blocks": _trim(self.grid_blocks),
@@ -232,6 +240,11 @@ class WindowAggregate:
                 max_kernels=int(data["max_kernels"]),
                 events=int(data["events"]),
                 launches={(str(lay), str(api)): int(n) for lay, api, n in data["launches"]},
+                graph_kernel_nodes={
+                    (str(lay), str(api)): int(n)
+                    for lay, api, n in data.get("graph_kernel_nodes", ())
+                },
+                captured=int(data.get("captured", 0)),
                 kernels={str(k): int(n) for k, n in data["kernels"].items()},
                 kernels_other=int(data["kernels_other"]),
                 grid_blocks=_untrim(data["grid_blocks"]),
@@ -330,7 +343,12 @@ def add_events(
     _add_pids(agg, [lo] if lo == hi else np.unique(pid).tolist())
 
     # take() on a structured array is an order of magnitude faster than a boolean index.
-    kernels = events.take(np.flatnonzero(types == _LAUNCH))
+    is_launch = types == _LAUNCH
+    captured = is_launch & ((events["flags"] & F_CAPTURED) != 0)
+    if captured.any():
+        agg.captured += int(np.count_nonzero(captured))
+        is_launch &= ~captured
+    kernels = events.take(np.flatnonzero(is_launch))
     graphs = events.take(np.flatnonzero(types == _GRAPH_LAUNCH))
     for launches in (kernels, graphs):
         if len(launches):
@@ -338,6 +356,13 @@ def add_events(
             for a, c in zip(apis, counts, strict=True):
                 key = (layer_of(a), api_name(a))
                 agg.launches[key] = agg.launches.get(key, 0) + c
+    if len(graphs):
+        nodes = graphs["dim"][:, GRAPH_KERNEL_NODES].astype(np.int64)
+        for a in np.unique(graphs["api"]).tolist():
+            n = int(nodes[graphs["api"] == a].sum())
+            if n:
+                key = (layer_of(a), api_name(a))
+                agg.graph_kernel_nodes[key] = agg.graph_kernel_nodes.get(key, 0) + n
     if len(kernels):
         _add_kernels(agg, kernels["handle"], kernel_names)
         _add_shapes(agg, kernels["dim"])
@@ -533,6 +558,8 @@ def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
     out = WindowAggregate.from_dict(a.to_dict())
     out.events += b.events
     _merge_counts(out.launches, b.launches)
+    _merge_counts(out.graph_kernel_nodes, b.graph_kernel_nodes)
+    out.captured += b.captured
     _merge_counts(out.kernels, b.kernels)
     out.kernels_other += b.kernels_other
     if len(out.kernels) > out.max_kernels:
@@ -637,8 +664,11 @@ def to_points(
         points.append(Point(spec.name, {**job, **tags}, dict(fields), t))
 
     for (layer, api), n in sorted(agg.launches.items()):
-        add(m.LAUNCHES, {Tags.LAYER: layer, Tags.API: api},
-            {Fields.COUNT: n, Fields.RATE_PER_S: n / window_s})
+        launch_fields: dict[str, int | float] = {Fields.COUNT: n, Fields.RATE_PER_S: n / window_s}
+        nodes = agg.graph_kernel_nodes.get((layer, api))
+        if nodes:
+            launch_fields[Fields.GRAPH_KERNEL_NODES] = nodes
+        add(m.LAUNCHES, {Tags.LAYER: layer, Tags.API: api}, launch_fields)
     for kernel, n in top_kernels(agg, top):
         add(m.KERNELS, {Tags.KERNEL: kernel}, {Fields.COUNT: n})
     for spec, counts in ((m.GRID_BLOCKS, agg.grid_blocks), (m.BLOCK_THREADS, agg.block_threads)):
@@ -646,14 +676,17 @@ def to_points(
             if n:
                 add(spec, {Tags.BUCKET: m.bucket_label(i)}, {Fields.COUNT: n})
     launches = agg.kernel_launches
-    if launches:
+    if launches or agg.captured:
         shape: dict[str, int | float] = {
             Fields.LAUNCHES: launches,
             Fields.THREADS_PER_S: agg.threads_launched / window_s,
         }
-        for q, grid_field, block_field in PERCENTILES:
-            shape[grid_field] = _value(percentile(agg.grid_blocks, q))
-            shape[block_field] = _value(percentile(agg.block_threads, q))
+        if agg.captured:
+            shape[Fields.CAPTURED_LAUNCHES] = agg.captured
+        if launches:
+            for q, grid_field, block_field in PERCENTILES:
+                shape[grid_field] = _value(percentile(agg.grid_blocks, q))
+                shape[block_field] = _value(percentile(agg.block_threads, q))
         add(m.LAUNCH_SHAPE, {}, shape)
     for kind, c in sorted(agg.copies.items()):
         fields: dict[str, int | float] = {

@@ -21,10 +21,12 @@ dashboards and alert rules may name only what `ALL` lists (a test checks them ag
   bandwidth_anomaly  host job kind direction_of_change    detect.py
   memory_bound       host job                             detect.py
   pipeline           host                                 producer metrics
+  streams            worker                               stream worker metrics (lag, ...)
 
 Field types are part of the contract (InfluxDB fixes a field's type per shard): an `int`
 field is always written as an integer, a `float` field always as a float. Every point's time
-is the start of its window (ns), except gpu, gpu_process and pipeline: the sample's time.
+is the start of its window (ns), except gpu, gpu_process, pipeline and streams: the sample's
+time.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Tags:
     SCOPE: Final = "scope"
     GPU: Final = "gpu"
     DIRECTION: Final = "direction_of_change"
+    WORKER: Final = "worker"
 
 
 class Fields:
@@ -60,6 +63,8 @@ class Fields:
 
     COUNT: Final = "count"
     RATE_PER_S: Final = "rate_per_s"
+    GRAPH_KERNEL_NODES: Final = "graph_kernel_nodes"
+    CAPTURED_LAUNCHES: Final = "captured_launches"
     P50_GRID_BLOCKS: Final = "p50_grid_blocks"
     P90_GRID_BLOCKS: Final = "p90_grid_blocks"
     P99_GRID_BLOCKS: Final = "p99_grid_blocks"
@@ -111,6 +116,18 @@ class Fields:
     DROPPED_KERNEL: Final = "dropped_kernel"
     DROPPED_USER: Final = "dropped_user"
     QUEUE_MESSAGES: Final = "queue_messages"
+    MESSAGES: Final = "messages"
+    EVENTS: Final = "events"
+    DUPLICATES: Final = "duplicates"
+    LATE_EVENTS: Final = "late_events"
+    DEAD_LETTERS: Final = "dead_letters"
+    ALERTS: Final = "alerts"
+    POINTS_WRITTEN: Final = "points_written"
+    POINTS_REJECTED: Final = "points_rejected"
+    WRITE_RETRIES: Final = "write_retries"
+    PENDING_POINTS: Final = "pending_points"
+    LAG_MESSAGES: Final = "lag_messages"
+    JOBS: Final = "jobs"
 
 
 # -- tag values with a fixed vocabulary ------------------------------------------------------
@@ -180,7 +197,7 @@ _WINDOW_JOB: Final = (Tags.HOST, Tags.JOB)
 LAUNCHES: Final = Measurement(
     "launches",
     (Tags.HOST, Tags.JOB, Tags.LAYER, Tags.API),
-    (_int(Fields.COUNT), _float(Fields.RATE_PER_S, "1/s")),
+    (_int(Fields.COUNT), _float(Fields.RATE_PER_S, "1/s"), _int(Fields.GRAPH_KERNEL_NODES)),
 )
 KERNELS: Final = Measurement(
     "kernels", (Tags.HOST, Tags.JOB, Tags.KERNEL), (_int(Fields.COUNT),)
@@ -196,6 +213,7 @@ LAUNCH_SHAPE: Final = Measurement(
     _WINDOW_JOB,
     (
         _int(Fields.LAUNCHES),
+        _int(Fields.CAPTURED_LAUNCHES),
         _float(Fields.P50_GRID_BLOCKS),
         _float(Fields.P90_GRID_BLOCKS),
         _float(Fields.P99_GRID_BLOCKS),
@@ -310,6 +328,26 @@ PIPELINE: Final = Measurement(
     ),
 )
 
+#: Counters since the worker started (they restart at 0 with it), and its consumer lag.
+STREAMS: Final = Measurement(
+    "streams",
+    (Tags.WORKER,),
+    (
+        _int(Fields.MESSAGES),
+        _int(Fields.EVENTS),
+        _int(Fields.DUPLICATES),
+        _int(Fields.LATE_EVENTS),
+        _int(Fields.DEAD_LETTERS),
+        _int(Fields.ALERTS),
+        _int(Fields.POINTS_WRITTEN),
+        _int(Fields.POINTS_REJECTED),
+        _int(Fields.WRITE_RETRIES),
+        _int(Fields.PENDING_POINTS),
+        _int(Fields.LAG_MESSAGES),
+        _int(Fields.JOBS),
+    ),
+)
+
 #: Every measurement the stream app writes, by name.
 ALL: Final[Mapping[str, Measurement]] = MappingProxyType(
     {
@@ -331,6 +369,7 @@ ALL: Final[Mapping[str, Measurement]] = MappingProxyType(
             BANDWIDTH_ANOMALY,
             MEMORY_BOUND,
             PIPELINE,
+            STREAMS,
         )
     }
 )

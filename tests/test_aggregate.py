@@ -17,6 +17,7 @@ from producer.records import (
     EVENT_DTYPE,
     F_ASYNC,
     F_BYTES_KNOWN,
+    F_CAPTURED,
     F_HAS_RESULT,
     EventType,
 )
@@ -176,6 +177,30 @@ def test_kernel_names_replace_addresses_when_known() -> None:
     agg = aggregate(events, kernel_names={0xA0: "gemm_kernel"})
     assert agg.kernels == {"gemm_kernel": 1, "function@0xb0": 1}
     assert kernel_key(0xBEEF) == "function@0xbeef"
+
+
+def test_captured_launches_ran_nothing_and_graph_launches_count_their_kernels() -> None:
+    graph = {"type": EventType.GRAPH_LAUNCH, "api": API_IDS["cudaGraphLaunch"], "handle": 0xE0}
+    agg = aggregate(make([
+        launch((4, 1, 1), (64, 1, 1), flags=F_CAPTURED),
+        launch((4, 1, 1), (64, 1, 1), flags=F_CAPTURED),
+        launch((8, 1, 1), (32, 1, 1)),
+        {**graph, "dim": [2, 0, 0, 0, 0, 0]},
+        {**graph, "dim": [2, 0, 0, 0, 0, 0]},
+        graph,  # an exec instantiated before capture started: nodes unknown
+    ]))
+    assert agg.captured == 2 and agg.kernel_launches == 1
+    assert agg.launches == {("runtime", "cudaLaunchKernel"): 1,
+                            ("runtime", "cudaGraphLaunch"): 3}
+    assert agg.graph_kernel_nodes == {("runtime", "cudaGraphLaunch"): 4}
+    assert sum(agg.grid_blocks) == 1 and agg.grid_blocks[3] == 1
+    back = WindowAggregate.from_dict(orjson.loads(orjson.dumps(agg.to_dict())))
+    assert back == agg
+    points = {(p.measurement, p.tags.get("api")): p.fields for p in to_points(agg, 10.0)}
+    assert points["launches", "cudaGraphLaunch"][m.Fields.GRAPH_KERNEL_NODES] == 4
+    assert m.Fields.GRAPH_KERNEL_NODES not in points["launches", "cudaLaunchKernel"]
+    shape = points["launch_shape", None]
+    assert shape[m.Fields.LAUNCHES] == 1 and shape[m.Fields.CAPTURED_LAUNCHES] == 2
 
 
 def test_memory_peak_follows_time_not_array_order() -> None:

@@ -1,0 +1,449 @@
+"""The Faust worker: topics → job states (streams/windows.py) → InfluxDB (streams/sink.py).
+
+One agent consumes, co-partitioned (all keyed by host, with the same partition count):
+
+  PREFIX.events.v1     raw events → the (host, job) states of a Faust table
+  PREFIX.nvml.v1       GPU samples → gpu / gpu_process points, and utilisation for verdicts
+  PREFIX.metrics.v1    producer counters → pipeline points
+  APP_ID.ticks         one message per partition per tick, sent by every worker's timer: the
+                       wall-clock beat at which each partition's jobs are written and closed
+
+so every state is read and written by the worker that owns its partition, inside the agent,
+and its changelog record lands in that partition. Several workers with the same app id share
+the partitions (a Kafka consumer group); a restarted worker recovers the table from its
+changelog and skips what it had already applied (windows.JobState.apply).
+
+A job's time is its host's: the latest event time seen from the host, advanced by the wall
+clock since it was seen (so an idle host's windows close, and a replay of old data closes its
+windows at replay speed, not at once). Messages that are not gpuflight messages of this
+version, and events of windows already closed (late beyond grace), go to PREFIX.deadletter.v1
+with the reason in a header, and are counted. Anomalies and memory-bound alerts go to
+PREFIX.alerts.v1 as JSON, keyed by host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import orjson
+
+from producer import wire
+from producer.publish import ensure_topics, topic_configs
+from streams import measurements as m
+from streams.aggregate import gpu_points, pipeline_point
+from streams.identities import UNKNOWN_JOB_FORMAT, Directory, DirectoryReader
+from streams.measurements import Fields, Point, Tags
+from streams.settings import StreamSettings
+from streams.sink import Batch, InfluxSink
+from streams.windows import JobState, state_key
+
+log = logging.getLogger(__name__)
+
+TABLE: Final = "jobs"
+#: GPU samples kept per host (about ten minutes at NVML's 1 Hz per GPU).
+GPU_SAMPLES_KEPT: Final = 4096
+
+Token = tuple[bytes, int, int, bool]
+
+
+@dataclass
+class WorkerStats:
+    messages: int = 0
+    events: int = 0
+    duplicates: int = 0
+    late_events: int = 0
+    dead_letters: int = 0
+    alerts: int = 0
+    unknown_identities: int = 0
+
+
+class GpuUtilization:
+    """Recent NVML samples per host, to judge memory-bound windows with."""
+
+    def __init__(self) -> None:
+        self._host: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self._job: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+
+    def add(self, record: Mapping[str, Any], directory: Directory) -> None:
+        host, t = str(record["host"]), int(record["ts_ns"])
+        for gpu in record.get("gpus") or ():
+            if gpu.get(Fields.UTILIZATION_GPU_PCT) is not None:
+                _keep(self._host[host], (t, float(gpu[Fields.UTILIZATION_GPU_PCT])))
+            for proc in gpu.get("processes") or ():
+                job = directory.latest_job(host, int(proc["pid"]))
+                if job is not None and proc.get(Fields.SM_UTIL_PCT) is not None:
+                    _keep(self._job[host, job], (t, float(proc[Fields.SM_UTIL_PCT])))
+
+    def mean(self, host: str, job: str, start_ns: int, end_ns: int) -> float | None:
+        """The job's GPU utilisation in [start, end): its processes' SM utilisation where NVML
+        gave it, else the mean utilisation of the host's GPUs."""
+        for samples in (self._job.get((host, job)), self._host.get(host)):
+            values = [v for t, v in samples or () if start_ns <= t < end_ns]
+            if values:
+                return sum(values) / len(values)
+        return None
+
+
+def _keep(samples: list[tuple[int, float]], sample: tuple[int, float]) -> None:
+    samples.append(sample)
+    if len(samples) > GPU_SAMPLES_KEPT:
+        del samples[: len(samples) - GPU_SAMPLES_KEPT]
+
+
+class Worker:
+    """The stream app's logic around one Faust app (built by `build_app`)."""
+
+    def __init__(self, settings: StreamSettings, app: Any, table: Any) -> None:
+        self.settings = settings
+        self.topics = wire.Topics.with_prefix(settings.topic_prefix)
+        self.app = app
+        self.table = table
+        self.stats = WorkerStats()
+        self.directory = Directory()
+        self.gpu = GpuUtilization()
+        self.sink = InfluxSink(settings.influx, on_written=self._written)
+        self._states: dict[bytes, JobState] = {}
+        self._by_partition: dict[int, set[bytes]] = defaultdict(set)
+        self._indexed: set[int] = set()
+        self._inflight: set[Token] = set()
+        self._acked: dict[bytes, list[Token]] = defaultdict(list)
+        #: host → (latest event time, wall clock when it was seen), ns.
+        self._clocks: dict[str, tuple[int, int]] = {}
+        self._fallback_jobs: dict[tuple[str, int, int], str] = {}
+        #: (topic, partition) → offset of the last message taken.
+        self._positions: dict[tuple[str, int], int] = {}
+
+    # -- the agent -----------------------------------------------------------------------------
+
+    async def handle(self, message: Any) -> None:
+        self.stats.messages += 1
+        self._positions[message.topic, message.partition] = message.offset
+        topic = message.topic
+        try:
+            if topic == self.topics.events:
+                await self._events(message)
+            elif topic == self.settings.ticks_topic:
+                await self._tick(message.partition)
+            elif topic == self.topics.nvml:
+                record = wire.decode_record(message.value, wire.NVML_SCHEMA)
+                self.gpu.add(record, self.directory)
+                await self.sink.put(Batch(gpu_points(record, self._nvml_job(record))))
+            elif topic == self.topics.metrics:
+                point = pipeline_point(wire.decode_record(message.value, wire.METRICS_SCHEMA))
+                if point is not None:
+                    await self.sink.put(Batch([point]))
+        except (wire.WireError, KeyError, TypeError, ValueError) as exc:
+            await self._dead_letter(message, reason="malformed", detail=str(exc))
+
+    def _nvml_job(self, record: Mapping[str, Any]) -> Any:
+        host = str(record["host"])
+        return lambda pid: self.directory.latest_job(host, pid)
+
+    async def _events(self, message: Any) -> None:
+        batch = wire.decode_events(message.value)
+        job = await self._job_of(batch)
+        key = state_key(batch.host, job)
+        state = self._load(key, batch.host, job, message.partition)
+        names = {handle: name.short for handle, name in batch.kernels.items()}
+        applied = state.apply(batch.events, message.partition, message.offset,
+                              self.settings.windows, names)
+        if applied.duplicate:
+            self.stats.duplicates += 1
+            return
+        self.stats.events += applied.events
+        now = time.time_ns()
+        latest, _ = self._clocks.get(batch.host, (0, now))
+        if state.max_ts_ns >= latest:
+            self._clocks[batch.host] = (state.max_ts_ns, now)
+        self._save(key, state)
+        if applied.late is not None:
+            self.stats.late_events += len(applied.late)
+            late = wire.EventBatch(batch.host, batch.pid, batch.start_time, applied.late,
+                                   batch.kernels)
+            await self._dead_letter(message, reason="late", value=wire.encode_events(late),
+                                    detail=f"{len(applied.late)} events of closed windows")
+
+    async def _job_of(self, batch: wire.EventBatch) -> str:
+        who = (batch.host, batch.pid, batch.start_time)
+        job = self.directory.job(*who) or self._fallback_jobs.get(who)
+        deadline = time.monotonic() + self.settings.identity_wait_s
+        while job is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            job = self.directory.job(*who)
+        if job is None:
+            job = self._fallback_jobs[who] = UNKNOWN_JOB_FORMAT.format(pid=batch.pid)
+            self.stats.unknown_identities += 1
+            log.warning("no identity for %s pid %d after %.0f s; its job is %s",
+                        batch.host, batch.pid, self.settings.identity_wait_s, job)
+        return job
+
+    async def _tick(self, partition: int) -> None:
+        settings = self.settings.windows
+        now = time.time_ns()
+        for key in sorted(self._keys_of(partition)):
+            state = self._states[key]
+            changed = False
+            for token in self._acked.pop(key, ()):
+                changed |= state.acknowledge(token[1], token[2], token[3])
+            writes, closed = state.due(self._host_now(state, now), settings, self.gpu.mean)
+            changed |= bool(closed.memory_bound)
+            for write in writes:
+                token = (key, write.window_start_ns, write.version, write.final)
+                if token not in self._inflight:
+                    self._inflight.add(token)
+                    await self.sink.put(Batch(write.points, token))
+            for anomaly in closed.anomalies:
+                await self._alert(state.host, "bandwidth_anomaly", asdict(anomaly))
+            for verdict in closed.memory_bound:
+                if verdict.fired:
+                    await self._alert(state.host, "memory_bound", {
+                        **asdict(verdict), "evidence": asdict(verdict.evidence)})
+            idle_ns = now - self._clocks.get(state.host, (state.max_ts_ns, now))[1]
+            if state.idle and idle_ns > self.settings.forget_idle_s * 1e9:
+                self._forget(key, state)
+            elif changed:
+                self._save(key, state)
+
+    def _host_now(self, state: JobState, now: int) -> int:
+        latest, seen = self._clocks.setdefault(state.host, (state.max_ts_ns, now))
+        if state.max_ts_ns > latest:  # recovered from the changelog, not seen since
+            latest, seen = self._clocks[state.host] = (state.max_ts_ns, now)
+        return latest + (now - seen)
+
+    def _written(self, token: Token) -> None:
+        self._inflight.discard(token)
+        self._acked[token[0]].append(token)
+
+    # -- the table -----------------------------------------------------------------------------
+
+    def _load(self, key: bytes, host: str, job: str, partition: int) -> JobState:
+        state = self._states.get(key)
+        if state is None:
+            value = self.table.get(key)
+            state = (JobState.from_bytes(value, self.settings.windows) if value is not None
+                     else JobState(host, job, partition))
+            self._index(key, state)
+        return state
+
+    def _save(self, key: bytes, state: JobState) -> None:
+        self.table[key] = state.to_bytes()
+        self._index(key, state)
+
+    def _forget(self, key: bytes, state: JobState) -> None:
+        del self.table[key]
+        self._states.pop(key, None)
+        self._by_partition[state.partition].discard(key)
+
+    def _index(self, key: bytes, state: JobState) -> None:
+        self._states[key] = state
+        self._by_partition[state.partition].add(key)
+
+    def _keys_of(self, partition: int) -> set[bytes]:
+        if partition not in self._indexed:
+            # First tick since this partition was assigned: its states came from the
+            # changelog (recovery), not through this worker's agent.
+            for key, value in list(self.table.items()):
+                if key in self._states:
+                    continue
+                try:
+                    state = JobState.from_bytes(value, self.settings.windows)
+                except ValueError as exc:
+                    log.error("dropping unreadable job state %r: %s", key, exc)
+                    continue
+                if state.partition == partition:
+                    self._index(key, state)
+            self._indexed.add(partition)
+        return set(self._by_partition.get(partition, ()))
+
+    def forget_partitions(self) -> None:
+        """After a rebalance: states may have moved; read them again from the table."""
+        self._states.clear()
+        self._by_partition.clear()
+        self._indexed.clear()
+        self._inflight.clear()
+        self._acked.clear()
+
+    # -- out -----------------------------------------------------------------------------------
+
+    async def _dead_letter(self, message: Any, *, reason: str, detail: str,
+                           value: bytes | None = None) -> None:
+        self.stats.dead_letters += 1
+        log.warning("dead letter (%s) from %s[%d]@%d: %s", reason, message.topic,
+                    message.partition, message.offset, detail[:200])
+        await self.app.send(
+            self.settings.dead_letter_topic, key=message.key,
+            value=message.value if value is None else value,
+            headers=[("reason", reason.encode()), ("detail", detail[:1000].encode()),
+                     ("topic", message.topic.encode()),
+                     ("partition", str(message.partition).encode()),
+                     ("offset", str(message.offset).encode())],
+        )
+
+    async def _alert(self, host: str, kind: str, body: dict[str, Any]) -> None:
+        self.stats.alerts += 1
+        await self.app.send(self.settings.alerts_topic, key=host.encode(),
+                            value=orjson.dumps({"schema": "gpuflight.alert", "v": 1,
+                                                "kind": kind, **body}))
+
+    async def send_ticks(self, partitions: int) -> None:
+        for partition in range(partitions):
+            await self.app.send(self.settings.ticks_topic, key=b"tick", value=b"",
+                                partition=partition)
+
+    def metrics_point(self) -> Point:
+        lag = 0
+        consumer = getattr(self.app, "consumer", None)
+        if consumer is not None:
+            for tp in consumer.assignment():
+                if tp.topic != self.topics.events:
+                    continue
+                highwater = consumer.highwater(tp)
+                position = self._positions.get((tp.topic, tp.partition))
+                if highwater is not None:
+                    lag += max(int(highwater) - (-1 if position is None else position) - 1, 0)
+        s, sink = self.stats, self.sink.stats
+        return Point(m.STREAMS.name, {Tags.WORKER: self.settings.worker}, {
+            Fields.MESSAGES: s.messages,
+            Fields.EVENTS: s.events,
+            Fields.DUPLICATES: s.duplicates,
+            Fields.LATE_EVENTS: s.late_events,
+            Fields.DEAD_LETTERS: s.dead_letters,
+            Fields.ALERTS: s.alerts,
+            Fields.POINTS_WRITTEN: sink.written_points,
+            Fields.POINTS_REJECTED: sink.rejected_points,
+            Fields.WRITE_RETRIES: sink.retries,
+            Fields.PENDING_POINTS: sink.pending_points,
+            Fields.LAG_MESSAGES: lag,
+            Fields.JOBS: len(self._states),
+        }, time.time_ns())
+
+
+# -- the Faust app ---------------------------------------------------------------------------
+
+
+def prepare_topics(settings: StreamSettings, timeout_s: float = 30.0) -> int:
+    """Create the topics the worker reads and writes if missing; the events topic's partition
+    count (every co-partitioned topic and the table have as many)."""
+    from confluent_kafka.admin import AdminClient
+
+    from producer.errors import SetupError
+
+    topics = wire.Topics.with_prefix(settings.topic_prefix)
+    admin = AdminClient({"bootstrap.servers": settings.kafka})
+    deadline = time.monotonic() + timeout_s
+    partitions = 0
+    while time.monotonic() < deadline:
+        try:
+            metadata = admin.list_topics(timeout=5)
+        except Exception as exc:  # KafkaException: the broker is not there (yet)
+            log.debug("Kafka metadata: %s", exc)
+            time.sleep(1)
+            continue
+        found = metadata.topics.get(topics.events)
+        if found is not None and found.error is None and found.partitions:
+            partitions = len(found.partitions)
+            break
+        ensure_topics(admin, topic_configs(topics), 6, timeout_s=5)
+    if not partitions:
+        raise SetupError(f"Kafka at {settings.kafka} did not answer within {timeout_s:.0f} s")
+    own = {
+        settings.ticks_topic: {"retention.ms": str(3600 * 1000)},
+        settings.dead_letter_topic: {"retention.ms": "-1"},
+        settings.alerts_topic: {"retention.ms": str(90 * 24 * 3600 * 1000)},
+        **topic_configs(topics),
+    }
+    if not ensure_topics(admin, own, partitions, timeout_s=10):
+        raise SetupError(f"cannot create the stream app's topics on {settings.kafka}")
+    mismatched = []
+    metadata = admin.list_topics(timeout=10)
+    for name in (topics.nvml, topics.metrics, settings.ticks_topic):
+        found = metadata.topics.get(name)
+        if found is not None and len(found.partitions) != partitions:
+            mismatched.append(f"{name} ({len(found.partitions)})")
+    if mismatched:
+        raise SetupError(f"topics must have as many partitions as {topics.events}"
+                         f" ({partitions}): {', '.join(mismatched)}")
+    return partitions
+
+
+def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
+    import faust
+    import mode
+
+    topics = wire.Topics.with_prefix(settings.topic_prefix)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.kafka}",
+        store="memory://",
+        datadir=str(settings.data_dir / settings.app_id),
+        web_enabled=False,
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest" if settings.from_beginning else "latest",
+        producer_acks=-1,
+        broker_commit_interval=1.0,
+        stream_recovery_delay=0.0,
+        stream_buffer_maxsize=256,
+        producer_max_request_size=8_000_000,
+        consumer_max_fetch_size=16_000_000,
+    )
+    table = app.Table(TABLE, partitions=partitions, key_serializer="raw",
+                      value_serializer="raw")
+    worker = Worker(settings, app, table)
+    source = app.topic(
+        topics.events, topics.nvml, topics.metrics, settings.ticks_topic,
+        key_serializer="raw", value_serializer="raw",
+    )
+
+    @app.agent(source, name="windows")
+    async def windows(stream: Any) -> None:
+        async for event in stream.events():
+            await worker.handle(event.message)
+
+    @app.timer(settings.tick_s)  # type: ignore[untyped-decorator]
+    async def tick() -> None:
+        await worker.send_ticks(partitions)
+
+    @app.timer(settings.metrics_s)  # type: ignore[untyped-decorator]
+    async def metrics() -> None:
+        await worker.sink.put(Batch([worker.metrics_point()]))
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def revoked(sender: Any, revoked: Any, **_: Any) -> None:
+        worker.forget_partitions()
+
+    @app.service
+    class Services(mode.Service):
+        async def on_start(self) -> None:
+            reader = DirectoryReader(settings.kafka, topics.processes, worker.directory)
+            reader.start()
+            self._reader = reader
+            await worker.sink.start()
+
+        async def on_stop(self) -> None:
+            await worker.sink.stop()
+            self._reader.stop()
+
+    _ = (windows, tick, metrics, revoked, Services)
+    return app, worker
+
+
+def run(settings: StreamSettings, loglevel: str = "WARNING") -> None:
+    """Run a worker until SIGTERM/SIGINT."""
+    import faust
+
+    partitions = prepare_topics(settings)
+    app, _ = build_app(settings, partitions)
+    log.info("stream worker %s: %d partitions, window %g s, grace %g s, InfluxDB %s",
+             settings.worker, partitions, settings.windows.window_s, settings.windows.grace_s,
+             settings.influx.url)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()

@@ -1,0 +1,104 @@
+"""Who a process is: every worker reads the whole processes topic (compacted, small) into a
+directory, from the start, in a thread of its own. The events topic is partitioned by host and
+the processes topic by process, so a worker cannot rely on owning the partitions of the
+processes its events come from; reading all of them keeps every worker's view complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any, Final
+
+from producer import wire
+
+log = logging.getLogger(__name__)
+
+#: The job of a process the directory does not know (after waiting for it).
+UNKNOWN_JOB_FORMAT: Final = "unknown:{pid}"
+
+
+class Directory:
+    """(host, pid, start_time) → job, filled from processes.v1 records."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, int, int], str] = {}
+        self._latest: dict[tuple[str, int], str] = {}
+        self._lock = threading.Lock()
+        self.records = 0
+        self.malformed = 0
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        try:
+            key = (str(record["host"]), int(record["pid"]), int(record["start_time"]))
+            job = str(record["job"])
+        except (KeyError, TypeError, ValueError):
+            self.malformed += 1
+            return
+        with self._lock:
+            self._jobs[key] = job
+            self._latest[key[:2]] = job
+            self.records += 1
+
+    def job(self, host: str, pid: int, start_time: int) -> str | None:
+        return self._jobs.get((host, pid, start_time))
+
+    def latest_job(self, host: str, pid: int) -> str | None:
+        """The job of the latest process with this pid on `host` (NVML reports pids only)."""
+        return self._latest.get((host, pid))
+
+
+class DirectoryReader:
+    """A thread consuming every partition of the processes topic into a `Directory`."""
+
+    def __init__(self, bootstrap: str, topic: str, directory: Directory,
+                 config: Mapping[str, str] | None = None) -> None:
+        self.topic = topic
+        self.directory = directory
+        self._config = {
+            "bootstrap.servers": bootstrap,
+            "group.id": "gpuflight-streams-directory",  # required; offsets are never committed
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            **(config or {}),
+        }
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="processes", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        consumer = Consumer(self._config)
+        try:
+            assigned = False
+            while not self._stop.is_set():
+                if not assigned:
+                    metadata = consumer.list_topics(self.topic, timeout=5)
+                    topic = metadata.topics.get(self.topic)
+                    if topic is None or topic.error is not None or not topic.partitions:
+                        self._stop.wait(1.0)
+                        continue
+                    consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING)
+                                     for p in topic.partitions])
+                    assigned = True
+                for message in consumer.consume(1000, timeout=0.5):
+                    if message.error() is not None or message.value() is None:
+                        continue  # tombstones of the compacted topic; transient errors
+                    try:
+                        record = wire.decode_record(message.value(), wire.PROCESS_SCHEMA)
+                    except wire.WireError:
+                        self.directory.malformed += 1
+                        continue
+                    self.directory.add(record)
+        except Exception as exc:
+            log.error("processes topic reader stopped: %s", exc)
+        finally:
+            consumer.close()

@@ -1,0 +1,86 @@
+"""The stream app's settings: one frozen object, built by the CLI (flags, then environment)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from producer.wire import DEFAULT_PREFIX
+from streams.windows import WindowSettings
+
+DEFAULT_INFLUX_URL: Final = "http://127.0.0.1:8086"
+DEFAULT_DATABASE: Final = "gpuflight"
+#: InfluxDB 1.8 takes "database/retention policy" as the v2 bucket.
+DEFAULT_BUCKET: Final = f"{DEFAULT_DATABASE}/autogen"
+DEFAULT_APP_ID: Final = "gpuflight-streams"
+
+
+@dataclass(frozen=True)
+class InfluxSettings:
+    url: str = DEFAULT_INFLUX_URL
+    #: v2 bucket; on InfluxDB 1.8 "database/retention policy".
+    bucket: str = DEFAULT_BUCKET
+    org: str = "-"
+    #: "user:password" on 1.8 with auth, an API token on 2.x/3.x.
+    token: str = ""
+    batch_points: int = 5000
+    max_pending_points: int = 200_000
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 30.0
+    timeout_s: float = 10.0
+
+    @property
+    def database(self) -> str:
+        """The InfluxQL database of the bucket."""
+        return self.bucket.split("/", 1)[0]
+
+    @classmethod
+    def from_environment(cls, url: str | None = None, bucket: str | None = None) -> InfluxSettings:
+        env = os.environ
+        return cls(
+            url=url or env.get("GPUFLIGHT_INFLUX_URL", DEFAULT_INFLUX_URL),
+            bucket=bucket or env.get("GPUFLIGHT_INFLUX_BUCKET", DEFAULT_BUCKET),
+            org=env.get("GPUFLIGHT_INFLUX_ORG", "-"),
+            token=env.get("GPUFLIGHT_INFLUX_TOKEN", ""),
+        )
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    kafka: str = "127.0.0.1:9092"
+    topic_prefix: str = DEFAULT_PREFIX
+    #: The Faust app id: the consumer group (workers with the same id share partitions) and
+    #: the prefix of its changelog topics.
+    app_id: str = DEFAULT_APP_ID
+    worker: str = field(default_factory=socket.gethostname)
+    influx: InfluxSettings = field(default_factory=InfluxSettings)
+    windows: WindowSettings = field(default_factory=WindowSettings)
+    data_dir: Path = field(
+        default_factory=lambda: Path.home() / ".local" / "share" / "gpuflight" / "streams"
+    )
+    #: Wall-clock seconds between passes over the jobs (writes, closing windows).
+    tick_s: float = 1.0
+    #: How long a message waits for its process's identity before the job falls back to
+    #: "COMM?:PID" (the processes topic normally has it first).
+    identity_wait_s: float = 5.0
+    #: Jobs with nothing open are forgotten (their baselines too) after this long.
+    forget_idle_s: float = 3600.0
+    #: Worker self-metrics every this many seconds.
+    metrics_s: float = 5.0
+    #: Consume from the start of the topics the first time the group runs (a replay).
+    from_beginning: bool = True
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.topic_prefix}.deadletter.v1"
+
+    @property
+    def alerts_topic(self) -> str:
+        return f"{self.topic_prefix}.alerts.v1"
+
+    @property
+    def ticks_topic(self) -> str:
+        return f"{self.app_id}.ticks"

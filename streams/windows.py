@@ -1,0 +1,295 @@
+"""The stream app's state for one (host, job): its open windows, what InfluxDB has of them,
+and what carries over from window to window. Pure: no Faust, no I/O.
+
+One `JobState` is one value of the worker's Faust table, so every change to a job is one
+changelog record — a crash leaves a job either before or after a message, never between:
+
+- `apply(batch, partition, offset)` adds a message's events to their windows, once: a message
+  whose offset is not beyond the last one applied from its partition (a redelivery after a
+  restart) changes nothing, so a worker killed mid-stream and restarted neither loses nor
+  double counts. Events of windows already closed are returned (late beyond grace).
+- `due(host_now_ns)` says what to write: a window is written as soon as its end has passed
+  (a provisional point; written again whenever late events change it) and closed at end +
+  grace: then the memory ledger, the bandwidth detector and the memory-bound tracker see it,
+  in window order, and its final points wait in `pending` until InfluxDB has acknowledged
+  them (`acknowledge`), so a crash between closing and writing loses nothing either.
+
+Points are stamped at the window start and carry whole-window values, so writing a window
+again overwrites it in InfluxDB instead of adding to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from streams import aggregate as agg_math
+from streams.aggregate import MemoryLedger, WindowAggregate
+from streams.detect import (
+    BandwidthAnomaly,
+    BandwidthDetector,
+    DetectSettings,
+    MemoryBoundResult,
+    MemoryBoundTracker,
+    check_memory_bound,
+)
+from streams.measurements import Point
+
+STATE_VERSION: Final = 1
+
+Events = npt.NDArray[np.void]
+#: (host, job, window start ns, window end ns) → the job's mean GPU utilisation, if known.
+GpuUtilization = Callable[[str, str, int, int], float | None]
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    window_s: float = 10.0
+    #: How long after a window's end its events may still arrive and count.
+    grace_s: float = 5.0
+    top_kernels: int = agg_math.DEFAULT_TOP_KERNELS
+    max_kernels: int = agg_math.DEFAULT_MAX_KERNELS
+    detect: DetectSettings = field(default_factory=DetectSettings)
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.grace_s < 0:
+            raise ValueError(
+                f"window must be > 0 and grace ≥ 0 seconds, not {self.window_s}, {self.grace_s}"
+            )
+
+    @property
+    def window_ns(self) -> int:
+        return round(self.window_s * 1e9)
+
+    @property
+    def grace_ns(self) -> int:
+        return round(self.grace_s * 1e9)
+
+
+@dataclass
+class Window:
+    agg: WindowAggregate
+    #: Bumped by every change; `written` is the version InfluxDB has acknowledged.
+    version: int = 1
+    written: int = 0
+
+
+@dataclass(frozen=True)
+class Write:
+    """Points to write for one window of a job, and how to acknowledge them."""
+
+    window_start_ns: int
+    version: int
+    final: bool
+    points: list[Point]
+
+
+@dataclass
+class Closed:
+    """What closing windows found, besides their points."""
+
+    anomalies: list[BandwidthAnomaly] = field(default_factory=list)
+    memory_bound: list[MemoryBoundResult] = field(default_factory=list)
+
+
+@dataclass
+class Applied:
+    events: int
+    #: Events of windows closed before the message came (late beyond grace).
+    late: Events | None = None
+    duplicate: bool = False
+
+
+@dataclass
+class JobState:
+    host: str
+    job: str
+    #: The source partition the job's messages come from (its Faust table partition).
+    partition: int
+    #: partition → offset of the last message applied from it.
+    offsets: dict[int, int] = field(default_factory=dict)
+    windows: dict[int, Window] = field(default_factory=dict)
+    #: Windows starting before this are closed: final, written or pending.
+    closed_before_ns: int = 0
+    #: window start → (version, final points) not yet acknowledged by InfluxDB.
+    pending: dict[int, tuple[int, list[Point]]] = field(default_factory=dict)
+    #: The latest event time seen (ns).
+    max_ts_ns: int = 0
+    ledger: MemoryLedger = field(default_factory=MemoryLedger)
+    bandwidth: BandwidthDetector = field(default_factory=BandwidthDetector)
+    tracker: MemoryBoundTracker = field(default_factory=MemoryBoundTracker)
+
+    # -- events --------------------------------------------------------------------------------
+
+    def apply(
+        self,
+        events: Events,
+        partition: int,
+        offset: int,
+        settings: WindowSettings,
+        kernel_names: Mapping[int, str] | None = None,
+    ) -> Applied:
+        """Add one message's events (all of this job) to their windows, unless already done."""
+        if offset <= self.offsets.get(partition, -1):
+            return Applied(0, duplicate=True)
+        self.offsets[partition] = offset
+        late: list[Events] = []
+        for start, part in agg_math.split_windows(events, settings.window_ns):
+            if start < self.closed_before_ns:
+                late.append(part)
+                continue
+            window = self.windows.get(start)
+            if window is None:
+                window = self.windows[start] = Window(
+                    WindowAggregate(start, self.host, self.job, settings.max_kernels)
+                )
+            else:
+                window.version += 1
+            agg_math.add_events(window.agg, part, kernel_names)
+        if len(events):
+            self.max_ts_ns = max(self.max_ts_ns, int(events["ts_ns"].max()))
+        late_events = np.concatenate(late) if late else None
+        applied = len(events) - (0 if late_events is None else len(late_events))
+        return Applied(applied, late_events)
+
+    # -- windows -------------------------------------------------------------------------------
+
+    def due(
+        self,
+        host_now_ns: int,
+        settings: WindowSettings,
+        gpu_utilization: GpuUtilization | None = None,
+    ) -> tuple[list[Write], Closed]:
+        """Close the windows whose grace has passed at `host_now_ns` (in time order), and say
+        what to write: pending final points, and provisional points of ended windows that
+        changed since InfluxDB last acknowledged them."""
+        closed = Closed()
+        window_s = settings.window_s
+        for start in sorted(self.windows):
+            end = start + settings.window_ns
+            if host_now_ns < end + settings.grace_ns:
+                break
+            window = self.windows.pop(start)
+            points = agg_math.to_points(
+                window.agg, window_s, memory=self.ledger.close(window.agg),
+                top=settings.top_kernels,
+            )
+            anomalies = self.bandwidth.observe(window.agg, window_s)
+            utilization = (
+                gpu_utilization(self.host, self.job, start, end) if gpu_utilization else None
+            )
+            verdict = check_memory_bound(
+                self.tracker, window.agg, window_s, settings.detect, utilization
+            )
+            points += [a.to_point() for a in anomalies]
+            points.append(verdict.to_point())
+            closed.anomalies += anomalies
+            closed.memory_bound.append(verdict)
+            self.pending[start] = (window.version, points)
+            self.closed_before_ns = max(self.closed_before_ns, end)
+        writes = [
+            Write(start, version, True, points)
+            for start, (version, points) in sorted(self.pending.items())
+        ]
+        preview = MemoryLedger.from_dict(self.ledger.to_dict()) if self.windows else None
+        for start, window in sorted(self.windows.items()):
+            assert preview is not None
+            level = preview.close(window.agg)  # in order: each open window carries the last
+            if host_now_ns < start + settings.window_ns or window.written >= window.version:
+                continue
+            points = agg_math.to_points(window.agg, window_s, memory=level,
+                                        top=settings.top_kernels)
+            writes.append(Write(start, window.version, False, points))
+        return writes, closed
+
+    def acknowledge(self, window_start_ns: int, version: int, final: bool) -> bool:
+        """InfluxDB has the points of `Write(window_start_ns, version, final)`; True when
+        that changed the state."""
+        if final:
+            pending = self.pending.get(window_start_ns)
+            if pending is None or pending[0] != version:
+                return False
+            del self.pending[window_start_ns]
+            return True
+        window = self.windows.get(window_start_ns)
+        if window is None or window.written >= version:
+            return False
+        window.written = version
+        return True
+
+    @property
+    def idle(self) -> bool:
+        """Nothing open and nothing to write: the state only carries baselines."""
+        return not self.windows and not self.pending
+
+    # -- table values --------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps({
+            "v": STATE_VERSION,
+            "host": self.host,
+            "job": self.job,
+            "partition": self.partition,
+            "offsets": [[p, o] for p, o in sorted(self.offsets.items())],
+            "windows": [
+                [w.agg.to_dict(), w.version, w.written]
+                for _, w in sorted(self.windows.items())
+            ],
+            "closed_before_ns": self.closed_before_ns,
+            "pending": [
+                [start, version, [_point_to_list(p) for p in points]]
+                for start, (version, points) in sorted(self.pending.items())
+            ],
+            "max_ts_ns": self.max_ts_ns,
+            "ledger": self.ledger.to_dict(),
+            "bandwidth": self.bandwidth.to_dict(),
+            "tracker": self.tracker.to_dict(),
+        })
+
+    @classmethod
+    def from_bytes(cls, value: bytes, settings: WindowSettings) -> JobState:
+        """ValueError when `value` is not a state of this version."""
+        try:
+            data = orjson.loads(value)
+            if data.get("v") != STATE_VERSION:
+                raise ValueError(f"job state version {data.get('v')!r}, expected {STATE_VERSION}")
+            windows = {}
+            for agg_dict, version, written in data["windows"]:
+                agg = WindowAggregate.from_dict(agg_dict)
+                windows[agg.window_start_ns] = Window(agg, int(version), int(written))
+            return cls(
+                host=str(data["host"]),
+                job=str(data["job"]),
+                partition=int(data["partition"]),
+                offsets={int(p): int(o) for p, o in data["offsets"]},
+                windows=windows,
+                closed_before_ns=int(data["closed_before_ns"]),
+                pending={
+                    int(start): (int(version), [_point_from_list(p) for p in points])
+                    for start, version, points in data["pending"]
+                },
+                max_ts_ns=int(data["max_ts_ns"]),
+                ledger=MemoryLedger.from_dict(data["ledger"]),
+                bandwidth=BandwidthDetector.from_dict(data["bandwidth"], settings.detect),
+                tracker=MemoryBoundTracker.from_dict(data["tracker"]),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed job state: {exc!r}") from None
+
+
+def state_key(host: str, job: str) -> bytes:
+    return f"{host}\x00{job}".encode()
+
+
+def _point_to_list(point: Point) -> list[Any]:
+    return [point.measurement, dict(point.tags), dict(point.fields), point.time_ns]
+
+
+def _point_from_list(row: list[Any]) -> Point:
+    measurement, tags, fields, time_ns = row
+    return Point(str(measurement), dict(tags), dict(fields), int(time_ns))
