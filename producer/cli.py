@@ -44,6 +44,38 @@ def _add_kafka_options(parser: argparse.ArgumentParser, required: bool) -> None:
                         "GPUFLIGHT_KAFKA_* variables override (GPUFLIGHT_KAFKA_SASL_PASSWORD)")
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _add_influx_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--influx", default=None, metavar="URL",
+                        help="InfluxDB (default $GPUFLIGHT_INFLUX_URL or http://127.0.0.1:8086;"
+                        " token from $GPUFLIGHT_INFLUX_TOKEN)")
+    parser.add_argument("--bucket", default=None,
+                        help="v2 bucket; on InfluxDB 1.8 DATABASE/RETENTION "
+                        "(default $GPUFLIGHT_INFLUX_BUCKET or gpuflight/autogen)")
+
+
+def _add_report_options(parser: argparse.ArgumentParser) -> None:
+    _add_influx_options(parser)
+    parser.add_argument("--host", help="only this host's windows")
+    parser.add_argument("--since", default="7d", metavar="WHEN",
+                        help="how far back: a duration (90s, 30m, 6h, 7d) or a TIME as for "
+                        "replay (default %(default)s)")
+    parser.add_argument("--until", default=None, metavar="TIME", help="up to (default: now)")
+
+
 def _kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> KafkaSettings:
     settings = KafkaSettings(
         bootstrap=args.kafka,
@@ -113,6 +145,39 @@ def _parser() -> argparse.ArgumentParser:
                        help="where the stack keeps its data (default "
                        "~/.local/share/gpuflight/stack)")
 
+    streams = sub.add_parser(
+        "streams", help="a stream worker: Kafka → windowed aggregates → InfluxDB (Faust)"
+    )
+    streams.add_argument("--kafka", default="127.0.0.1:9092", metavar="HOST:PORT",
+                         help="Kafka bootstrap servers (default %(default)s)")
+    streams.add_argument("--topic-prefix", default=wire.DEFAULT_PREFIX,
+                         help="topics are PREFIX.events.v1 etc. (default %(default)s)")
+    _add_influx_options(streams)
+    streams.add_argument("--window", type=_positive, default=10.0, metavar="S",
+                         help="tumbling window (default %(default)s s)")
+    streams.add_argument("--grace", type=_non_negative, default=5.0, metavar="S",
+                         help="how late events may come and still count (default %(default)s s)")
+    streams.add_argument("--app-id", default="gpuflight-streams",
+                         help="Faust app id: workers with the same id share the partitions "
+                         "(default %(default)s)")
+    streams.add_argument("--worker", default=None, help="this worker's name (default: host)")
+    streams.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                         help="Faust's local data (default ~/.local/share/gpuflight/streams)")
+    streams.add_argument("--identity-wait", type=_non_negative, default=5.0, metavar="S",
+                         help=argparse.SUPPRESS)
+    streams.add_argument("--tick", type=_positive, default=1.0, help=argparse.SUPPRESS)
+
+    report = sub.add_parser("report", help="a job's aggregates from InfluxDB, as a table")
+    report.add_argument("--job", required=True, help="the job (see `gpuflight report --jobs`)")
+    _add_report_options(report)
+    report.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+    compare = sub.add_parser("compare", help="two jobs side by side, with ratios (B vs A)")
+    compare.add_argument("job_a", metavar="JOB_A")
+    compare.add_argument("job_b", metavar="JOB_B")
+    _add_report_options(compare)
+    compare.add_argument("--json", action="store_true", help="JSON instead of a table")
+
     demo = sub.add_parser("demo", help="the kernel-fusion showcase on a simulated GPU")
     demo.add_argument("--steps", type=int, default=None, help="training steps per run")
     return parser
@@ -169,6 +234,40 @@ def _dispatch(args: argparse.Namespace) -> int:
             stack.stack_down(data_dir)
         for line in stack.stack_status(data_dir):
             print(line)
+        return 0
+    if args.command == "streams":
+        from streams import app as stream_app
+        from streams.settings import InfluxSettings, StreamSettings
+        from streams.windows import WindowSettings
+
+        stream_settings = StreamSettings(
+            kafka=args.kafka,
+            topic_prefix=args.topic_prefix,
+            app_id=args.app_id,
+            influx=InfluxSettings.from_environment(args.influx, args.bucket),
+            windows=WindowSettings(window_s=args.window, grace_s=args.grace),
+            identity_wait_s=args.identity_wait,
+            tick_s=args.tick,
+        )
+        if args.worker:
+            stream_settings = replace(stream_settings, worker=args.worker)
+        if args.data_dir:
+            stream_settings = replace(stream_settings, data_dir=args.data_dir)
+        stream_app.run(stream_settings, loglevel="DEBUG" if args.verbose else "WARNING")
+        return 0
+    if args.command in ("report", "compare"):
+        from streams import report
+        from streams.settings import InfluxSettings
+
+        influx = InfluxSettings.from_environment(args.influx, args.bucket)
+        since_ns, until_ns = report.time_range(args.since, args.until)
+        if args.command == "report":
+            summary = report.job_summary(influx, args.job, since_ns, until_ns, args.host)
+            print(report.render_json([summary]) if args.json else report.render_job(summary))
+        else:
+            a = report.job_summary(influx, args.job_a, since_ns, until_ns, args.host)
+            b = report.job_summary(influx, args.job_b, since_ns, until_ns, args.host)
+            print(report.render_json([a, b]) if args.json else report.render_compare(a, b))
         return 0
     if args.command == "demo":
         from producer.demo import showcase

@@ -3,7 +3,8 @@
     GpuflightError
     ├── SetupError     the machine cannot run probes (not root, no bcc, no headers)
     ├── AttachError            one library file could not be probed (skipped, logged once)
-    └── UsageError             the command line or an input file is wrong
+    ├── UsageError             the command line or an input file is wrong
+    └── ServiceError           Kafka or InfluxDB cannot be reached, or refused a request
 """
 
 
@@ -27,3 +28,9 @@ class UsageError(GpuflightError):
     """Bad arguments or input."""
 
     exit_code = 2
+
+
+class ServiceError(GpuflightError):
+    """A service gpuflight talks to (Kafka, InfluxDB) is away or refused a request."""
+
+    exit_code = 4

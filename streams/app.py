@@ -395,8 +395,8 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
         producer_max_request_size=8_000_000,
         consumer_max_fetch_size=16_000_000,
     )
-    table = app.Table(TABLE, partitions=partitions, key_serializer="raw",
-                      value_serializer="raw")
+    table = app.Table(TABLE, partitions=partitions,
+                      schema=faust.Schema(key_serializer="raw", value_serializer="raw"))
     worker = Worker(settings, app, table)
     source = app.topic(
         topics.events, topics.nvml, topics.metrics, settings.ticks_topic,

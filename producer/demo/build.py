@@ -182,11 +182,14 @@ class DemoBuild:
         """The stub libcudart.so.12 itself (what the probes attach to)."""
         return self.lib_dir / SIMGPU_SONAME
 
-    def command(self, mode: str, steps: int | None = None) -> list[str]:
-        """The command line of one fusion run (mode: "unfused" or "fused")."""
+    def command(self, mode: str, steps: int | None = None, copies: int = 1) -> list[str]:
+        """The command line of one fusion run (mode: "unfused" or "fused"; `copies` H2D
+        copies of the batch per step)."""
         cmd = [str(self.fusion), "--mode", mode]
         if steps is not None:
             cmd += ["--steps", str(steps)]
+        if copies != 1:
+            cmd += ["--copies", str(copies)]
         return cmd
 
 

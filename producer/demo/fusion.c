@@ -1,11 +1,12 @@
 /* gpuflight demo workload: the same elementwise chain, unfused and fused.
  *
- *   fusion --mode unfused|fused [--steps N]
+ *   fusion --mode unfused|fused [--steps N] [--copies K]
  *
  * Calls only the CUDA runtime API (cuda_abi.h). At start: cudaMalloc of the
  * device input and output, cudaMallocHost of the pinned batch and result.
  * Per step:
- *   cudaMemcpy        H2D, the whole batch (512 KiB), synchronous
+ *   cudaMemcpy        H2D, the whole batch (512 KiB), synchronous (K times with
+ *                     --copies K, default 1: a job that moves more than it computes)
  *   the chain of 8 elementwise ops on E = 131072 floats:
  *     unfused  8 cudaLaunchKernel, one per op, each with a small grid
  *              (32 blocks x 256 threads, grid-stride) that cannot fill the GPU
@@ -78,7 +79,7 @@ static const void *kaddr(kernel_fn f)
 
 static void usage(void)
 {
-	fputs("usage: fusion --mode unfused|fused [--steps N]\n", stderr);
+	fputs("usage: fusion --mode unfused|fused [--steps N] [--copies K]\n", stderr);
 	exit(2);
 }
 
@@ -103,7 +104,7 @@ int main(int argc, char **argv)
 					     op_clamp, op_exp,    op_mul,  op_round};
 	void *fb[4] = {NULL, NULL, NULL, NULL};
 	float *d_in, *d_out, *h_in, *h_out;
-	long steps = DEFAULT_STEPS;
+	long steps = DEFAULT_STEPS, copies = 1, c;
 	int fused = -1, n = (int)ELEMS, i;
 	long s;
 
@@ -121,6 +122,12 @@ int main(int argc, char **argv)
 
 			steps = strtol(argv[++i], &end, 10);
 			if (*end || steps < 0)
+				usage();
+		} else if (!strcmp(argv[i], "--copies") && i + 1 < argc) {
+			char *end;
+
+			copies = strtol(argv[++i], &end, 10);
+			if (*end || copies < 1)
 				usage();
 		} else {
 			usage();
@@ -142,7 +149,8 @@ int main(int argc, char **argv)
 		const dim3 big_grid = {FUSED_BLOCKS, 1, 1}, big_block = {FUSED_THREADS, 1, 1};
 
 		for (s = 0; s < steps; s++) {
-			cudaMemcpy(d_in, h_in, BATCH_BYTES, cudaMemcpyHostToDevice);
+			for (c = 0; c < copies; c++)
+				cudaMemcpy(d_in, h_in, BATCH_BYTES, cudaMemcpyHostToDevice);
 			if (fused) {
 				cudaLaunchKernel(kaddr(fused_chain), big_grid, big_block, args, 0, 0);
 			} else {

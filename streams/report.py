@@ -1,0 +1,337 @@
+"""`gpuflight report` and `gpuflight compare`: a job's windows from InfluxDB, summed over a time
+range, for people without Grafana. Reads with InfluxQL (as the dashboards do), so it works on
+InfluxDB 1.8, 2.x (DBRP mappings) and 3.x.
+
+Totals are sums of the window points. Rates divide by the job's active time: the windows in
+which it launched, times the window length (which the points carry: count / rate_per_s).
+Grid and block sizes are percentiles of the summed log2 histograms (streams/aggregate.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+import orjson
+from tabulate import tabulate
+
+from producer.errors import ServiceError, UsageError
+from producer.replay import parse_time
+from streams import measurements as m
+from streams.aggregate import percentile
+from streams.measurements import Fields, Tags
+from streams.settings import InfluxSettings
+
+_DURATION: Final = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
+_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DIRECT: Final = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def time_range(since: str, until: str | None, now_ns: int | None = None) -> tuple[int, int]:
+    """[since, until) in ns: `since` a duration back from now (90s, 30m, 6h, 7d, 2w) or a
+    time as `replay` takes it; `until` a time (default now)."""
+    now = time.time_ns() if now_ns is None else now_ns
+    end = parse_time(until) if until else now
+    match = _DURATION.match(since)
+    start = now - int(float(match[1]) * _SECONDS[match[2]] * 1e9) if match else parse_time(since)
+    if start >= end:
+        raise UsageError(f"empty time range: since {since} is not before until {until or 'now'}")
+    return start, end
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class InfluxQL:
+    """InfluxQL over HTTP (/query), with the sink's credentials."""
+
+    def __init__(self, settings: InfluxSettings, timeout_s: float = 30.0) -> None:
+        self.settings = settings
+        self.timeout_s = timeout_s
+
+    def series(self, query: str) -> list[dict[str, Any]]:
+        params = {"db": self.settings.database, "q": query, "epoch": "ns"}
+        headers = {}
+        token = self.settings.token
+        if ":" in token:  # InfluxDB 1.x user:password
+            params["u"], params["p"] = token.split(":", 1)
+        elif token:
+            headers["Authorization"] = f"Token {token}"
+        url = f"{self.settings.url}/query?{urllib.parse.urlencode(params)}"
+        try:
+            with _DIRECT.open(urllib.request.Request(url, headers=headers),
+                              timeout=self.timeout_s) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise ServiceError(f"InfluxDB at {self.settings.url} refused the query:"
+                               f" HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ServiceError(f"cannot reach InfluxDB at {self.settings.url}: {reason}") from None
+        except ValueError:
+            raise ServiceError(f"InfluxDB at {self.settings.url} answered with no JSON") from None
+        results = answer.get("results") or [{}]
+        if "error" in results[0]:
+            raise ServiceError(f"InfluxDB: {results[0]['error']}")
+        series: list[dict[str, Any]] = results[0].get("series", [])
+        return series
+
+    def rows(self, query: str) -> list[dict[str, Any]]:
+        out = []
+        for one in self.series(query):
+            for values in one["values"]:
+                out.append({**one.get("tags", {}),
+                            **dict(zip(one["columns"], values, strict=True))})
+        return out
+
+
+@dataclass
+class JobSummary:
+    job: str
+    since_ns: int
+    until_ns: int
+    hosts: list[str] = field(default_factory=list)
+    window_s: float = 0.0
+    active_windows: int = 0
+    launches: int = 0
+    launches_by_api: dict[str, int] = field(default_factory=dict)
+    graph_kernel_nodes: int = 0
+    top_kernels: list[tuple[str, int]] = field(default_factory=list)
+    grid_blocks_p50: float | None = None
+    grid_blocks_p90: float | None = None
+    grid_blocks_p99: float | None = None
+    block_threads_p50: float | None = None
+    block_threads_p90: float | None = None
+    #: kind → {count, bytes, sync_bytes, sync_ns, bandwidth_bytes_per_s}
+    copies: dict[str, dict[str, float]] = field(default_factory=dict)
+    memset_bytes: int = 0
+    alloc_bytes: int = 0
+    peak_live_bytes: int | None = None
+    sync_ns: int = 0
+    copy_ns: int = 0
+    blocked_share_mean: float | None = None
+    gpu_utilization_pct: float | None = None
+    memory_bound_windows: int = 0
+    judged_windows: int = 0
+    memory_bound_alerts: int = 0
+    anomalies: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+
+    @property
+    def active_s(self) -> float:
+        return self.active_windows * self.window_s
+
+    @property
+    def launch_rate(self) -> float | None:
+        return self.launches / self.active_s if self.active_s else None
+
+    def copy_bytes(self, *kinds: str) -> int:
+        return int(sum(c["bytes"] for k, c in self.copies.items() if not kinds or k in kinds))
+
+    def bandwidth(self, kind: str) -> float | None:
+        c = self.copies.get(kind)
+        return c["sync_bytes"] / (c["sync_ns"] / 1e9) if c and c["sync_ns"] else None
+
+    @property
+    def blocked_share(self) -> float | None:
+        """CPU time blocked (syncs and synchronous copies) over the job's active time."""
+        return (self.sync_ns + self.copy_ns) / (self.active_s * 1e9) if self.active_s else None
+
+
+def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int,
+                host: str | None = None) -> JobSummary:
+    db = InfluxQL(settings)
+    where = f"WHERE {Tags.JOB} = {_quote(job)} AND time >= {since_ns} AND time < {until_ns}"
+    if host:
+        where += f" AND {Tags.HOST} = {_quote(host)}"
+    summary = JobSummary(job, since_ns, until_ns)
+
+    launches = db.rows(f"SELECT sum({Fields.COUNT}) AS n, sum({Fields.GRAPH_KERNEL_NODES}) AS g"
+                       f" FROM {m.LAUNCHES.name} {where} GROUP BY {Tags.LAYER}, {Tags.API},"
+                       f" {Tags.HOST}")
+    shape = db.rows(f"SELECT {Fields.LAUNCHES} FROM {m.LAUNCH_SHAPE.name} {where}")
+    if not launches and not db.rows(f"SELECT * FROM {m.CPU_BLOCKED.name} {where} LIMIT 1"):
+        seen = sorted({r.get(Tags.JOB, "") for r in db.rows(
+            f"SELECT last({Fields.COUNT}) FROM {m.LAUNCHES.name} WHERE time >= {since_ns}"
+            f" AND time < {until_ns} GROUP BY {Tags.JOB}")})
+        hint = f"; jobs in that range: {', '.join(seen[:10])}" if seen else "; no jobs at all"
+        raise UsageError(f"no data for job {job!r} in the time range{hint}")
+    summary.hosts = sorted({r[Tags.HOST] for r in launches})
+    for r in launches:
+        key = f"{r[Tags.LAYER]}/{r[Tags.API]}"
+        summary.launches_by_api[key] = summary.launches_by_api.get(key, 0) + int(r["n"])
+        summary.graph_kernel_nodes += int(r["g"] or 0)
+    summary.launches = sum(int(r[Fields.LAUNCHES]) for r in shape)
+    summary.active_windows = len(shape)
+    one = db.rows(f"SELECT {Fields.COUNT}, {Fields.RATE_PER_S} FROM {m.LAUNCHES.name} {where}"
+                  " LIMIT 1")
+    if one and one[0][Fields.RATE_PER_S]:
+        summary.window_s = one[0][Fields.COUNT] / one[0][Fields.RATE_PER_S]
+
+    kernels = db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {m.KERNELS.name} {where}"
+                      f" GROUP BY {Tags.KERNEL}")
+    ranked = sorted(((r[Tags.KERNEL], int(r["n"])) for r in kernels),
+                    key=lambda kv: (-kv[1], kv[0]))
+    summary.top_kernels = ranked[:10]
+
+    for spec, attr in ((m.GRID_BLOCKS, "grid_blocks"), (m.BLOCK_THREADS, "block_threads")):
+        counts = [0] * m.HISTOGRAM_BUCKETS
+        for r in db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {spec.name} {where}"
+                         f" GROUP BY {Tags.BUCKET}"):
+            counts[int(str(r[Tags.BUCKET]).removeprefix("2^"))] += int(r["n"])
+        for q in (50, 90, 99):
+            if hasattr(summary, f"{attr}_p{q}"):
+                setattr(summary, f"{attr}_p{q}", percentile(counts, q / 100))
+
+    for r in db.rows(f"SELECT sum({Fields.COUNT}) AS count, sum({Fields.BYTES}) AS bytes,"
+                     f" sum({Fields.SYNC_BYTES}) AS sync_bytes, sum({Fields.SYNC_NS}) AS sync_ns"
+                     f" FROM {m.COPIES.name} {where} GROUP BY {Tags.KIND}"):
+        summary.copies[r[Tags.KIND]] = {k: int(r[k] or 0) for k in
+                                        ("count", "bytes", "sync_bytes", "sync_ns")}
+    memset = db.rows(f"SELECT sum({Fields.BYTES}) AS b FROM {m.MEMSET.name} {where}")
+    summary.memset_bytes = int(memset[0]["b"]) if memset else 0
+    memory = db.rows(f"SELECT sum({Fields.ALLOC_BYTES}) AS a, max({Fields.PEAK_LIVE_BYTES}) AS p"
+                     f" FROM {m.MEMORY.name} {where}")
+    if memory:
+        summary.alloc_bytes = int(memory[0]["a"] or 0)
+        summary.peak_live_bytes = None if memory[0]["p"] is None else int(memory[0]["p"])
+    blocked = db.rows(f"SELECT sum({Fields.SYNC_NS}) AS s, sum({Fields.COPY_NS}) AS c,"
+                      f" mean({Fields.BLOCKED_SHARE}) AS share FROM {m.CPU_BLOCKED.name} {where}")
+    if blocked:
+        summary.sync_ns = int(blocked[0]["s"] or 0)
+        summary.copy_ns = int(blocked[0]["c"] or 0)
+        summary.blocked_share_mean = blocked[0]["share"]
+
+    gpu = db.rows(f"SELECT mean({Fields.SM_UTIL_PCT}) AS u FROM {m.GPU_PROCESS.name} {where}")
+    verdicts = db.rows(
+        f"SELECT sum({Fields.VERDICT}) AS v, count({Fields.VERDICT}) AS n,"
+        f" sum({Fields.ALERT}) AS a, mean({Fields.GPU_UTILIZATION_PCT}) AS u"
+        f" FROM {m.MEMORY_BOUND.name} {where}")
+    if gpu and gpu[0]["u"] is not None:
+        summary.gpu_utilization_pct = float(gpu[0]["u"])
+    elif verdicts and verdicts[0]["u"] is not None:
+        summary.gpu_utilization_pct = float(verdicts[0]["u"])
+    if verdicts:
+        summary.memory_bound_windows = int(verdicts[0]["v"] or 0)
+        summary.judged_windows = int(verdicts[0]["n"] or 0)
+    fired = db.rows(f"SELECT {Fields.CONSECUTIVE_WINDOWS} FROM {m.MEMORY_BOUND.name} {where}"
+                    f" AND {Fields.ALERT} = 1")
+    summary.memory_bound_alerts = sum(1 for r in fired if r[Fields.CONSECUTIVE_WINDOWS] is not None)
+    for r in db.rows(f"SELECT count({Fields.RATIO}) AS n FROM {m.BANDWIDTH_ANOMALY.name} {where}"
+                     f" GROUP BY {Tags.KIND}, {Tags.DIRECTION}"):
+        summary.anomalies[f"{r[Tags.KIND]} {r[Tags.DIRECTION]}"] = int(r["n"])
+    errors = db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {m.ERRORS.name} {where}")
+    summary.errors = int(errors[0]["n"]) if errors else 0
+    return summary
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def _n(value: float | None, unit: str = "", digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}{unit}"
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e9:,.2f} GB/s"
+
+
+def _bucket(value: float | None) -> str:
+    """A percentile of a log2 histogram as the range of its bucket ("32-63")."""
+    if value is None:
+        return "-"
+    low = 1 << max(int(value).bit_length() - 1, 0)
+    return f"{low:,}-{2 * low - 1:,}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _rows(s: JobSummary) -> list[tuple[str, str, float | None]]:
+    """(label, shown value, comparable value) for the table and the ratios."""
+    h2d, d2h = s.copy_bytes("H2D"), s.copy_bytes("D2H")
+    return [
+        ("active time", _n(s.active_s, " s", 1), s.active_s),
+        ("kernel launches", _n(s.launches), s.launches),
+        ("launch rate (/s)", _n(s.launch_rate), s.launch_rate),
+        ("grid blocks p50", _bucket(s.grid_blocks_p50), s.grid_blocks_p50),
+        ("grid blocks p90", _bucket(s.grid_blocks_p90), s.grid_blocks_p90),
+        ("block threads p50", _bucket(s.block_threads_p50), s.block_threads_p50),
+        ("H2D bytes", _bytes(h2d), h2d),
+        ("D2H bytes", _bytes(d2h), d2h),
+        ("H2D bandwidth (sync)", _rate(s.bandwidth("H2D")), s.bandwidth("H2D")),
+        ("D2H bandwidth (sync)", _rate(s.bandwidth("D2H")), s.bandwidth("D2H")),
+        ("CPU blocked on GPU", _pct(s.blocked_share), s.blocked_share),
+        ("GPU utilization", _n(s.gpu_utilization_pct, "%", 1), s.gpu_utilization_pct),
+        ("peak live bytes", _bytes(s.peak_live_bytes), s.peak_live_bytes),
+        ("memory-bound windows", f"{s.memory_bound_windows}/{s.judged_windows}",
+         s.memory_bound_windows),
+    ]
+
+
+def render_job(s: JobSummary) -> str:
+    table = [[label, shown] for label, shown, _ in _rows(s)]
+    out = [f"job {s.job} on {', '.join(s.hosts) or '-'}  (windows of {s.window_s:g} s)",
+           tabulate(table, tablefmt="plain", colalign=("left", "right"))]
+    if s.launches_by_api:
+        by_api = sorted(s.launches_by_api.items(), key=lambda kv: (-kv[1], kv[0]))
+        out += ["", tabulate(by_api,
+                             headers=["launches by layer/api", "count"], tablefmt="simple",
+                             intfmt=",")]
+    if s.top_kernels:
+        out += ["", tabulate(s.top_kernels, headers=["top kernels", "launches"],
+                             tablefmt="simple", intfmt=",")]
+    if s.copies:
+        copies = [[k, f"{int(c['count']):,}", _bytes(c["bytes"]), _rate(s.bandwidth(k))]
+                  for k, c in sorted(s.copies.items())]
+        out += ["", tabulate(copies, headers=["copies", "count", "bytes", "sync bandwidth"],
+                             tablefmt="simple", colalign=("left", "right", "right", "right"))]
+    if s.anomalies:
+        out += ["", "bandwidth anomalies: " + ", ".join(f"{k}: {n}"
+                                                        for k, n in sorted(s.anomalies.items()))]
+    if s.memory_bound_alerts:
+        out += [f"memory-bound alerts: {s.memory_bound_alerts}"]
+    return "\n".join(out)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or a == 0:
+        return "-"
+    return f"{b / a:.2f}x"
+
+
+def render_compare(a: JobSummary, b: JobSummary) -> str:
+    """The kernel-fusion table: A and B side by side, with B / A."""
+    table = [[label, shown_a, shown_b, _ratio(value_a, value_b)]
+             for (label, shown_a, value_a), (_, shown_b, value_b)
+             in zip(_rows(a), _rows(b), strict=True)]
+    return tabulate(table, headers=["", a.job, b.job, "B vs A"], tablefmt="simple",
+                    colalign=("left", "right", "right", "right"))
+
+
+def render_json(summaries: list[JobSummary]) -> str:
+    def one(s: JobSummary) -> Mapping[str, Any]:
+        return {**asdict(s), "launch_rate": s.launch_rate, "blocked_share": s.blocked_share,
+                "active_s": s.active_s}
+
+    return orjson.dumps([one(s) for s in summaries], option=orjson.OPT_INDENT_2).decode()

@@ -1,0 +1,172 @@
+"""The whole pipeline, for real, once per session: the demo workloads on the simulated GPU →
+`gpuflight producer` (uprobes) → Kafka → `gpuflight streams` (Faust) → InfluxDB.
+
+`pipeline` runs three jobs while a node-wide producer and a stream worker run:
+
+  unfused   the fusion chain unfused: 8 launches of 32 blocks per step
+  fused     the same fused: 1 launch of 512 blocks per step
+  transfer  fused, with 4 synchronous H2D copies of 512 KiB per step on a slow link
+            (the simulated GPU at 0.5 GB/s): memory-bound by the rule of streams/detect.py
+
+and returns once InfluxDB holds every launch of each (the windows closed), with what the
+workload code says each job did (`expected`), for tests to compare with what was written.
+Needs root and bcc (the producer), Kafka and InfluxDB: skips locally without them, fails in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from producer.demo.build import build_demo
+from tests.conftest import bpf_unavailable_reason, require
+from tests.influx_fixture import DATABASE
+from tests.streams_support import StreamWorker, rows, wait_for
+
+WINDOW_S = 1.0
+GRACE_S = 1.0
+BATCH_BYTES = 512 * 1024
+RESULT_BYTES = 4096
+TRANSFER_COPIES = 4
+
+
+@dataclass(frozen=True)
+class ExpectedJob:
+    launches: int
+    #: Blocks per launch (every launch of the job has the same grid) and threads per block.
+    grid_blocks: int
+    block_threads: int
+    h2d_bytes: int
+    d2h_bytes: int
+    memory_bound: bool
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    influx_url: str
+    database: str
+    host: str
+    #: "unfused", "fused", "transfer" → the job tag the stream app gave each run.
+    jobs: Mapping[str, str]
+    #: A time range covering every point of the run (ns).
+    start_ns: int
+    end_ns: int
+    window_s: float
+    expected: Mapping[str, ExpectedJob]
+    kafka_bootstrap: str
+    topic_prefix: str
+
+
+#: (mode, steps, H2D copies per step, extra environment)
+RUNS: Mapping[str, tuple[str, int, int, Mapping[str, str]]] = {
+    "unfused": ("unfused", 20_000, 1, {}),
+    "fused": ("fused", 20_000, 1, {}),
+    "transfer": ("fused", 1_000, TRANSFER_COPIES, {"GF_SIM_H2D_GBPS": "0.5"}),
+}
+
+
+def expected_of(name: str) -> ExpectedJob:
+    mode, steps, copies, _ = RUNS[name]
+    fused = mode == "fused"
+    return ExpectedJob(
+        launches=steps * (1 if fused else 8),
+        grid_blocks=512 if fused else 32,
+        block_threads=256,
+        h2d_bytes=steps * copies * BATCH_BYTES,
+        d2h_bytes=steps * RESULT_BYTES,
+        memory_bound=name == "transfer",
+    )
+
+
+def launches_of(influx_url: str, job: str, since_ns: int) -> int | None:
+    found = rows(influx_url, f"SELECT sum(count) FROM launches WHERE job = '{job}'"
+                 f" AND time >= {since_ns}")
+    return int(found[0]["sum"]) if found else None
+
+
+class _Producer:
+    def __init__(self, bootstrap: str, prefix: str, log: Path) -> None:
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "producer", "producer", "--kafka", bootstrap,
+                 "--topic-prefix", prefix],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        wait_for(lambda: "ready" in log.read_text(errors="replace") or self.proc.poll(),
+                 120, "the producer to be ready")
+        assert self.proc.poll() is None, log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def pipeline(kafka_bootstrap: str, influx_url: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[PipelineRun]:
+    require(bpf_unavailable_reason())
+    from tests.test_capture import wait_for_probe_releases
+
+    work = tmp_path_factory.mktemp("pipeline")
+    demo = build_demo(work / "demo")
+    prefix = f"pipeline{os.getpid()}"
+    worker = StreamWorker(kafka_bootstrap, influx_url, prefix, f"{prefix}-streams",
+                          work / "streams", window_s=WINDOW_S, grace_s=GRACE_S)
+    (work / "streams").mkdir()
+    wait_for_probe_releases()
+    start_ns = time.time_ns()
+    producer = _Producer(kafka_bootstrap, prefix, work / "producer.log")
+    jobs: dict[str, str] = {}
+    try:
+        worker.start()
+        for name, (mode, steps, copies, env) in RUNS.items():
+            run = subprocess.Popen(
+                demo.command(mode, steps, copies),
+                env={**os.environ, "LD_LIBRARY_PATH": str(demo.lib_dir), **env},
+            )
+            assert run.wait(120) == 0, f"{name} failed"
+            jobs[name] = f"{demo.fusion.name}:{run.pid}"
+            time.sleep(WINDOW_S)  # runs in windows of their own
+        producer.stop()
+        producer_log = (work / "producer.log").read_text(errors="replace")
+        assert producer.proc.returncode == 0, producer_log
+        since = start_ns - 60_000_000_000
+        for name, job in jobs.items():
+            want = expected_of(name).launches
+
+            def complete(job: str = job, want: int = want) -> bool:
+                return launches_of(influx_url, job, since) == want
+
+            wait_for(complete, 120, f"all {want} launches of {name} in InfluxDB", worker)
+        # Every window is closed (its memory-bound verdict is written then).
+        time.sleep(WINDOW_S + GRACE_S + 2)
+        yield PipelineRun(
+            influx_url=influx_url,
+            database=DATABASE,
+            host=socket.gethostname(),
+            jobs=jobs,
+            start_ns=since,
+            end_ns=time.time_ns() + 60_000_000_000,
+            window_s=WINDOW_S,
+            expected={name: expected_of(name) for name in RUNS},
+            kafka_bootstrap=kafka_bootstrap,
+            topic_prefix=prefix,
+        )
+    finally:
+        producer.stop()
+        worker.stop()

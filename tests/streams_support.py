@@ -1,0 +1,206 @@
+"""Helpers for the stream worker tests: deterministic event scripts published to a real Kafka,
+a worker run as the `gpuflight streams` command, and InfluxQL reads of what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from producer import wire
+from producer.publish import ensure_topics, topic_configs
+from producer.records import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
+
+Events = npt.NDArray[np.void]
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def launches(ts_ns: Sequence[int], pid: int, grid: int, block: int,
+             handle: int = 0xA000) -> Events:
+    events = np.zeros(len(ts_ns), dtype=EVENT_DTYPE)
+    events["ts_ns"] = ts_ns
+    events["pid"] = pid
+    events["tid"] = pid
+    events["type"] = EventType.LAUNCH
+    events["api"] = API_IDS["cudaLaunchKernel"]
+    events["handle"] = handle
+    events["dim"] = [grid, 1, 1, block, 1, 1]
+    return events
+
+
+def copies(ts_ns: Sequence[int], pid: int, kind: int, nbytes: int, duration_ns: int) -> Events:
+    events = np.zeros(len(ts_ns), dtype=EVENT_DTYPE)
+    events["ts_ns"] = ts_ns
+    events["pid"] = pid
+    events["tid"] = pid
+    events["type"] = EventType.MEMCPY
+    events["api"] = API_IDS["cudaMemcpy"]
+    events["flags"] = F_HAS_RESULT
+    events["bytes"] = nbytes
+    events["duration_ns"] = duration_ns
+    events["dim"][:, 0] = kind
+    return events
+
+
+@dataclass
+class Feed:
+    """Publishes to the topics of one prefix, as a producer would (keyed by host)."""
+
+    bootstrap: str
+    prefix: str
+    partitions: int = 3
+    topics: wire.Topics = field(init=False)
+    _producer: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient
+
+        self.topics = wire.Topics.with_prefix(self.prefix)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        assert ensure_topics(admin, topic_configs(self.topics), self.partitions)
+        self._producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
+                                   "enable.idempotence": True, "linger.ms": 5,
+                                   "message.max.bytes": 8_000_000})
+
+    def process(self, host: str, pid: int, start_time: int, job: str) -> None:
+        record = {"host": host, "pid": pid, "start_time": start_time, "job": job,
+                  "comm": job.split(":", maxsplit=1)[0]}
+        self._producer.produce(self.topics.processes, key=wire.process_key(host, pid, start_time),
+                               value=wire.encode_record(wire.PROCESS_SCHEMA, record))
+
+    def events(self, host: str, pid: int, start_time: int, events: Events,
+               kernels: dict[int, wire.KernelName] | None = None) -> None:
+        batch = wire.EventBatch(host, pid, start_time, events, kernels or {})
+        self._producer.produce(self.topics.events, key=wire.host_key(host),
+                               value=wire.encode_events(batch),
+                               timestamp=batch.first_ts_ns // 1_000_000)
+
+    def raw(self, topic: str, host: str, value: bytes) -> None:
+        self._producer.produce(topic, key=wire.host_key(host), value=value)
+
+    def nvml(self, host: str, ts_ns: int, utilization: int) -> None:
+        record = {"host": host, "ts_ns": ts_ns,
+                  "gpus": [{"gpu": 0, "utilization_gpu_pct": utilization}]}
+        self.raw(self.topics.nvml, host, wire.encode_record(wire.NVML_SCHEMA, record))
+
+    def flush(self) -> None:
+        assert self._producer.flush(30) == 0, "Kafka did not take the test's messages"
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0,
+               expect: int | None = None) -> list[Any]:
+    """Every message of `topic` (from the start), waiting up to `timeout_s` for `expect`."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{time.time_ns()}",
+                         "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+        partitions = metadata.topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        found: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and (expect is None or len(found) < expect):
+            for message in consumer.consume(100, timeout=0.5):
+                if message.error() is None:
+                    found.append(message)
+        return found
+    finally:
+        consumer.close()
+
+
+@dataclass
+class StreamWorker:
+    """`gpuflight streams` as a subprocess (so it can be killed like a real one)."""
+
+    bootstrap: str
+    influx_url: str
+    prefix: str
+    app_id: str
+    data_dir: Path
+    window_s: float = 1.0
+    grace_s: float = 1.0
+    log: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, name: str = "w1") -> None:
+        self.log = self.data_dir / f"{name}.log"
+        command = [
+            sys.executable, "-m", "producer", "streams", "--kafka", self.bootstrap,
+            "--topic-prefix", self.prefix, "--influx", self.influx_url,
+            "--bucket", "gpuflight/autogen", "--window", str(self.window_s),
+            "--grace", str(self.grace_s), "--app-id", self.app_id, "--worker", name,
+            "--data-dir", str(self.data_dir / name), "--identity-wait", "2", "--tick", "0.5",
+        ]
+        env = {**os.environ, "GPUFLIGHT_INFLUX_TOKEN": ""}
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            env=env, start_new_session=True)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            return self.process.wait(10)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log else ""
+
+
+def influxql(url: str, query: str, database: str = "gpuflight") -> list[dict[str, Any]]:
+    params = urllib.parse.urlencode({"db": database, "q": query, "epoch": "ns"})
+    with _DIRECT.open(f"{url}/query?{params}", timeout=30) as response:
+        answer = json.loads(response.read())
+    (result,) = answer["results"]
+    assert "error" not in result, result["error"]
+    series: list[dict[str, Any]] = result.get("series", [])
+    return series
+
+
+def rows(url: str, query: str) -> list[dict[str, Any]]:
+    """The rows of a query as dicts (tags of GROUP BY included)."""
+    out: list[dict[str, Any]] = []
+    for series in influxql(url, query):
+        tags = series.get("tags", {})
+        for values in series["values"]:
+            out.append({**tags, **dict(zip(series["columns"], values, strict=True))})
+    return out
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float, what: str,
+             worker: StreamWorker | None = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.25)
+    detail = f"\n--- worker log ---\n{worker.output()[-4000:]}" if worker else ""
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r}){detail}")
+
+
+def windows_of(start_ns: int, count: int, window_ns: int) -> Iterator[int]:
+    return iter(range(start_ns, start_ns + count * window_ns, window_ns))
