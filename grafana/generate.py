@@ -1,0 +1,760 @@
+"""Writes grafana/dashboards/*.json and grafana/provisioning/alerting/gpuflight.yaml.
+
+    .venv/bin/python -m grafana.generate           # rewrite the files
+    .venv/bin/python -m grafana.generate --check   # exit 1 when a file is not what it writes
+
+Every measurement, field and tag a query names comes from streams/measurements.py, and every
+unit from its FieldSpec.unit, so the committed files follow the contract (tests/test_grafana.py
+checks that they are current, runs every query against InfluxDB filled by the pipeline, and
+validates the files with grafana-foundation-sdk's models). Dashboards pass through those models
+on the way out: what is written is what the SDK's schema encodes.
+
+Queries are InfluxQL in Grafana's raw mode: `$timeFilter`, `$__interval`, `$__interval_ms` and
+the template variables ($host, $job, $gpu: multi-value, matched as `=~ /^$var$/`) are Grafana's.
+Rates are `sum(count) · 1000 / $__interval_ms`, exact whatever the interval (a multiple of the
+stream app's window; panels have the window as their minimum interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from streams import measurements as m
+from streams.detect import DetectSettings
+from streams.measurements import Fields, Tags
+
+ROOT: Final = Path(__file__).resolve().parent
+DASHBOARD_DIR: Final = ROOT / "dashboards"
+ALERTING_FILE: Final = ROOT / "provisioning" / "alerting" / "gpuflight.yaml"
+DATASOURCE_UID: Final = "gpuflight-influxdb"
+DATASOURCE: Final = {"type": "influxdb", "uid": DATASOURCE_UID}
+#: The stream app's default window: the least interval a panel groups by.
+WINDOW: Final = "10s"
+FOLDER: Final = "gpuflight"
+
+#: Contract unit (FieldSpec.unit) → Grafana unit id.
+GRAFANA_UNITS: Final[Mapping[str, str]] = {
+    "": "short",
+    "bytes": "bytes",
+    "ns": "ns",
+    "1/s": "ops",
+    "bytes/s": "Bps",
+    "%": "percent",
+    "W": "watt",
+    "C": "celsius",
+    "MHz": "rotmhz",
+    "share": "percentunit",
+}
+
+# -- alert thresholds ------------------------------------------------------------------------
+#: Kernel launches per second of one job that make a launch storm.
+LAUNCH_STORM_PER_S: Final = 100_000
+#: A producer that sent no metrics for this long is silent (it sends them every 5 s).
+SILENT_MINUTES: Final = 3
+#: How far back an alert rule looks, seconds.
+RULE_RANGE_S: Final = 300
+#: How far back the silent-producer rule looks for hosts that did report.
+SILENT_RANGE_S: Final = 3600
+
+HOST: Final = f'"{Tags.HOST}" =~ /^$host$/'
+JOB: Final = f'"{Tags.JOB}" =~ /^$job$/'
+COMPARE_JOB: Final = f'"{Tags.JOB}" =~ /^$compare_job$/'
+GPU: Final = f'"{Tags.GPU}" =~ /^$gpu$/'
+EVERY: Final = "GROUP BY time($__interval)"
+
+
+def unit(measurement: m.Measurement, field: str) -> str:
+    """The Grafana unit of a contract field."""
+    return GRAFANA_UNITS[measurement.field(field).unit]
+
+
+def per_second(field: str) -> str:
+    return f'sum("{field}") * 1000 / $__interval_ms'
+
+
+def where(*conditions: str) -> str:
+    return "WHERE " + " AND ".join([*conditions, "$timeFilter"])
+
+
+def tags(*keys: str) -> str:
+    return "".join(f', "{k}"' for k in keys)
+
+
+def target(ref: str, query: str, *, alias: str | None = None,
+           table: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "refId": ref,
+        "datasource": DATASOURCE,
+        "query": query,
+        "rawQuery": True,
+        "resultFormat": "table" if table else "time_series",
+    }
+    if alias:
+        out["alias"] = alias
+    return out
+
+
+# -- panels ----------------------------------------------------------------------------------
+
+
+class Layout:
+    """Places panels left to right, rows of 24 grid units."""
+
+    def __init__(self) -> None:
+        self.x = self.y = self.row_height = 0
+        self.next_id = 1
+
+    def place(self, width: int, height: int) -> dict[str, int]:
+        if self.x + width > 24:
+            self.x, self.y, self.row_height = 0, self.y + self.row_height, 0
+        pos = {"x": self.x, "y": self.y, "w": width, "h": height}
+        self.x += width
+        self.row_height = max(self.row_height, height)
+        return pos
+
+
+def panel(
+    layout: Layout,
+    kind: str,
+    title: str,
+    targets: Sequence[dict[str, Any]],
+    *,
+    unit_id: str,
+    description: str = "",
+    width: int = 12,
+    height: int = 8,
+    overrides: Sequence[tuple[str, str]] = (),
+    options: Mapping[str, Any] | None = None,
+    custom: Mapping[str, Any] | None = None,
+    transformations: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """A panel; `overrides`: (field name, Grafana unit) for fields whose unit differs."""
+    out: dict[str, Any] = {
+        "type": kind,
+        "id": layout.next_id,
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "gridPos": layout.place(width, height),
+        "interval": WINDOW,
+        "targets": list(targets),
+        "fieldConfig": {
+            "defaults": {"unit": unit_id, **({"custom": dict(custom)} if custom else {})},
+            "overrides": [
+                {"matcher": {"id": "byName", "options": name},
+                 "properties": [{"id": "unit", "value": value}]}
+                for name, value in overrides
+            ],
+        },
+        "options": dict(options or {}),
+    }
+    if transformations:
+        out["transformations"] = list(transformations)
+    layout.next_id += 1
+    return out
+
+
+def timeseries(layout: Layout, title: str, targets: Sequence[dict[str, Any]], unit_id: str,
+               **kw: Any) -> dict[str, Any]:
+    return panel(layout, "timeseries", title, targets, unit_id=unit_id,
+                 options={"legend": {"displayMode": "table", "placement": "bottom",
+                                     "showLegend": True, "calcs": ["mean", "max"]},
+                          "tooltip": {"mode": "multi", "sort": "desc"}},
+                 custom={"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10,
+                         "spanNulls": False},
+                 **kw)
+
+
+def table(layout: Layout, title: str, targets: Sequence[dict[str, Any]], unit_id: str,
+          sort_by: str, **kw: Any) -> dict[str, Any]:
+    return panel(layout, "table", title, targets, unit_id=unit_id,
+                 options={"showHeader": True,
+                          "sortBy": [{"displayName": sort_by, "desc": True}]},
+                 **kw)
+
+
+def heatmap(layout: Layout, title: str, target_: dict[str, Any], axis: str,
+            **kw: Any) -> dict[str, Any]:
+    """Pre-bucketed series ("2^i" buckets, renamed to i): log2 of the value on the y axis."""
+    return panel(layout, "heatmap", title, [target_], unit_id="short",
+                 options={"calculate": False,
+                          "yAxis": {"axisLabel": axis, "axisPlacement": "left"},
+                          "rowsFrame": {"layout": "auto"},
+                          "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
+                          "cellValues": {"unit": "short"},
+                          "tooltip": {"mode": "single", "yHistogram": True}},
+                 transformations=[{"id": "renameByRegex",
+                                   "options": {"regex": r"^2\^(\d+)$", "renamePattern": "$1"}}],
+                 **kw)
+
+
+# -- template variables ----------------------------------------------------------------------
+
+
+def variable(name: str, label: str, query: str, *, multi: bool = True) -> dict[str, Any]:
+    return {
+        "type": "query",
+        "name": name,
+        "label": label,
+        "datasource": DATASOURCE,
+        "query": query,
+        "definition": query,
+        "refresh": 2,  # on time range change: jobs come and go
+        "sort": 1,
+        "multi": multi,
+        "includeAll": multi,
+        "current": {"text": "All", "value": "$__all"} if multi else {},
+        "options": [],
+    }
+
+
+def tag_values(measurement: m.Measurement, key: str, *conditions: str) -> str:
+    filter_ = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return f'SHOW TAG VALUES FROM "{measurement.name}" WITH KEY = "{key}"{filter_}'
+
+
+HOST_VAR: Final = variable("host", "Host", tag_values(m.LAUNCHES, Tags.HOST))
+JOB_VAR: Final = variable("job", "Job", tag_values(m.LAUNCHES, Tags.JOB, HOST))
+GPU_VAR: Final = variable("gpu", "GPU", tag_values(m.GPU, Tags.GPU, HOST))
+
+
+def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any]],
+              variables: Sequence[dict[str, Any]], *,
+              annotations: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["gpuflight"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "10s",
+        "schemaVersion": 41,
+        "version": 1,
+        "panels": panels,
+        "templating": {"list": list(variables)},
+        "annotations": {"list": [
+            {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+             "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+             "name": "Annotations & Alerts", "type": "dashboard"},
+            *annotations,
+        ]},
+        "links": [{"title": "gpuflight", "type": "dashboards", "tags": ["gpuflight"],
+                   "asDropdown": True, "includeVars": True, "keepTime": True}],
+    }
+
+
+#: Keys of an InfluxDB annotation that the SDK's annotation model does not have.
+INFLUX_ANNOTATION_KEYS: Final = ("target", "textColumn", "tagsColumn")
+
+
+def annotation(name: str, query: str, *, color: str, text_column: str,
+               tags_column: str) -> dict[str, Any]:
+    return {"name": name, "datasource": DATASOURCE, "enable": True, "iconColor": color,
+            "target": {"refId": "Anno", "query": query, "rawQuery": True,
+                       "resultFormat": "table"},
+            "textColumn": text_column, "tagsColumn": tags_column}
+
+
+# -- the dashboards --------------------------------------------------------------------------
+
+
+def fleet() -> dict[str, Any]:
+    lay = Layout()
+    jobs_filter = where(HOST, JOB)
+    panels = [
+        timeseries(lay, "Kernel launches/s by host", [target(
+            "A", f'SELECT {per_second(Fields.COUNT)} AS "launches" FROM "{m.LAUNCHES.name}" '
+                 f'{jobs_filter} {EVERY}{tags(Tags.HOST)} fill(0)', alias="$tag_host")],
+            unit(m.LAUNCHES, Fields.RATE_PER_S),
+            description="Kernel and graph launches of the selected jobs, per host."),
+        timeseries(lay, "Copy bandwidth by direction", [target(
+            "A", f'SELECT {per_second(Fields.BYTES)} AS "bytes" FROM "{m.COPIES.name}" '
+                 f'{jobs_filter} {EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind")],
+            unit(m.COPIES, Fields.BYTES_PER_S),
+            description="Bytes copied per second by cudaMemcpyKind (H2D, D2H, D2D, ...)."),
+        timeseries(lay, "CPU-blocked share by job", [target(
+            "A", f'SELECT mean("{Fields.BLOCKED_SHARE}") AS "blocked" FROM "{m.CPU_BLOCKED.name}" '
+                 f'{jobs_filter} {EVERY}{tags(Tags.HOST, Tags.JOB)}',
+            alias="$tag_job @ $tag_host")],
+            unit(m.CPU_BLOCKED, Fields.BLOCKED_SHARE),
+            description="Share of the window each process waited in syncs and synchronous "
+                        "copies."),
+        timeseries(lay, "GPU utilization by host", [target(
+            "A", f'SELECT mean("{Fields.UTILIZATION_GPU_PCT}") AS "utilization" '
+                 f'FROM "{m.GPU.name}" {where(HOST, GPU)} {EVERY}{tags(Tags.HOST, Tags.GPU)}',
+            alias="$tag_host GPU $tag_gpu")],
+            unit(m.GPU, Fields.UTILIZATION_GPU_PCT), description="NVML's GPU utilization."),
+        table(lay, "Jobs ranked", [
+            target("A", f'SELECT sum("{Fields.COUNT}") AS "launches" FROM "{m.LAUNCHES.name}" '
+                        f'{jobs_filter} GROUP BY "{Tags.HOST}", "{Tags.JOB}"', table=True),
+            target("B", f'SELECT sum("{Fields.BYTES}") AS "bytes_moved" FROM "{m.COPIES.name}" '
+                        f'{jobs_filter} GROUP BY "{Tags.HOST}", "{Tags.JOB}"', table=True),
+            target("C", f'SELECT max("{Fields.VERDICT}") AS "memory_bound", '
+                        f'max("{Fields.CONSECUTIVE_WINDOWS}") AS "memory_bound_windows" '
+                        f'FROM "{m.MEMORY_BOUND.name}" {jobs_filter} '
+                        f'GROUP BY "{Tags.HOST}", "{Tags.JOB}"', table=True),
+        ], "short", "launches", width=24,
+            overrides=[("bytes_moved", unit(m.COPIES, Fields.BYTES))],
+            transformations=[{"id": "merge", "options": {}},
+                             {"id": "organize", "options": {"excludeByName": {"Time": True}}}],
+            description="Launches, bytes copied and the memory-bound verdict (1: some window "
+                        "held it) of each job over the time range."),
+        timeseries(lay, "Pipeline: events/s captured, published, dropped", [target(
+            "A", f'SELECT non_negative_derivative(last("{Fields.CAPTURED}"), 1s) AS "captured", '
+                 f'non_negative_derivative(last("{Fields.PUBLISHED}"), 1s) AS "published", '
+                 f'non_negative_derivative(last("{Fields.DROPPED_KERNEL}"), 1s) '
+                 f'AS "dropped_kernel", '
+                 f'non_negative_derivative(last("{Fields.DROPPED_USER}"), 1s) AS "dropped_user" '
+                 f'FROM "{m.PIPELINE.name}" {where(HOST)} {EVERY}{tags(Tags.HOST)}',
+            alias="$tag_host $col")],
+            GRAFANA_UNITS["1/s"],
+            description="The producers' counters, as rates: events captured by the probes, "
+                        "published to Kafka, dropped in the kernel ring buffer or the "
+                        "publisher's queue."),
+        timeseries(lay, "Stream workers: consumer lag", [target(
+            "A", f'SELECT max("{Fields.LAG_MESSAGES}") AS "lag" FROM "{m.STREAMS.name}" '
+                 f'{where()} {EVERY}{tags(Tags.WORKER)}', alias="$tag_worker")],
+            unit(m.STREAMS, Fields.LAG_MESSAGES),
+            description="Messages the stream workers have yet to consume."),
+    ]
+    return dashboard("gpuflight-fleet", "gpuflight: fleet overview",
+                     "Every GPU node at a glance: launches, copies, waits, GPU utilization, "
+                     "jobs, and the health of the pipeline.", panels,
+                     [HOST_VAR, JOB_VAR, GPU_VAR])
+
+
+def job() -> dict[str, Any]:
+    lay = Layout()
+    f = where(HOST, JOB)
+    panels = [
+        timeseries(lay, "Launches/s by API and layer", [target(
+            "A", f'SELECT {per_second(Fields.COUNT)} AS "launches" FROM "{m.LAUNCHES.name}" {f} '
+                 f'{EVERY}{tags(Tags.LAYER, Tags.API)} fill(0)', alias="$tag_layer $tag_api")],
+            unit(m.LAUNCHES, Fields.RATE_PER_S)),
+        table(lay, "Top kernels", [target(
+            "A", f'SELECT sum("{Fields.COUNT}") AS "launches" FROM "{m.KERNELS.name}" {f} '
+                 f'GROUP BY "{Tags.KERNEL}"', table=True)], "short", "launches",
+            description=f'The most launched kernels; "{m.OTHER_KERNEL}" holds the rest.'),
+        heatmap(lay, "Grid size: blocks per launch (log2)", target(
+            "A", f'SELECT sum("{Fields.COUNT}") AS "launches" FROM "{m.GRID_BLOCKS.name}" {f} '
+                 f'{EVERY}{tags(Tags.BUCKET)} fill(0)', alias="$tag_bucket"), "log2(blocks)"),
+        heatmap(lay, "Block size: threads per block (log2)", target(
+            "A", f'SELECT sum("{Fields.COUNT}") AS "launches" FROM "{m.BLOCK_THREADS.name}" {f} '
+                 f'{EVERY}{tags(Tags.BUCKET)} fill(0)', alias="$tag_bucket"), "log2(threads)"),
+        timeseries(lay, "Grid size percentiles (blocks)", [target(
+            "A", f'SELECT mean("{Fields.P50_GRID_BLOCKS}") AS "p50", '
+                 f'mean("{Fields.P90_GRID_BLOCKS}") AS "p90", '
+                 f'mean("{Fields.P99_GRID_BLOCKS}") AS "p99" '
+                 f'FROM "{m.LAUNCH_SHAPE.name}" {f} {EVERY}', alias="$col")],
+            unit(m.LAUNCH_SHAPE, Fields.P50_GRID_BLOCKS),
+            description="From the log2 histograms: within a factor 2."),
+        timeseries(lay, "Copies/s by kind", [target(
+            "A", f'SELECT {per_second(Fields.COUNT)} AS "copies" FROM "{m.COPIES.name}" {f} '
+                 f'{EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind")],
+            unit(m.LAUNCHES, Fields.RATE_PER_S)),
+        timeseries(lay, "Bytes copied/s by kind", [target(
+            "A", f'SELECT {per_second(Fields.BYTES)} AS "bytes" FROM "{m.COPIES.name}" {f} '
+                 f'{EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind")],
+            unit(m.COPIES, Fields.BYTES_PER_S)),
+        timeseries(lay, "Achieved bandwidth of synchronous copies", [target(
+            "A", f'SELECT sum("{Fields.SYNC_BYTES}") * 1000000000 / sum("{Fields.SYNC_NS}") '
+                 f'AS "bandwidth" '
+                 f'FROM "{m.COPIES.name}" {f} {EVERY}{tags(Tags.KIND)}', alias="$tag_kind")],
+            unit(m.COPIES, Fields.BANDWIDTH_BYTES_PER_S),
+            description="Bytes of synchronous copies that completed over the time the CPU "
+                        "spent in them."),
+        timeseries(lay, "Allocations and frees", [target(
+            "A", f'SELECT {per_second(Fields.ALLOC_BYTES)} AS "allocated", '
+                 f'{per_second(Fields.FREE_BYTES)} AS "freed" FROM "{m.MEMORY.name}" {f} '
+                 f'{EVERY} fill(0)', alias="$col")],
+            GRAFANA_UNITS["bytes/s"]),
+        timeseries(lay, "Live device memory", [target(
+            "A", f'SELECT last("{Fields.LIVE_BYTES}") AS "live", '
+                 f'max("{Fields.PEAK_LIVE_BYTES}") AS "peak" '
+                 f'FROM "{m.MEMORY.name}" {f} {EVERY} fill(previous)', alias="$col")],
+            unit(m.MEMORY, Fields.LIVE_BYTES)),
+        timeseries(lay, "Syncs/s by scope", [target(
+            "A", f'SELECT {per_second(Fields.COUNT)} AS "syncs" FROM "{m.SYNCS.name}" {f} '
+                 f'{EVERY}{tags(Tags.SCOPE)} fill(0)', alias="$tag_scope")],
+            unit(m.LAUNCHES, Fields.RATE_PER_S)),
+        timeseries(lay, "CPU time waiting in syncs", [target(
+            "A", f'SELECT sum("{Fields.SYNC_NS}") / $__interval_ms / 1000000 AS "waiting" '
+                 f'FROM "{m.SYNCS.name}" {f} {EVERY}{tags(Tags.SCOPE)} fill(0)',
+            alias="$tag_scope")],
+            unit(m.CPU_BLOCKED, Fields.BLOCKED_SHARE),
+            description="Seconds waited per second (over 1: several threads waited)."),
+        timeseries(lay, "GPU utilization (NVML)", [
+            target("A", f'SELECT mean("{Fields.UTILIZATION_GPU_PCT}") AS "gpu" FROM "{m.GPU.name}" '
+                        f'{where(HOST, GPU)} {EVERY}{tags(Tags.GPU)}', alias="GPU $tag_gpu"),
+            target("B", f'SELECT mean("{Fields.SM_UTIL_PCT}") AS "job_sm" '
+                        f'FROM "{m.GPU_PROCESS.name}" {where(HOST, JOB, GPU)} '
+                        f'{EVERY}{tags(Tags.GPU)}', alias="job's SM share, GPU $tag_gpu"),
+        ], unit(m.GPU, Fields.UTILIZATION_GPU_PCT),
+            description="The GPUs' utilization and the job's processes' share, on the same "
+                        "time axis as the calls."),
+        timeseries(lay, "Memory-bound verdict", [target(
+            "A", f'SELECT max("{Fields.VERDICT}") AS "verdict", '
+                 f'max("{Fields.CONSECUTIVE_WINDOWS}") AS "consecutive_windows" '
+                 f'FROM "{m.MEMORY_BOUND.name}" {f} {EVERY}', alias="$col")],
+            unit(m.MEMORY_BOUND, Fields.VERDICT)),
+        timeseries(lay, "Failed calls by API", [target(
+            "A", f'SELECT sum("{Fields.COUNT}") AS "errors" FROM "{m.ERRORS.name}" {f} '
+                 f'{EVERY}{tags(Tags.API)}', alias="$tag_api")],
+            unit(m.ERRORS, Fields.COUNT)),
+    ]
+    memory_bound = annotation(
+        "Memory-bound alerts",
+        f'SELECT "{Fields.CONSECUTIVE_WINDOWS}" FROM "{m.MEMORY_BOUND.name}" '
+        f'{where(HOST, JOB, chr(34) + Fields.ALERT + chr(34) + " = 1")} GROUP BY "{Tags.JOB}"',
+        color="orange", text_column=Fields.CONSECUTIVE_WINDOWS, tags_column=Tags.JOB)
+    return dashboard("gpuflight-job", "gpuflight: job drill-down",
+                     "One job's calls: launches, kernels, launch shapes, copies, memory, "
+                     "syncs, beside NVML's view of the GPU.", panels,
+                     [HOST_VAR, JOB_VAR, GPU_VAR], annotations=[memory_bound])
+
+
+def transfers() -> dict[str, Any]:
+    lay = Layout()
+    f = where(HOST, JOB)
+    low = f"\"{Tags.DIRECTION}\" = '{m.LOW_BANDWIDTH}'"
+    high = f"\"{Tags.DIRECTION}\" = '{m.HIGH_BYTES}'"
+    panels = [
+        timeseries(lay, "Achieved bandwidth vs baseline", [
+            target("A", f'SELECT sum("{Fields.SYNC_BYTES}") * 1000000000 / sum("{Fields.SYNC_NS}") '
+                        f'AS "observed" FROM "{m.COPIES.name}" {f} {EVERY}{tags(Tags.KIND)}',
+                   alias="$tag_kind observed"),
+            target("B", f'SELECT mean("{Fields.BASELINE}") AS "baseline" '
+                        f'FROM "{m.BANDWIDTH_ANOMALY.name}" {where(HOST, JOB, low)} '
+                        f'{EVERY}{tags(Tags.KIND)}', alias="$tag_kind baseline"),
+        ], unit(m.COPIES, Fields.BANDWIDTH_BYTES_PER_S), width=24,
+            description="Bandwidth of synchronous copies, and the detector's baseline (the "
+                        "median of the last windows) where it found a drop."),
+        timeseries(lay, "Bytes copied/s vs baseline", [
+            target("A", f'SELECT {per_second(Fields.BYTES)} AS "observed" FROM "{m.COPIES.name}" '
+                        f'{f} {EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind observed"),
+            target("B", f'SELECT mean("{Fields.BASELINE}") AS "baseline" '
+                        f'FROM "{m.BANDWIDTH_ANOMALY.name}" {where(HOST, JOB, high)} '
+                        f'{EVERY}{tags(Tags.KIND)}', alias="$tag_kind baseline"),
+        ], unit(m.COPIES, Fields.BYTES_PER_S), width=24),
+        table(lay, "Anomalies", [target(
+            "A", f'SELECT "{Tags.JOB}", "{Tags.KIND}", "{Tags.DIRECTION}", "{Fields.BASELINE}", '
+                 f'"{Fields.OBSERVED}", "{Fields.RATIO}", "{Fields.ZSCORE}" '
+                 f'FROM "{m.BANDWIDTH_ANOMALY.name}" '
+                 f'{f}', table=True)], "short", "Time", width=24,
+            overrides=[(Fields.BASELINE, GRAFANA_UNITS["bytes/s"]),
+                       (Fields.OBSERVED, GRAFANA_UNITS["bytes/s"])],
+            description="baseline and observed: bytes/s achieved (low_bandwidth) or copied "
+                        "(high_bytes); zscore: distance from the baseline in spreads."),
+    ]
+    anomalies = annotation(
+        "Bandwidth anomalies",
+        f'SELECT "{Fields.RATIO}", "{Fields.OBSERVED}", "{Fields.BASELINE}" '
+        f'FROM "{m.BANDWIDTH_ANOMALY.name}" '
+        f'{f} GROUP BY "{Tags.KIND}", "{Tags.DIRECTION}"',
+        color="red", text_column=Fields.RATIO, tags_column=f"{Tags.KIND},{Tags.DIRECTION}")
+    return dashboard("gpuflight-transfers", "gpuflight: transfers & anomalies",
+                     "Copies against their baselines, with the detector's anomalies.", panels,
+                     [HOST_VAR, JOB_VAR], annotations=[anomalies])
+
+
+#: Fusion comparison: (column, measurement, field, title of the row in the table).
+def _side(ref: str, job_filter: str, suffix: str) -> list[dict[str, Any]]:
+    """One job's column of the comparison table (refs ref+"1".. ref+"4")."""
+    f = where(HOST, job_filter)
+    return [
+        target(f"{ref}1", f'SELECT sum("{Fields.COUNT}") AS "launches_{suffix}" '
+                          f'FROM "{m.LAUNCHES.name}" {f}', table=True),
+        target(f"{ref}2", f'SELECT mean("rate") AS "launches_per_s_{suffix}" FROM ('
+                          f'SELECT {per_second(Fields.COUNT)} AS "rate" FROM "{m.LAUNCHES.name}" '
+                          f'{f} {EVERY})', table=True),
+        target(f"{ref}3", f'SELECT median("{Fields.P50_GRID_BLOCKS}") AS "grid_blocks_{suffix}" '
+                          f'FROM "{m.LAUNCH_SHAPE.name}" {f}', table=True),
+        target(f"{ref}4", f'SELECT mean("{Fields.SM_UTIL_PCT}") AS "gpu_util_{suffix}" '
+                          f'FROM "{m.GPU_PROCESS.name}" {where(HOST, job_filter, GPU)}',
+               table=True),
+    ]
+
+
+COMPARED: Final[tuple[tuple[str, str], ...]] = (
+    ("launches", unit(m.LAUNCHES, Fields.COUNT)),
+    ("launches_per_s", unit(m.LAUNCHES, Fields.RATE_PER_S)),
+    ("grid_blocks", unit(m.LAUNCH_SHAPE, Fields.P50_GRID_BLOCKS)),
+    ("gpu_util", unit(m.GPU_PROCESS, Fields.SM_UTIL_PCT)),
+)
+
+
+def fusion() -> dict[str, Any]:
+    lay = Layout()
+    ratios = [
+        {"id": "calculateField", "options": {
+            "mode": "binary", "alias": f"{name}_ratio", "replaceFields": False,
+            "binary": {"left": f"{name}_a", "operator": "/", "right": f"{name}_b"}}}
+        for name, _ in COMPARED
+    ]
+    table_units = [(f"{name}_{side}", unit_id) for name, unit_id in COMPARED for side in "ab"]
+    compare_var = variable("compare_job", "Compared with",
+                           tag_values(m.LAUNCHES, Tags.JOB, HOST), multi=False)
+    job_var = {**variable("job", "Job", tag_values(m.LAUNCHES, Tags.JOB, HOST), multi=False)}
+    either = "<job filter>"  # replaced by each side's
+    side_by_side = [
+        ("Launches/s", f'SELECT {per_second(Fields.COUNT)} AS "launches" '
+                       f'FROM "{m.LAUNCHES.name}" {where(HOST, either)} {EVERY} fill(0)',
+         unit(m.LAUNCHES, Fields.RATE_PER_S)),
+        ("Grid size p50 (blocks)", f'SELECT mean("{Fields.P50_GRID_BLOCKS}") AS "p50" '
+                                   f'FROM "{m.LAUNCH_SHAPE.name}" {where(HOST, either)} {EVERY}',
+         unit(m.LAUNCH_SHAPE, Fields.P50_GRID_BLOCKS)),
+        ("GPU utilization of the job (SM %)",
+         f'SELECT mean("{Fields.SM_UTIL_PCT}") AS "sm" FROM "{m.GPU_PROCESS.name}" '
+         f'{where(HOST, either, GPU)} {EVERY}', unit(m.GPU_PROCESS, Fields.SM_UTIL_PCT)),
+    ]
+    panels = [
+        table(lay, "Kernel fusion: $job vs $compare_job",
+              [*_side("A", JOB, "a"), *_side("B", COMPARE_JOB, "b")], "short", "launches_a",
+              width=24, height=6, overrides=table_units,
+              transformations=[{"id": "merge", "options": {}}, *ratios,
+                               {"id": "organize", "options": {"excludeByName": {"Time": True}}}],
+              description="_a: $job, _b: $compare_job; ratios are a / b. Launches per second "
+                          "are averaged over the intervals the job launched in."),
+    ]
+    for title, query, unit_id in side_by_side:
+        panels.append(timeseries(lay, title, [
+            target("A", query.replace(either, JOB), alias="$job"),
+            target("B", query.replace(either, COMPARE_JOB), alias="$compare_job"),
+        ], unit_id, width=8))
+    return dashboard("gpuflight-fusion", "gpuflight: kernel-fusion comparison",
+                     "Two jobs side by side: an unfused and a fused run of the same work.",
+                     panels, [HOST_VAR, job_var, compare_var, GPU_VAR])
+
+
+DASHBOARDS: Final = {"fleet": fleet, "job": job, "transfers": transfers, "fusion": fusion}
+
+
+# -- alert rules -----------------------------------------------------------------------------
+
+
+def influx_query(ref: str, query: str, range_s: int = RULE_RANGE_S) -> dict[str, Any]:
+    return {
+        "refId": ref,
+        "relativeTimeRange": {"from": range_s, "to": 0},
+        "datasourceUid": DATASOURCE_UID,
+        "model": {**target(ref, query), "intervalMs": 10_000, "maxDataPoints": 43_200},
+    }
+
+
+def reduce(ref: str, of: str, reducer: str) -> dict[str, Any]:
+    return {"refId": ref, "datasourceUid": "__expr__", "model": {
+        "refId": ref, "type": "reduce", "expression": of, "reducer": reducer,
+        "settings": {"mode": "dropNN"}, "datasource": {"type": "__expr__", "uid": "__expr__"}}}
+
+
+def threshold(ref: str, of: str, evaluator: str, value: float) -> dict[str, Any]:
+    return {"refId": ref, "datasourceUid": "__expr__", "model": {
+        "refId": ref, "type": "threshold", "expression": of,
+        "conditions": [{"evaluator": {"type": evaluator, "params": [value]}}],
+        "datasource": {"type": "__expr__", "uid": "__expr__"}}}
+
+
+def rule(uid: str, title: str, data: list[dict[str, Any]], summary: str, description: str,
+         *, severity: str, no_data: str = "OK", for_: str = "0s") -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "condition": "FIRING",
+        "data": data,
+        "noDataState": no_data,
+        "execErrState": "Error",
+        "for": for_,
+        "annotations": {"summary": summary, "description": description},
+        "labels": {"severity": severity, "service": "gpuflight"},
+        "isPaused": False,
+    }
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    detect = DetectSettings()
+    job_groups = f'GROUP BY "{Tags.HOST}", "{Tags.JOB}"'
+    memory_bound = rule(
+        "gpuflight-memory-bound", "Memory-bound job", [
+            influx_query("A", f'SELECT max("{Fields.ALERT}") FROM "{m.MEMORY_BOUND.name}" '
+                              f'WHERE $timeFilter {job_groups}'),
+            influx_query("B", f'SELECT max("{Fields.CONSECUTIVE_WINDOWS}") FROM '
+                              f'"{m.MEMORY_BOUND.name}" WHERE $timeFilter {job_groups}'),
+            influx_query("C", f'SELECT mean("{Fields.BLOCKED_SHARE}") FROM "{m.MEMORY_BOUND.name}" '
+                              f'WHERE "{Fields.VERDICT}" = 1 AND $timeFilter {job_groups}'),
+            influx_query("D", f'SELECT mean("{Fields.BYTES_PER_LAUNCH}") FROM '
+                              f'"{m.MEMORY_BOUND.name}" WHERE "{Fields.VERDICT}" = 1 '
+                              f'AND $timeFilter '
+                              f'{job_groups}'),
+            reduce("ALERTING", "A", "max"),
+            reduce("WINDOWS", "B", "max"),
+            reduce("BLOCKED", "C", "last"),
+            reduce("BYTES_PER_LAUNCH", "D", "last"),
+            threshold("FIRING", "ALERTING", "gt", 0),
+        ],
+        "{{ $labels.job }} on {{ $labels.host }} is memory-bound: the verdict held "
+        "{{ $values.WINDOWS.Value }} consecutive windows, the CPU waited "
+        "{{ humanizePercentage $values.BLOCKED.Value }} of the time with "
+        "{{ humanize1024 $values.BYTES_PER_LAUNCH.Value }}B copied per kernel launch.",
+        f"The stream app's memory-bound rule held for {detect.alert_windows} or more windows "
+        "in a row in the last 5 minutes (see the job drill-down dashboard).",
+        severity="warning")
+    anomaly_groups = f'GROUP BY "{Tags.HOST}", "{Tags.JOB}", "{Tags.KIND}", "{Tags.DIRECTION}"'
+    anomaly = rule(
+        "gpuflight-bandwidth-anomaly", "Bandwidth anomaly", [
+            influx_query("A", f'SELECT count("{Fields.RATIO}") FROM "{m.BANDWIDTH_ANOMALY.name}" '
+                              f'WHERE $timeFilter {anomaly_groups}'),
+            influx_query("B", f'SELECT last("{Fields.OBSERVED}") FROM "{m.BANDWIDTH_ANOMALY.name}" '
+                              f'WHERE $timeFilter {anomaly_groups}'),
+            influx_query("C", f'SELECT last("{Fields.BASELINE}") FROM "{m.BANDWIDTH_ANOMALY.name}" '
+                              f'WHERE $timeFilter {anomaly_groups}'),
+            influx_query("D", f'SELECT last("{Fields.RATIO}") FROM "{m.BANDWIDTH_ANOMALY.name}" '
+                              f'WHERE $timeFilter {anomaly_groups}'),
+            reduce("WINDOWS", "A", "sum"),
+            reduce("OBSERVED", "B", "last"),
+            reduce("BASELINE", "C", "last"),
+            reduce("RATIO", "D", "last"),
+            threshold("FIRING", "WINDOWS", "gt", 0),
+        ],
+        "{{ $labels.job }} on {{ $labels.host }}: {{ $labels.kind }} copies "
+        "{{ $labels.direction_of_change }}, {{ humanize1024 $values.OBSERVED.Value }}B/s "
+        "against a baseline of {{ humanize1024 $values.BASELINE.Value }}B/s "
+        "(ratio {{ humanize $values.RATIO.Value }}, {{ $values.WINDOWS.Value }} windows).",
+        "low_bandwidth: synchronous copies achieved well under their usual bandwidth; "
+        "high_bytes: far more bytes copied than usual (see the transfers dashboard).",
+        severity="warning")
+    storm = rule(
+        "gpuflight-launch-storm", "Launch storm", [
+            influx_query("A", f'SELECT {per_second(Fields.COUNT)} FROM "{m.LAUNCHES.name}" '
+                              f'WHERE $timeFilter GROUP BY time($__interval), "{Tags.HOST}", '
+                              f'"{Tags.JOB}"'),
+            reduce("RATE", "A", "max"),
+            threshold("FIRING", "RATE", "gt", LAUNCH_STORM_PER_S),
+        ],
+        "{{ $labels.job }} on {{ $labels.host }} launched {{ humanize $values.RATE.Value }} "
+        f"kernels per second (more than {LAUNCH_STORM_PER_S:,}/s): launch overhead likely "
+        "dominates; fusing kernels or CUDA graphs would help.",
+        "The highest launch rate of one job over a window in the last 5 minutes.",
+        severity="warning")
+    dropped = rule(
+        "gpuflight-events-dropped", "Events dropped by the pipeline", [
+            # Counters since the producer started: a restart (a drop) is no loss.
+            influx_query("A", f'SELECT sum("kernel") + sum("user") FROM (SELECT '
+                              f'non_negative_difference("{Fields.DROPPED_KERNEL}") AS "kernel", '
+                              f'non_negative_difference("{Fields.DROPPED_USER}") AS "user" '
+                              f'FROM "{m.PIPELINE.name}" WHERE $timeFilter GROUP BY "{Tags.HOST}") '
+                              f'GROUP BY "{Tags.HOST}"'),
+            influx_query("B", f'SELECT last("{Fields.QUEUE_MESSAGES}") FROM "{m.PIPELINE.name}" '
+                              f'WHERE $timeFilter GROUP BY "{Tags.HOST}"'),
+            reduce("DROPPED", "A", "sum"),
+            reduce("QUEUE", "B", "last"),
+            threshold("FIRING", "DROPPED", "gt", 0),
+        ],
+        "The producer on {{ $labels.host }} dropped {{ $values.DROPPED.Value }} events in the "
+        "last 5 minutes ({{ $values.QUEUE.Value }} messages queued for Kafka): its jobs' "
+        "numbers are short by that much.",
+        "Events lost in the kernel ring buffer or the publisher's bounded queue (a slow or "
+        "unreachable Kafka); see the fleet dashboard's pipeline panel.",
+        severity="critical")
+    silent = rule(
+        "gpuflight-producer-silent", "Producer silent", [
+            influx_query("A", f'SELECT "reports" FROM ('
+                              f'SELECT count("{Fields.CAPTURED}") AS "reports" '
+                              f'FROM "{m.PIPELINE.name}" WHERE $timeFilter '
+                              f'GROUP BY time(1m), "{Tags.HOST}" fill(0)) GROUP BY "{Tags.HOST}" '
+                              f'ORDER BY time DESC LIMIT {SILENT_MINUTES}', SILENT_RANGE_S),
+            influx_query("B", f'SELECT last("{Fields.CAPTURED}") FROM "{m.PIPELINE.name}" '
+                              f'WHERE $timeFilter GROUP BY "{Tags.HOST}"', SILENT_RANGE_S),
+            reduce("REPORTS", "A", "max"),
+            reduce("CAPTURED", "B", "last"),
+            threshold("FIRING", "REPORTS", "lt", 1),
+        ],
+        "The producer on {{ $labels.host }} has sent no metrics for "
+        f"{SILENT_MINUTES} minutes (it had captured "
+        "{{ $values.CAPTURED.Value }} events when last heard from).",
+        "A producer reports every few seconds; silence means it stopped, lost Kafka, or the "
+        "node is down. Hosts that reported in the last hour are watched.",
+        severity="critical")
+    return [memory_bound, anomaly, storm, dropped, silent]
+
+
+def alerting() -> dict[str, Any]:
+    return {
+        "apiVersion": 1,
+        "groups": [{"orgId": 1, "name": "gpuflight", "folder": FOLDER, "interval": "1m",
+                    "rules": alert_rules()}],
+        "contactPoints": [{"orgId": 1, "name": "gpuflight", "receivers": [{
+            "uid": "gpuflight-webhook", "type": "webhook", "disableResolveMessage": False,
+            "settings": {"url": "$GPUFLIGHT_ALERT_WEBHOOK_URL", "httpMethod": "POST"}}]}],
+        "policies": [{"orgId": 1, "receiver": "gpuflight",
+                      "group_by": ["alertname", Tags.HOST, Tags.JOB],
+                      "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h"}],
+    }
+
+
+# -- through the SDK's models, and out -------------------------------------------------------
+
+
+def through_sdk(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The dashboard as grafana-foundation-sdk's Dashboard model decodes and encodes it."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    register_default_plugins()
+    encoded: dict[str, Any] = json.loads(
+        json.dumps(Dashboard.from_json(dict(data)), cls=JSONEncoder))
+    # The SDK's AnnotationTarget knows Grafana's built-in annotation fields only: an InfluxDB
+    # annotation's query and columns are the datasource's, carried over as written.
+    for ours, theirs in zip(data["annotations"]["list"], encoded["annotations"]["list"],
+                            strict=True):
+        if ours.get("datasource") == DATASOURCE:
+            theirs.update({k: ours[k] for k in INFLUX_ANNOTATION_KEYS})
+    return encoded
+
+
+def rendered() -> dict[Path, str]:
+    """Every generated file and its text."""
+    files = {
+        DASHBOARD_DIR / f"{name}.json": json.dumps(through_sdk(build()), indent=2) + "\n"
+        for name, build in DASHBOARDS.items()
+    }
+    header = ("# Generated by `python -m grafana.generate` from streams/measurements.py: "
+              "edit those.\n")
+    files[ALERTING_FILE] = header + yaml.safe_dump(alerting(), sort_keys=False, width=100)
+    return files
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grafana.generate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when a file differs from what it would be")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, text in rendered().items():
+        if path.exists() and path.read_text() == text:
+            continue
+        if args.check:
+            stale.append(str(path.relative_to(ROOT.parent)))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT.parent)}")
+    if stale:
+        print(f"stale: {', '.join(stale)} (run python -m grafana.generate)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,782 @@
+"""grafana/: the files are what grafana/generate.py writes, valid against grafana-foundation-sdk's
+models, name only the InfluxDB contract, and every query of every panel, annotation, variable
+and alert rule returns the expected series and values from an InfluxDB the pipeline filled.
+
+No Grafana runs here: tests/grafana_eval.py does what Grafana does with the files (variables,
+$timeFilter, $__interval, reduce and threshold expressions, summary templates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from grafana import generate
+from producer.records import API_IDS, LAYER_DRIVER, LAYER_RUNTIME
+from streams import aggregate, detect
+from streams import measurements as m
+from streams.aggregate import bucket_of
+from streams.measurements import Fields, Tags
+from tests.conftest import REPO
+from tests.grafana_eval import (
+    Labels,
+    Series,
+    contract_problems,
+    evaluate,
+    influxql,
+    interpolate,
+    render,
+)
+from tests.grafana_scenarios import COPIER, HOST, WINDOW_S, events, write_points
+from tests.pipeline_fixture import PipelineRun
+
+GRAFANA = REPO / "grafana"
+DASHBOARD_FILES = sorted((GRAFANA / "dashboards").glob("*.json"))
+ALERTING_FILE = GRAFANA / "provisioning" / "alerting" / "gpuflight.yaml"
+DS = generate.DATASOURCE_UID
+
+
+def dashboards() -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text()) for p in DASHBOARD_FILES}
+
+
+def alerting() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(ALERTING_FILE.read_text())
+    return loaded
+
+
+def rules() -> dict[str, dict[str, Any]]:
+    return {r["uid"]: r for g in alerting()["groups"] for r in g["rules"]}
+
+
+def every_query() -> Iterator[tuple[str, str]]:
+    """(where, InfluxQL) of every panel target, annotation, variable and alert query."""
+    for name, board in dashboards().items():
+        for p in board["panels"]:
+            for t in p["targets"]:
+                yield f"{name}/{p['title']}/{t['refId']}", t["query"]
+        for a in board["annotations"]["list"]:
+            if "target" in a:
+                yield f"{name}/annotation {a['name']}", a["target"]["query"]
+        for v in board["templating"]["list"]:
+            yield f"{name}/${v['name']}", v["query"]
+    for uid, r in rules().items():
+        for item in r["data"]:
+            if item["datasourceUid"] == DS:
+                yield f"{uid}/{item['refId']}", item["model"]["query"]
+
+
+# -- the files -------------------------------------------------------------------------------
+
+
+def test_the_committed_files_are_what_the_generator_writes() -> None:
+    files = generate.rendered()
+    assert set(files) == {*DASHBOARD_FILES, ALERTING_FILE}
+    for path, text in files.items():
+        assert path.read_text() == text, f"{path} is stale: run python -m grafana.generate"
+    assert generate.main(["--check"]) == 0
+
+
+def test_the_provisioning_files_wire_the_datasource_dashboards_and_alerts() -> None:
+    (source,) = yaml.safe_load(
+        (GRAFANA / "provisioning" / "datasources" / "gpuflight.yaml").read_text())["datasources"]
+    assert source["uid"] == DS and source["type"] == "influxdb"
+    assert source["url"] == "$GPUFLIGHT_INFLUX_URL"  # Grafana expands it at provisioning
+    assert source["jsonData"]["dbName"] == "gpuflight"
+    assert source["jsonData"]["version"] == "InfluxQL"
+    assert source["jsonData"]["timeInterval"] == generate.WINDOW
+    (provider,) = yaml.safe_load(
+        (GRAFANA / "provisioning" / "dashboards" / "gpuflight.yaml").read_text())["providers"]
+    assert provider["type"] == "file" and provider["folder"] == generate.FOLDER
+    # compose mounts grafana/dashboards there
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards/gpuflight"
+    files = alerting()
+    (receiver,) = files["contactPoints"][0]["receivers"]
+    assert receiver["settings"]["url"] == "$GPUFLIGHT_ALERT_WEBHOOK_URL"
+    assert files["policies"][0]["receiver"] == files["contactPoints"][0]["name"]
+    assert {r["title"] for r in rules().values()} == {
+        "Memory-bound job", "Bandwidth anomaly", "Launch storm",
+        "Events dropped by the pipeline", "Producer silent"}
+
+
+def _sdk_units() -> set[str]:
+    from grafana_foundation_sdk.models import units
+
+    return {v for k, v in vars(units).items() if not k.startswith("_") and isinstance(v, str)}
+
+
+def test_dashboards_are_a_fixed_point_of_the_sdk_models() -> None:
+    from grafana_foundation_sdk.cog import runtime
+
+    units = _sdk_units()
+    for name, board in dashboards().items():
+        # Decoded into the SDK's Dashboard and encoded again, nothing is lost or added.
+        assert generate.through_sdk(board) == board, name
+        assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
+        for p in board["panels"]:
+            assert runtime.panelcfg_config(p["type"]) is not None, p["type"]
+            assert p["datasource"] == generate.DATASOURCE
+            assert p["fieldConfig"]["defaults"]["unit"] in units, p["title"]
+            for override in p["fieldConfig"]["overrides"]:
+                for prop in override["properties"]:
+                    assert prop["id"] != "unit" or prop["value"] in units
+            for t in p["targets"]:
+                assert set(t) <= {"refId", "datasource", "query", "rawQuery", "resultFormat",
+                                  "alias"}
+                assert t["rawQuery"] is True and t["resultFormat"] in {"time_series", "table"}
+            grid = p["gridPos"]
+            assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24
+        names = [v["name"] for v in board["templating"]["list"]]
+        assert names[0] == "host" and "job" in names
+
+
+def test_units_come_from_the_contract() -> None:
+    job_board = dashboards()["job"]
+    units = {p["title"]: p["fieldConfig"]["defaults"]["unit"] for p in job_board["panels"]}
+    assert units["Live device memory"] == "bytes"  # memory.live_bytes: "bytes"
+    assert units["Achieved bandwidth of synchronous copies"] == "Bps"
+    assert units["GPU utilization (NVML)"] == "percent"
+    assert set(generate.GRAFANA_UNITS) >= {f.unit for s in m.ALL.values() for f in s.fields}
+
+
+def test_the_alerting_file_is_valid_for_the_sdk_models() -> None:
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import alerting as sdk
+    from grafana_foundation_sdk.models import expr
+
+    def through(model: Any, data: Mapping[str, Any]) -> Any:
+        return json.loads(json.dumps(model.from_json(dict(data)), cls=JSONEncoder))
+
+    files = alerting()
+    assert files["apiVersion"] == 1
+    (group,) = files["groups"]
+    for r in group["rules"]:
+        # The file's rule is the API's rule less the keys its group gives.
+        api_rule = {**r, "folderUID": group["folder"], "orgID": group["orgId"],
+                    "ruleGroup": group["name"]}
+        assert through(sdk.Rule, api_rule) == json.loads(json.dumps(api_rule)), r["uid"]
+        refs = [item["refId"] for item in r["data"]]
+        assert len(set(refs)) == len(refs) and r["condition"] in refs
+        for item in r["data"]:
+            model = item["model"]
+            if item["datasourceUid"] == "__expr__":
+                kind = {"reduce": expr.TypeReduce, "threshold": expr.TypeThreshold}
+                assert through(kind[model["type"]], model) == model
+                assert model["expression"] in refs[: refs.index(item["refId"])]
+            else:
+                assert item["datasourceUid"] == DS and model["datasource"]["uid"] == DS
+    for point in files["contactPoints"]:
+        for receiver in point["receivers"]:
+            one = {"name": point["name"], **receiver}
+            assert through(sdk.ContactPoint, one) == one
+    for policy in files["policies"]:
+        body = {k: v for k, v in policy.items() if k != "orgId"}
+        assert through(sdk.NotificationPolicy, body) == body
+
+
+def test_queries_name_only_the_contract() -> None:
+    seen: set[str] = set()
+    for where, query in every_query():
+        names, problems = contract_problems(query)
+        assert not problems, f"{where}: {problems}"
+        assert names.measurements, where
+        seen |= names.measurements
+    # Every measurement is shown somewhere, save the per-window error count's twin memset.
+    assert set(m.ALL) - seen <= {m.MEMSET.name}
+
+
+def test_a_renamed_measurement_breaks_the_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    renamed = dataclasses.replace(m.LAUNCHES, name="kernel_launches")
+    contract = {**m.ALL, renamed.name: renamed}
+    del contract[m.LAUNCHES.name]
+    problems = [p for _, q in every_query() for p in contract_problems(q, contract)[1]]
+    assert "unknown measurement 'launches'" in problems
+    monkeypatch.setattr(m, "LAUNCHES", renamed)
+    stale = [p for p, text in generate.rendered().items() if p.read_text() != text]
+    assert GRAFANA / "dashboards" / "fleet.json" in stale
+
+
+# -- every panel against the pipeline's data -------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    run: PipelineRun
+    jobs: Sequence[str]  # keys of run.jobs the dashboard is shown for
+    variables: Mapping[str, Sequence[str]]
+    interval_s: float
+    has_gpu: bool
+
+    def job(self, key: str) -> str:
+        return self.run.jobs[key]
+
+    def expected(self, key: str) -> Any:
+        return self.run.expected[key]
+
+
+Check = Callable[[list[Series], Context], None]
+
+
+def by_tag(series: list[Series], tag: str) -> dict[str, Series]:
+    out = {s.tags[tag]: s for s in series}
+    assert len(out) == len(series), f"several series per {tag}"
+    return out
+
+
+def total(series: Series | list[Series], column: str) -> float:
+    items = series if isinstance(series, list) else [series]
+    return math.fsum(v for s in items for v in s.numbers(column))
+
+
+def per_interval_total(series: Series | list[Series], column: str, ctx: Context) -> float:
+    """A rate panel's values times the interval: what it counted."""
+    return total(series, column) * ctx.interval_s
+
+
+def approx(value: float, expected: float) -> None:
+    assert value == pytest.approx(expected, rel=1e-9), (value, expected)
+
+
+def launches_of(keys: Sequence[str], ctx: Context) -> int:
+    return sum(ctx.expected(k).launches for k in keys)
+
+
+def check_launches_by_host(series: list[Series], ctx: Context) -> None:
+    approx(per_interval_total(by_tag(series, Tags.HOST)[ctx.run.host], "launches", ctx),
+           launches_of(ctx.jobs, ctx))
+
+
+def check_bytes_by_kind(column: str) -> Check:
+    def check(series: list[Series], ctx: Context) -> None:
+        kinds = by_tag(series, Tags.KIND)
+        assert set(kinds) <= set(m.COPY_KIND_VALUES)
+        approx(per_interval_total(kinds["H2D"], column, ctx),
+               sum(ctx.expected(k).h2d_bytes for k in ctx.jobs))
+        approx(per_interval_total(kinds["D2H"], column, ctx),
+               sum(ctx.expected(k).d2h_bytes for k in ctx.jobs))
+    return check
+
+
+def check_per_job(column: str, low: float, high: float) -> Check:
+    def check(series: list[Series], ctx: Context) -> None:
+        jobs = {s.tags[Tags.JOB] for s in series}
+        assert jobs == {ctx.job(k) for k in ctx.jobs}
+        values = [v for s in series for v in s.numbers(column)]
+        assert values and all(low <= v <= high for v in values)
+    return check
+
+
+def check_gpu(column: str, tags: set[str]) -> Check:
+    def check(series: list[Series], ctx: Context) -> None:
+        if not ctx.has_gpu:
+            assert series == [], "GPU series without NVML samples"
+            return
+        assert series and all(set(s.tags) == tags for s in series)
+        values = [v for s in series for v in s.numbers(column)]
+        assert values and all(0 <= v <= 100 for v in values)
+    return check
+
+
+def rows(series: list[Series]) -> dict[str, dict[str, Any]]:
+    """A table's rows by job (tags as columns, as Grafana shows them)."""
+    out: dict[str, dict[str, Any]] = {}
+    for s in series:
+        (row,) = s.values
+        out[s.tags[Tags.JOB]] = {**s.tags, **dict(zip(s.columns, row, strict=True))}
+    return out
+
+
+def check_ranked(field_name: str, expected: Callable[[Any], float]) -> Check:
+    def check(series: list[Series], ctx: Context) -> None:
+        table = rows(series)
+        assert set(table) == {ctx.job(k) for k in ctx.jobs}
+        for k in ctx.jobs:
+            assert table[ctx.job(k)][field_name] == expected(ctx.expected(k))
+    return check
+
+
+def check_memory_bound_table(series: list[Series], ctx: Context) -> None:
+    table = rows(series)
+    alert_windows = detect.DetectSettings().alert_windows
+    for k in ctx.jobs:
+        row = table[ctx.job(k)]
+        assert (row["memory_bound_windows"] >= alert_windows) == ctx.expected(k).memory_bound
+        assert row["memory_bound"] == int(row["memory_bound_windows"] > 0)
+
+
+def check_pipeline(series: list[Series], ctx: Context) -> None:
+    (s,) = series
+    assert s.tags == {Tags.HOST: ctx.run.host}
+    assert max(s.numbers("captured")) > 0 and max(s.numbers("published")) > 0
+    assert s.numbers("dropped_kernel") and not any(s.numbers("dropped_kernel"))
+    assert not any(s.numbers("dropped_user"))
+
+
+def check_lag(series: list[Series], ctx: Context) -> None:
+    assert series and all(set(s.tags) == {Tags.WORKER} for s in series)
+    assert all(v >= 0 for s in series for v in s.numbers("lag"))
+
+
+def check_launch_layers(series: list[Series], ctx: Context) -> None:
+    for s in series:
+        assert s.tags[Tags.LAYER] in {LAYER_RUNTIME, LAYER_DRIVER}
+        assert s.tags[Tags.API] in {*API_IDS, m.UNKNOWN_API}
+    approx(per_interval_total(series, "launches", ctx), launches_of(ctx.jobs, ctx))
+
+
+def check_top_kernels(series: list[Series], ctx: Context) -> None:
+    kernels = by_tag(series, Tags.KERNEL)
+    assert kernels
+    assert sum(total(s, "launches") for s in kernels.values()) == launches_of(ctx.jobs, ctx)
+
+
+def check_histogram(which: str) -> Check:
+    def check(series: list[Series], ctx: Context) -> None:
+        (key,) = ctx.jobs
+        value = getattr(ctx.expected(key), which)
+        buckets = {b: total(s, "launches") for b, s in by_tag(series, Tags.BUCKET).items()}
+        # All launches of the job have one shape: one bucket, log2 of it, holds them all.
+        assert {b: n for b, n in buckets.items() if n} == {
+            m.bucket_label(bucket_of(value)): ctx.expected(key).launches}
+    return check
+
+
+def check_percentiles(series: list[Series], ctx: Context) -> None:
+    (key,) = ctx.jobs
+    blocks = ctx.expected(key).grid_blocks
+    (s,) = series
+    for column in ("p50", "p90", "p99"):
+        assert s.numbers(column)
+        assert all(bucket_of(int(v)) == bucket_of(blocks) for v in s.numbers(column))
+
+
+def check_kinds(series: list[Series], ctx: Context) -> None:
+    kinds = by_tag(series, Tags.KIND)
+    assert set(kinds) <= set(m.COPY_KIND_VALUES)
+    assert {"H2D", "D2H"} <= set(kinds)
+    for s in kinds.values():
+        assert all(v >= 0 for v in s.numbers(s.columns[1]))
+
+
+def check_bandwidth(series: list[Series], ctx: Context) -> None:
+    kinds = by_tag(series, Tags.KIND)
+    assert {"H2D", "D2H"} <= set(kinds)
+    assert all(v > 0 for s in kinds.values() for v in s.numbers(s.columns[1]))
+
+
+def check_columns_non_negative(*columns: str) -> Check:
+    def check(series: list[Series], ctx: Context) -> None:
+        assert series
+        for s in series:
+            for c in columns:
+                assert s.numbers(c) and all(v >= 0 for v in s.numbers(c))
+    return check
+
+
+def check_live_memory(series: list[Series], ctx: Context) -> None:
+    (s,) = series
+    for live, peak in zip(s.column("live"), s.column("peak"), strict=True):
+        assert live is None or (peak is not None and 0 <= live <= peak)
+
+
+def check_scopes(column: str) -> Check:
+    def check(series: list[Series], ctx: Context) -> None:
+        scopes = by_tag(series, Tags.SCOPE)
+        assert scopes and set(scopes) <= set(m.SYNC_SCOPE_VALUES)
+        assert all(v >= 0 for s in scopes.values() for v in s.numbers(column))
+    return check
+
+
+def check_verdict(series: list[Series], ctx: Context) -> None:
+    (key,) = ctx.jobs
+    (s,) = series
+    held = max(s.numbers("consecutive_windows"))
+    assert (held >= detect.DetectSettings().alert_windows) == ctx.expected(key).memory_bound
+    assert set(s.numbers("verdict")) <= {0, 1}
+
+
+def check_errors(series: list[Series], ctx: Context) -> None:
+    assert all(s.tags[Tags.API] in {*API_IDS, m.UNKNOWN_API} for s in series)
+
+
+def check_anomaly_baseline(series: list[Series], ctx: Context) -> None:
+    anomalies = influxql(ctx.run.influx_url, ctx.run.database,
+                         f'SHOW SERIES FROM "{m.BANDWIDTH_ANOMALY.name}"')
+    if not anomalies:  # the detector found nothing: nothing to draw
+        assert series == []
+    for s in series:
+        assert s.tags[Tags.KIND] in m.COPY_KIND_VALUES and all(
+            v > 0 for v in s.numbers("baseline"))
+
+
+def check_anomaly_table(series: list[Series], ctx: Context) -> None:
+    for s in series:
+        for kind, direction in zip(s.column(Tags.KIND), s.column(Tags.DIRECTION), strict=True):
+            assert kind in m.COPY_KIND_VALUES and direction in m.DIRECTIONS
+
+
+def check_side(column: str, key: str, what: str) -> Check:
+    def check(series: list[Series], ctx: Context) -> None:
+        expected = ctx.expected(key)
+        if what == "launches":
+            (s,) = series
+            approx(per_interval_total(s, column, ctx), expected.launches)
+        elif what == "grid":
+            (s,) = series
+            assert s.numbers(column)
+            assert all(bucket_of(int(v)) == bucket_of(expected.grid_blocks)
+                       for v in s.numbers(column))
+        else:
+            check_gpu(column, set())(series, ctx)
+    return check
+
+
+def check_fusion_cell(column: str) -> Check:
+    def check(series: list[Series], ctx: Context) -> None:
+        if column.startswith("gpu_util") and not ctx.has_gpu:
+            assert series == []
+            return
+        (s,) = series
+        (value,) = s.numbers(column)
+        assert value > 0
+    return check
+
+
+UNFUSED, FUSED = "unfused", "fused"
+
+#: (dashboard, panel title, refId) → its check. Every target must have one.
+CHECKS: dict[tuple[str, str, str], Check] = {
+    ("fleet", "Kernel launches/s by host", "A"): check_launches_by_host,
+    ("fleet", "Copy bandwidth by direction", "A"): check_bytes_by_kind("bytes"),
+    ("fleet", "CPU-blocked share by job", "A"): check_per_job("blocked", 0, 64),
+    ("fleet", "GPU utilization by host", "A"): check_gpu("utilization", {Tags.HOST, Tags.GPU}),
+    ("fleet", "Jobs ranked", "A"): check_ranked("launches", lambda e: e.launches),
+    ("fleet", "Jobs ranked", "B"): check_ranked("bytes_moved",
+                                                lambda e: e.h2d_bytes + e.d2h_bytes),
+    ("fleet", "Jobs ranked", "C"): check_memory_bound_table,
+    ("fleet", "Pipeline: events/s captured, published, dropped", "A"): check_pipeline,
+    ("fleet", "Stream workers: consumer lag", "A"): check_lag,
+    ("job", "Launches/s by API and layer", "A"): check_launch_layers,
+    ("job", "Top kernels", "A"): check_top_kernels,
+    ("job", "Grid size: blocks per launch (log2)", "A"): check_histogram("grid_blocks"),
+    ("job", "Block size: threads per block (log2)", "A"): check_histogram("block_threads"),
+    ("job", "Grid size percentiles (blocks)", "A"): check_percentiles,
+    ("job", "Copies/s by kind", "A"): check_kinds,
+    ("job", "Bytes copied/s by kind", "A"): check_bytes_by_kind("bytes"),
+    ("job", "Achieved bandwidth of synchronous copies", "A"): check_bandwidth,
+    ("job", "Allocations and frees", "A"): check_columns_non_negative("allocated", "freed"),
+    ("job", "Live device memory", "A"): check_live_memory,
+    ("job", "Syncs/s by scope", "A"): check_scopes("syncs"),
+    ("job", "CPU time waiting in syncs", "A"): check_scopes("waiting"),
+    ("job", "GPU utilization (NVML)", "A"): check_gpu("gpu", {Tags.GPU}),
+    ("job", "GPU utilization (NVML)", "B"): check_gpu("job_sm", {Tags.GPU}),
+    ("job", "Memory-bound verdict", "A"): check_verdict,
+    ("job", "Failed calls by API", "A"): check_errors,
+    ("transfers", "Achieved bandwidth vs baseline", "A"): check_bandwidth,
+    ("transfers", "Achieved bandwidth vs baseline", "B"): check_anomaly_baseline,
+    ("transfers", "Bytes copied/s vs baseline", "A"): check_bytes_by_kind("observed"),
+    ("transfers", "Bytes copied/s vs baseline", "B"): check_anomaly_baseline,
+    ("transfers", "Anomalies", "A"): check_anomaly_table,
+    ("fusion", "Launches/s", "A"): check_side("launches", UNFUSED, "launches"),
+    ("fusion", "Launches/s", "B"): check_side("launches", FUSED, "launches"),
+    ("fusion", "Grid size p50 (blocks)", "A"): check_side("p50", UNFUSED, "grid"),
+    ("fusion", "Grid size p50 (blocks)", "B"): check_side("p50", FUSED, "grid"),
+    ("fusion", "GPU utilization of the job (SM %)", "A"): check_side("sm", UNFUSED, "gpu"),
+    ("fusion", "GPU utilization of the job (SM %)", "B"): check_side("sm", FUSED, "gpu"),
+    **{("fusion", "Kernel fusion: $job vs $compare_job", f"{ref}{i}"):
+       check_fusion_cell(f"{name}_{side}")
+       for ref, side in (("A", "a"), ("B", "b"))
+       for i, (name, _) in enumerate(generate.COMPARED, start=1)},
+}
+
+def views(run: PipelineRun, dashboard: str) -> list[tuple[str, ...]]:
+    """The jobs (keys of run.jobs) each view of `dashboard` shows."""
+    if dashboard == "fleet":
+        return [tuple(run.jobs)]
+    if dashboard == "fusion":
+        return [(UNFUSED, FUSED)]
+    return [(key,) for key in run.jobs]
+
+
+def has_gpu(run: PipelineRun) -> bool:
+    return bool(influxql(run.influx_url, run.database, f'SELECT count(*) FROM "{m.GPU.name}"'))
+
+
+def resolve_variables(board: Mapping[str, Any], run: PipelineRun,
+                      jobs: tuple[str, ...]) -> dict[str, Sequence[str]]:
+    """Run each variable's query (with the variables before it), check what it offers, and
+    pick: the run's host, the view's job(s), every GPU ("All")."""
+    chosen: dict[str, Sequence[str]] = {}
+    for v in board["templating"]["list"]:
+        query = interpolate(v["query"], chosen, run.start_ns, run.end_ns, run.window_s)
+        offered = [row[1] for s in influxql(run.influx_url, run.database, query)
+                   for row in s.values]
+        if v["name"] == "host":
+            assert run.host in offered
+            chosen["host"] = [run.host]
+        elif v["name"] == "job":
+            assert {run.jobs[k] for k in jobs} <= set(offered)
+            chosen["job"] = [run.jobs[k] for k in jobs] if v["multi"] else [run.jobs[jobs[0]]]
+        elif v["name"] == "compare_job":
+            assert not v["multi"] and run.jobs[jobs[1]] in offered
+            chosen["compare_job"] = [run.jobs[jobs[1]]]
+        else:
+            assert v["name"] == "gpu"
+            chosen["gpu"] = offered or ["none"]
+    return chosen
+
+
+def test_every_panel_query_returns_the_pipeline_numbers(pipeline: PipelineRun) -> None:
+    run = pipeline
+    gpu = has_gpu(run)
+    exercised: set[tuple[str, str, str]] = set()
+    for name, board in dashboards().items():
+        for jobs in views(run, name):
+            variables = resolve_variables(board, run, jobs)
+            ctx = Context(run, jobs, variables, run.window_s, gpu)
+            for p in board["panels"]:
+                for t in p["targets"]:
+                    key = (name, p["title"], t["refId"])
+                    assert key in CHECKS, f"no check for {key}"
+                    query = interpolate(t["query"], variables, run.start_ns, run.end_ns,
+                                        run.window_s)
+                    series = influxql(run.influx_url, run.database, query)
+                    try:
+                        CHECKS[key](series, ctx)
+                    except AssertionError as error:
+                        raise AssertionError(f"{key} {jobs}: {error}\n{query}") from None
+                    exercised.add(key)
+    assert exercised == set(CHECKS)
+
+
+def test_the_fusion_table_shows_the_ratios(pipeline: PipelineRun) -> None:
+    """The showcase: the table's queries, merged and divided as its transformations say."""
+    run = pipeline
+    board = dashboards()["fusion"]
+    (table,) = [p for p in board["panels"] if p["type"] == "table"]
+    variables = resolve_variables(board, run, (UNFUSED, FUSED))
+    row: dict[str, float | None] = {}
+    for t in table["targets"]:
+        query = interpolate(t["query"], variables, run.start_ns, run.end_ns, run.window_s)
+        for s in influxql(run.influx_url, run.database, query):
+            (values,) = s.values
+            row.update(dict(zip(s.columns[1:], values[1:], strict=True)))
+    transformations = [tr["id"] for tr in table["transformations"]]
+    assert transformations[0] == "merge" and transformations[-1] == "organize"
+    for tr in table["transformations"][1:-1]:
+        assert tr["id"] == "calculateField" and tr["options"]["mode"] == "binary"
+        binary = tr["options"]["binary"]
+        assert binary["operator"] == "/"
+        left, right = row.get(binary["left"]), row.get(binary["right"])
+        row[tr["options"]["alias"]] = None if left is None or not right else left / right
+    a, b = run.expected[UNFUSED], run.expected[FUSED]
+    assert row["launches_a"] == a.launches and row["launches_b"] == b.launches
+    approx(row["launches_ratio"] or 0, a.launches / b.launches)
+    assert bucket_of(int(row["grid_blocks_a"] or 0)) == bucket_of(a.grid_blocks)
+    assert bucket_of(int(row["grid_blocks_b"] or 0)) == bucket_of(b.grid_blocks)
+    ratio = row["grid_blocks_ratio"] or 0
+    assert ratio == pytest.approx(2.0 ** (bucket_of(a.grid_blocks) - bucket_of(b.grid_blocks)))
+    assert (row["launches_per_s_ratio"] or 0) > 0
+    if has_gpu(run):
+        assert row["gpu_util_ratio"] is not None and row["gpu_util_ratio"] > 0
+
+
+def test_annotation_queries_run(pipeline: PipelineRun) -> None:
+    run = pipeline
+    for name, board in dashboards().items():
+        shown = views(run, name)[0]
+        variables = resolve_variables(board, run, shown)
+        for a in board["annotations"]["list"]:
+            if "target" not in a:
+                continue
+            query = interpolate(a["target"]["query"], variables, run.start_ns, run.end_ns,
+                                run.window_s)
+            series = influxql(run.influx_url, run.database, query)
+            for s in series:
+                assert a["textColumn"] in s.columns
+                assert set(a["tagsColumn"].split(",")) <= set(s.tags)
+            if a["name"] == "Memory-bound alerts":
+                memory_bound = {run.jobs[k] for k in shown if run.expected[k].memory_bound}
+                assert {s.tags[Tags.JOB] for s in series} == memory_bound
+
+
+# -- alert rules against the pipeline's data -------------------------------------------------
+
+
+def job_of(labels: Labels) -> str:
+    return dict(labels)[Tags.JOB]
+
+
+def summary(uid: str, evaluation: Any, labels: Labels) -> str:
+    return render(rules()[uid]["annotations"]["summary"], labels,
+                  evaluation.values_for(labels))
+
+
+def run_rule(uid: str, url: str, database: str, now_ns: int) -> Any:
+    return evaluate(rules()[uid], DS, url, database, now_ns)
+
+
+def test_the_memory_bound_rule_fires_for_the_memory_bound_job(pipeline: PipelineRun) -> None:
+    run = pipeline
+    assert run.end_ns - run.start_ns <= generate.RULE_RANGE_S * 10**9
+    evaluation = run_rule("gpuflight-memory-bound", run.influx_url, run.database, run.end_ns)
+    expected = {run.jobs[k] for k, e in run.expected.items() if e.memory_bound}
+    assert {job_of(f) for f in evaluation.firing} == expected
+    for labels in evaluation.firing:
+        values = evaluation.values_for(labels)
+        assert values["WINDOWS"] >= detect.DetectSettings().alert_windows
+        text = summary("gpuflight-memory-bound", evaluation, labels)
+        assert text.startswith(f"{job_of(labels)} on {run.host} is memory-bound")
+        assert f"held {values['WINDOWS']:g} consecutive windows" in text
+        assert "%" in text and "B copied per kernel launch" in text
+    for k, e in run.expected.items():
+        if not e.memory_bound:
+            labels = ((Tags.HOST, run.host), (Tags.JOB, run.jobs[k]))
+            assert evaluation.numbers["FIRING"][labels] == 0
+
+
+def test_the_launch_rate_rule_reads_each_jobs_busiest_window(pipeline: PipelineRun) -> None:
+    run = pipeline
+    storm = rules()["gpuflight-launch-storm"]
+    (query,) = [item for item in storm["data"] if item["datasourceUid"] == DS]
+    interval_s = query["model"]["intervalMs"] / 1000
+    buckets = math.ceil(query["relativeTimeRange"]["from"] / interval_s) + 1
+    evaluation = evaluate(storm, DS, run.influx_url, run.database, run.end_ns)
+    for k, e in run.expected.items():
+        labels = ((Tags.HOST, run.host), (Tags.JOB, run.jobs[k]))
+        rate = evaluation.numbers["RATE"][labels]
+        # The busiest interval holds at least the mean share of the launches, at most all.
+        assert e.launches / buckets <= rate * interval_s <= e.launches
+        assert evaluation.numbers["FIRING"][labels] == float(rate > generate.LAUNCH_STORM_PER_S)
+
+
+def test_no_drops_no_anomaly_in_the_pipeline_run(pipeline: PipelineRun) -> None:
+    run = pipeline
+    dropped = run_rule("gpuflight-events-dropped", run.influx_url, run.database, run.end_ns)
+    assert dropped.numbers["DROPPED"] == {((Tags.HOST, run.host),): 0.0}
+    assert dropped.firing == []
+    anomaly = run_rule("gpuflight-bandwidth-anomaly", run.influx_url, run.database, run.end_ns)
+    flagged = influxql(run.influx_url, run.database,
+                       f'SHOW SERIES FROM "{m.BANDWIDTH_ANOMALY.name}"')
+    assert len(anomaly.firing) == sum(len(s.values) for s in flagged)
+
+
+def test_a_producer_that_stops_is_silent_minutes_later(pipeline: PipelineRun) -> None:
+    run = pipeline
+    uid = "gpuflight-producer-silent"
+    assert run_rule(uid, run.influx_url, run.database, run.end_ns).firing == []
+    later = run.end_ns + (generate.SILENT_MINUTES + 1) * 60 * 10**9
+    evaluation = run_rule(uid, run.influx_url, run.database, later)
+    assert evaluation.firing == [((Tags.HOST, run.host),)]
+    text = summary(uid, evaluation, evaluation.firing[0])
+    assert text.startswith(f"The producer on {run.host} has sent no metrics for")
+    # It names what the producer had captured when last heard from.
+    last = influxql(run.influx_url, run.database,
+                    f'SELECT last("{Fields.CAPTURED}") FROM "{m.PIPELINE.name}"')[0].values[0][1]
+    assert f"captured {last:g} events" in text
+    # Long after the last report (beyond the look-back), nobody is watched any more.
+    gone = run.end_ns + (generate.SILENT_RANGE_S + 120) * 10**9
+    assert run_rule(uid, run.influx_url, run.database, gone).firing == []
+
+
+# -- alert rules on scenarios the demo does not play -----------------------------------------
+
+SCENARIOS = "gpuflight_scenarios"
+T1 = 1_700_100_000 * 10**9  # a window start
+
+
+def test_scenarios_fire_with_their_evidence(influx_url: str) -> None:
+    """A bandwidth drop, a launch storm and a lossy producer, made by the stream app's own
+    functions into a database of their own."""
+    url, window_ns = influx_url, int(WINDOW_S * 1e9)
+    points: list[m.Point] = []
+    detector = detect.BandwidthDetector()
+    slow_job = "copy-regression"
+    for i in range(12):
+        t = T1 + i * window_ns
+        agg = aggregate.WindowAggregate(t, HOST, slow_job)
+        slower = 8 if i == 11 else 1  # the last window's copies take 8 times as long
+        batch = events(dataclasses.replace(COPIER, copy_ns=COPIER.copy_ns * slower), t)
+        aggregate.add_events(agg, batch)
+        points += aggregate.to_points(agg, WINDOW_S)
+        points += [a.to_point() for a in detector.observe(agg, WINDOW_S)]
+    storm = aggregate.WindowAggregate(T1, HOST, "launch-storm")
+    storm.launches[(LAYER_RUNTIME, "cudaLaunchKernel")] = 1_500_000
+    points += aggregate.to_points(storm, WINDOW_S)
+    lossy = "lossy-node"
+    for i, (captured, dropped_kernel, dropped_user) in enumerate(
+            [(100, 0, 0), (5000, 500, 0), (9000, 1200, 30), (50, 10, 0)]):  # then a restart
+        point = aggregate.pipeline_point({
+            "host": lossy, "ts_ns": T1 + i * 5 * 10**9, "captured": captured,
+            "published": captured, "dropped_kernel": dropped_kernel,
+            "dropped_user": dropped_user, "queue_messages": 7})
+        assert point is not None
+        points.append(point)
+    write_points(url, SCENARIOS, points)
+    now = T1 + 12 * window_ns
+
+    anomaly = run_rule("gpuflight-bandwidth-anomaly", url, SCENARIOS, now)
+    labels = ((Tags.DIRECTION, m.LOW_BANDWIDTH), (Tags.HOST, HOST), (Tags.JOB, slow_job),
+              (Tags.KIND, "H2D"))
+    assert labels in anomaly.firing
+    assert {dict(f)[Tags.JOB] for f in anomaly.firing} == {slow_job}
+    values = anomaly.values_for(labels)
+    approx(values["RATIO"], values["OBSERVED"] / values["BASELINE"])
+    assert values["RATIO"] == pytest.approx(1 / 8, rel=0.01)
+    text = summary("gpuflight-bandwidth-anomaly", anomaly, labels)
+    assert text.startswith(f"{slow_job} on {HOST}: H2D copies low_bandwidth")
+    assert "against a baseline of" in text
+
+    launches = run_rule("gpuflight-launch-storm", url, SCENARIOS, now)
+    storm_labels = ((Tags.HOST, HOST), (Tags.JOB, "launch-storm"))
+    assert launches.firing == [storm_labels]
+    approx(launches.values_for(storm_labels)["RATE"], 1_500_000 / WINDOW_S)
+    text = summary("gpuflight-launch-storm", launches, storm_labels)
+    assert text.startswith(f"launch-storm on {HOST} launched 150k kernels per second")
+
+    drops = run_rule("gpuflight-events-dropped", url, SCENARIOS, T1 + 60 * 10**9)
+    assert drops.firing == [((Tags.HOST, lossy),)]
+    # 1200 + 30 before the restart; the restart's fall to 10 is no loss.
+    assert drops.values_for(((Tags.HOST, lossy),))["DROPPED"] == 1230
+    text = summary("gpuflight-events-dropped", drops, ((Tags.HOST, lossy),))
+    assert text.startswith(f"The producer on {lossy} dropped 1230 events")
+
+    # The transfers dashboard draws the detector's baseline where it found the drop.
+    board = dashboards()["transfers"]
+    (panel,) = [p for p in board["panels"] if p["title"] == "Achieved bandwidth vs baseline"]
+    query = interpolate(panel["targets"][1]["query"], {"host": [HOST], "job": [slow_job]},
+                        T1, now, WINDOW_S)
+    baselines = by_tag(influxql(url, SCENARIOS, query), Tags.KIND)
+    assert set(baselines) == {"H2D", "D2H"}  # both directions slowed
+    baseline = baselines["H2D"]
+    approx(max(baseline.numbers("baseline")), values["BASELINE"])
+
+
+def test_interpolation_is_grafanas() -> None:
+    query = 'SELECT 1 FROM "x" WHERE "job" =~ /^$job$/ AND $timeFilter GROUP BY time($__interval)'
+    out = interpolate(query, {"job": ["a.b", "c/d"]}, 1_500_000_000, 2_500_000_001, 10)
+    assert out == ('SELECT 1 FROM "x" WHERE "job" =~ /^(a\\.b|c\\/d)$/ AND '
+                   "time >= 1500ms and time <= 2501ms GROUP BY time(10s)")
+    with pytest.raises(AssertionError, match=r"unknown variable \$jb"):
+        interpolate("$jb", {}, 0, 0, 10)
+    assert re.fullmatch(r"\d+", interpolate("$__interval_ms", {}, 0, 0, 10)) is not None
+
+
+def test_the_generator_checks_and_says_what_is_stale(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(generate, "ROOT", tmp_path / "grafana")
+    monkeypatch.setattr(generate, "DASHBOARD_DIR", tmp_path / "grafana" / "dashboards")
+    monkeypatch.setattr(generate, "ALERTING_FILE", tmp_path / "grafana" / "alerting.yaml")
+    assert generate.main(["--check"]) == 1
+    assert "stale: grafana/dashboards/fleet.json" in capsys.readouterr().err
+    assert generate.main([]) == 0
+    assert generate.main(["--check"]) == 0
