@@ -254,15 +254,16 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any
 
 
 #: Keys of an InfluxDB annotation that the SDK's annotation model does not have.
-INFLUX_ANNOTATION_KEYS: Final = ("target", "textColumn", "tagsColumn")
+INFLUX_ANNOTATION_KEYS: Final = ("target",)
 
 
 def annotation(name: str, query: str, *, color: str, text_column: str,
                tags_column: str) -> dict[str, Any]:
+    # The InfluxDB plugin's own annotation query: its columns travel in the target.
     return {"name": name, "datasource": DATASOURCE, "enable": True, "iconColor": color,
             "target": {"refId": "Anno", "query": query, "rawQuery": True,
-                       "resultFormat": "table"},
-            "textColumn": text_column, "tagsColumn": tags_column}
+                       "resultFormat": "table", "fromAnnotations": True,
+                       "textColumn": text_column, "tagsColumn": tags_column}}
 
 
 # -- the dashboards --------------------------------------------------------------------------

@@ -138,6 +138,23 @@ def test_dashboards_are_a_fixed_point_of_the_sdk_models() -> None:
         assert names[0] == "host" and "job" in names
 
 
+@pytest.mark.parametrize(("where", "key"), [
+    (("panels", 0), "gridPosition"),                             # not a panel key
+    (("panels", 0, "options"), "legnd"),                         # not a timeseries option
+    (("panels", 0, "fieldConfig", "defaults"), "units"),         # not a field config key
+    (("panels", 0, "fieldConfig", "defaults", "custom"), "lineWidht"),
+    (("templating", "list", 0), "multiValue"),                   # not a variable key
+])
+def test_the_sdk_check_catches_what_grafana_would_not_know(where: tuple[Any, ...],
+                                                           key: str) -> None:
+    board = dashboards()["fleet"]
+    node: Any = board
+    for step in where:
+        node = node[step]
+    node[key] = 1
+    assert generate.through_sdk(board) != board
+
+
 def test_units_come_from_the_contract() -> None:
     job_board = dashboards()["job"]
     units = {p["title"]: p["fieldConfig"]["defaults"]["unit"] for p in job_board["panels"]}
@@ -601,8 +618,8 @@ def test_annotation_queries_run(pipeline: PipelineRun) -> None:
                                 run.window_s)
             series = influxql(run.influx_url, run.database, query)
             for s in series:
-                assert a["textColumn"] in s.columns
-                assert set(a["tagsColumn"].split(",")) <= set(s.tags)
+                assert a["target"]["textColumn"] in s.columns
+                assert set(a["target"]["tagsColumn"].split(",")) <= set(s.tags)
             if a["name"] == "Memory-bound alerts":
                 memory_bound = {run.jobs[k] for k in shown if run.expected[k].memory_bound}
                 assert {s.tags[Tags.JOB] for s in series} == memory_bound
