@@ -30,6 +30,7 @@ def test_compose_file_is_valid_and_wires_the_producer_to_kafka() -> None:
     assert isinstance(services, dict)
     producer = services["producer"]
     assert producer["privileged"] is True and producer["pid"] == "host"
+    assert producer["uts"] == "host"  # its host tag is the node's name
     assert producer["command"] == ["producer", "--kafka", "kafka:9092"]
     mounts = {Path(v["target"]) for v in producer["volumes"]}
     assert {Path("/lib/modules"), Path("/usr/src"), Path("/sys/kernel/tracing")} <= mounts

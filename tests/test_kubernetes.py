@@ -1,0 +1,64 @@
+"""compose/kubernetes/ is valid Kubernetes (kubernetes-validate's schemas, strict: no unknown
+field) and wires the node agent and the stream workers as compose/compose.yaml does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+KUBERNETES = REPO / "compose" / "kubernetes"
+VERSION = "1.37"
+
+
+def resources() -> dict[str, dict[str, Any]]:
+    """Every resource the kustomization lists, by kind/name."""
+    kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+    listed = [KUBERNETES / name for name in kustomization["resources"]]
+    assert set(listed) == set(KUBERNETES.glob("*.yaml")) - {KUBERNETES / "kustomization.yaml"}
+    found: dict[str, dict[str, Any]] = {}
+    for path in listed:
+        for doc in yaml.safe_load_all(path.read_text()):
+            found[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return found
+
+
+def test_every_manifest_is_valid_for_kubernetes() -> None:
+    import kubernetes_validate
+
+    for key, doc in resources().items():
+        kubernetes_validate.validate(doc, VERSION, strict=True)
+        assert doc["kind"] == "Namespace" or doc["metadata"]["namespace"] == "gpuflight", key
+
+
+def test_an_unknown_field_is_refused() -> None:
+    import kubernetes_validate
+
+    producer = resources()["DaemonSet/gpuflight-producer"]
+    producer["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(kubernetes_validate.ValidationError, match="hostPid"):
+        kubernetes_validate.validate(producer, VERSION, strict=True)
+
+
+def test_the_producer_runs_on_every_gpu_node_with_what_it_needs() -> None:
+    found = resources()
+    spec = found["DaemonSet/gpuflight-producer"]["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True and spec["hostNetwork"] is True
+    (container,) = spec["containers"]
+    assert container["securityContext"]["privileged"] is True
+    assert container["args"] == ["producer", "--kafka", "$(KAFKA_BOOTSTRAP)"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    mounts = {Path(volumes[m["name"]]) for m in container["volumeMounts"]}
+    assert {Path("/lib/modules"), Path("/usr/src"), Path("/sys/kernel/tracing")} <= mounts
+    config = found["ConfigMap/gpuflight"]["data"]
+    assert {"KAFKA_BOOTSTRAP", "GPUFLIGHT_INFLUX_URL"} <= set(config)
+    streams = found["Deployment/gpuflight-streams"]["spec"]
+    assert streams["replicas"] >= 2
+    (worker,) = streams["template"]["spec"]["containers"]
+    assert worker["args"][:5] == ["streams", "--kafka", "$(KAFKA_BOOTSTRAP)",
+                                  "--influx", "$(GPUFLIGHT_INFLUX_URL)"]
+    assert worker["image"] == container["image"]
