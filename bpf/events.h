@@ -15,6 +15,8 @@ enum gf_event_type {
 	GF_EV_FREE = 5,
 	GF_EV_SYNC = 6,
 	GF_EV_GRAPH_LAUNCH = 7,
+	GF_EV_GRAPH_CAPTURE = 8,     /* stream capture began (dim[0] 1) or ended (2) */
+	GF_EV_GRAPH_INSTANTIATE = 9, /* a graph became an executable graph */
 };
 
 /* The function that was called. Values are part of the contract: append only. */
@@ -71,6 +73,93 @@ enum gf_api {
 
 	GF_API_cudaGraphLaunch = 120,
 	GF_API_cudaGraphLaunch_ptsz = 121,
+
+	GF_API_cudaStreamBeginCapture = 130,
+	GF_API_cudaStreamBeginCapture_ptsz = 131,
+	GF_API_cudaStreamEndCapture = 132,
+	GF_API_cudaStreamEndCapture_ptsz = 133,
+	GF_API_cudaGraphInstantiate = 134,
+	GF_API_cudaGraphInstantiateWithFlags = 135,
+	GF_API_cudaGraphInstantiateWithParams = 136,
+	GF_API_cudaGraphInstantiateWithParams_ptsz = 137,
+
+	/* The driver API (libcuda): ids from 200 up (records.DRIVER_API_BASE). */
+	GF_API_cuLaunchKernel = 200,
+	GF_API_cuLaunchKernel_ptsz = 201,
+	GF_API_cuLaunchKernelEx = 202,
+	GF_API_cuLaunchKernelEx_ptsz = 203,
+	GF_API_cuLaunchCooperativeKernel = 204,
+	GF_API_cuLaunchCooperativeKernel_ptsz = 205,
+
+	GF_API_cuMemcpyHtoD_v2 = 220,
+	GF_API_cuMemcpyHtoD_v2_ptds = 221,
+	GF_API_cuMemcpyDtoH_v2 = 222,
+	GF_API_cuMemcpyDtoH_v2_ptds = 223,
+	GF_API_cuMemcpyDtoD_v2 = 224,
+	GF_API_cuMemcpyDtoD_v2_ptds = 225,
+	GF_API_cuMemcpyHtoDAsync_v2 = 226,
+	GF_API_cuMemcpyHtoDAsync_v2_ptsz = 227,
+	GF_API_cuMemcpyDtoHAsync_v2 = 228,
+	GF_API_cuMemcpyDtoHAsync_v2_ptsz = 229,
+	GF_API_cuMemcpyDtoDAsync_v2 = 230,
+	GF_API_cuMemcpyDtoDAsync_v2_ptsz = 231,
+	GF_API_cuMemcpy = 232,
+	GF_API_cuMemcpy_ptds = 233,
+	GF_API_cuMemcpyAsync = 234,
+	GF_API_cuMemcpyAsync_ptsz = 235,
+	GF_API_cuMemcpyPeer = 236,
+	GF_API_cuMemcpyPeer_ptds = 237,
+	GF_API_cuMemcpyPeerAsync = 238,
+	GF_API_cuMemcpyPeerAsync_ptsz = 239,
+
+	GF_API_cuMemsetD8_v2 = 250,
+	GF_API_cuMemsetD8_v2_ptds = 251,
+	GF_API_cuMemsetD16_v2 = 252,
+	GF_API_cuMemsetD16_v2_ptds = 253,
+	GF_API_cuMemsetD32_v2 = 254,
+	GF_API_cuMemsetD32_v2_ptds = 255,
+	GF_API_cuMemsetD8Async = 256,
+	GF_API_cuMemsetD8Async_ptsz = 257,
+	GF_API_cuMemsetD16Async = 258,
+	GF_API_cuMemsetD16Async_ptsz = 259,
+	GF_API_cuMemsetD32Async = 260,
+	GF_API_cuMemsetD32Async_ptsz = 261,
+
+	GF_API_cuMemAlloc_v2 = 280,
+	GF_API_cuMemAllocAsync = 281,
+	GF_API_cuMemAllocAsync_ptsz = 282,
+	GF_API_cuMemAllocManaged = 283,
+	GF_API_cuMemAllocHost_v2 = 284,
+	GF_API_cuMemHostAlloc = 285,
+	GF_API_cuMemFree_v2 = 290,
+	GF_API_cuMemFreeAsync = 291,
+	GF_API_cuMemFreeAsync_ptsz = 292,
+	GF_API_cuMemFreeHost = 293,
+
+	GF_API_cuStreamSynchronize = 300,
+	GF_API_cuStreamSynchronize_ptsz = 301,
+	GF_API_cuCtxSynchronize = 302,
+	GF_API_cuEventSynchronize = 303,
+
+	GF_API_cuGraphLaunch = 320,
+	GF_API_cuGraphLaunch_ptsz = 321,
+	GF_API_cuStreamBeginCapture_v2 = 330,
+	GF_API_cuStreamBeginCapture_v2_ptsz = 331,
+	GF_API_cuStreamEndCapture = 332,
+	GF_API_cuStreamEndCapture_ptsz = 333,
+	GF_API_cuGraphInstantiateWithFlags = 334,
+	GF_API_cuGraphInstantiateWithParams = 335,
+	GF_API_cuGraphInstantiateWithParams_ptsz = 336,
+};
+
+/* What a record of the `names` ring buffer says (struct gf_name_event). */
+enum gf_name_kind {
+	GF_NAME_RUNTIME_FUNCTION = 1, /* __cudaRegisterFunction: host stub → device name */
+	GF_NAME_RUNTIME_KERNEL = 2,   /* __cudaGetKernel: cudaKernel_t handle → host stub (aux) */
+	GF_NAME_DRIVER_FUNCTION = 3,  /* cuModuleGetFunction: CUfunction → name; aux: module */
+	GF_NAME_DRIVER_KERNEL = 4,    /* cuLibraryGetKernel: CUkernel → name; aux: library */
+	GF_NAME_KERNEL_FUNCTION = 5,  /* cuKernelGetFunction: CUfunction → CUkernel (aux) */
+	GF_NAME_MODULE = 6,           /* cuModuleLoadData(Ex)/cuLibraryLoadData: handle; aux: image */
 };
 
 /* cudaMemcpyKind values, as the runtime defines them. */
@@ -99,6 +188,11 @@ enum gf_sync_scope {
 /* gf_event.flags */
 #define GF_F_HAS_RESULT 0x1 /* result and duration_ns were taken at return */
 #define GF_F_ASYNC 0x2      /* the call only enqueued work */
+/* 0x40 (F_CAPTURED) and 0x80 (F_BYTES_KNOWN) are set by user space only. */
+
+/* graph_capture: dim[0] */
+#define GF_CAPTURE_BEGIN 1
+#define GF_CAPTURE_END 2
 
 struct gf_event {
 	__u64 ts_ns;       /* CLOCK_MONOTONIC at entry (bpf_ktime_get_ns) */
@@ -111,12 +205,39 @@ struct gf_event {
 	__u64 duration_ns; /* entry to return, valid with GF_F_HAS_RESULT */
 	__u64 handle;      /* launch: function/kernel handle; memcpy/memset: dst;
 			      alloc/free: pointer; sync: stream or event;
-			      graph_launch: graph exec */
+			      graph_launch, graph_instantiate: graph exec;
+			      graph_capture: the graph (at the end) */
 	__u64 stream;
-	__u64 bytes;       /* memcpy/memset/alloc: bytes; launch: dynamic shared memory */
+	__u64 bytes;       /* memcpy/memset/alloc: bytes; launch: dynamic shared memory;
+			      graph_instantiate: the graph */
 	__u32 dim[6];      /* launch: grid x,y,z, block x,y,z;
 			      memcpy: [0] enum gf_copy_kind; alloc: [0] enum gf_alloc_kind;
 			      sync: [0] enum gf_sync_scope */
+};
+
+/* A kernel name or a handle alias, from the `names` ring buffer (strings do not fit
+ * in gf_event). Read by user space before the events that use it are decoded. */
+#define GF_NAME_MAX 512
+#define GF_NAME_F_TRUNCATED 0x1 /* the name filled the buffer: it was cut */
+
+struct gf_name_event {
+	__u64 ts_ns;
+	__u32 pid;
+	__u16 kind;  /* enum gf_name_kind */
+	__u16 flags; /* GF_NAME_F_* */
+	__u64 handle;
+	__u64 aux;
+	char name[GF_NAME_MAX]; /* NUL-terminated; empty for aliases */
+};
+
+/* Text ranges of the runtime files a process maps (user space fills `runtime_text`): a
+ * driver call whose return address lies in one was made by a probed runtime for an
+ * operation already recorded, and is not recorded again. */
+#define GF_MAX_RUNTIME_RANGES 8
+
+struct gf_text_ranges {
+	__u64 start[GF_MAX_RUNTIME_RANGES];
+	__u64 end[GF_MAX_RUNTIME_RANGES];
 };
 
 /* A process whose dynamic loader changed its link map (dlopen, start-up). */

@@ -55,6 +55,8 @@ class Capture:
         self.enricher = enricher or Enricher()
         self._classifier = discover.Classifier()
         self._scanned: set[int] = set()
+        #: pid → the text ranges of probed CUDA files registered for it (probes.set_text_ranges).
+        self._text: dict[int, frozenset[tuple[int, int]]] = {}
         self._loader_covered: set[int] = set()
         self._next_rescan = 0.0
         self.stats = CaptureStats()
@@ -88,6 +90,7 @@ class Capture:
         for pid, keys in snapshot.libraries_by_pid.items():
             self._scanned.add(pid)
             kinds = {attached[k].library.kind for k in keys if k in attached}
+            self._register_text(pid, keys, snapshot)
             # A process whose loader is not probed (kernel threads, static programs)
             # is looked at again on every rescan tick instead.
             if "loader" in kinds:
@@ -97,12 +100,31 @@ class Capture:
                 for observer in self.process_observers:
                     observer(pid)
 
+    def _register_text(
+        self, pid: int, keys: Iterable[discover.LibraryKey], snapshot: discover.Snapshot
+    ) -> None:
+        """Tell the driver probes where `pid`'s probed runtime and driver code lies."""
+        attached = self.probes.attached
+        ranges = frozenset(
+            snapshot.text_ranges[(pid, key)]
+            for key in keys
+            if key in attached
+            and attached[key].library.kind in ("runtime", "driver")
+            and (pid, key) in snapshot.text_ranges
+        )
+        if ranges and self._text.get(pid) != ranges:
+            self.probes.set_text_ranges(pid, ranges)
+            self._text[pid] = ranges
+
     def rescan(self) -> None:
         live = self._live_pids()
         wanted = self._candidate_pids()
         if wanted is not None:
             live &= wanted
         self._scanned &= live
+        for gone in set(self._text) - live:
+            self.probes.forget_pid(gone)
+            del self._text[gone]
         self._loader_covered &= live
         self._observed &= live
         todo = (live - self._scanned) | (live - self._loader_covered)
@@ -141,6 +163,8 @@ class Capture:
         total = 0
         while True:
             events = self.probes.ring.drain(BATCH_EVENTS)
+            # After the events: each launch drained was committed after its name.
+            self.enricher.kernels.add(self.probes.drain_names())
             if len(events) == 0:
                 break
             self.enricher.enrich(events)

@@ -1,25 +1,35 @@
 """Raw event arrays → the events of `--output` (one JSON object per line).
 
 Two steps: `Enricher` adds, once per batch and in ring order, what only the node
-knows (wall-clock time, the size of each free); `to_events` turns enriched
-records into dicts, per batch (columns become Python lists once).
+knows (wall-clock time, the size of each free, which launches were captured into a
+graph and how many kernel nodes each graph exec holds); `to_events` turns enriched
+records into dicts, per batch (columns become Python lists once), naming launches
+from the enricher's KernelNames.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from producer.kernels import KernelNames
 from producer.records import (
     ALLOC_KINDS,
     API_NAMES,
+    CAPTURE_BEGIN,
+    CAPTURE_END,
+    CAPTURE_KERNEL_NODES,
     COPY_KINDS,
     F_ASYNC,
     F_BYTES_KNOWN,
+    F_CAPTURED,
     F_HAS_RESULT,
+    GRAPH_KERNEL_NODES,
     SYNC_SCOPES,
     TYPE_NAMES,
     EventType,
@@ -27,6 +37,11 @@ from producer.records import (
 )
 
 Event = dict[str, Any]
+
+#: Graphs and graph execs whose kernel-node counts are remembered (oldest forgotten first).
+MAX_GRAPHS = 65536
+
+_GRAPH_TYPES = (EventType.GRAPH_CAPTURE, EventType.GRAPH_INSTANTIATE, EventType.GRAPH_LAUNCH)
 
 def monotonic_to_wall_offset_ns() -> int:
     """Offset that turns bpf_ktime_get_ns() (CLOCK_MONOTONIC) into wall-clock ns."""
@@ -50,25 +65,88 @@ class AllocationSizes:
         return self._sizes.pop((pid, ptr), None)
 
 
+class _Bounded(OrderedDict[tuple[int, int], int]):
+    """A dict that forgets its oldest entries beyond MAX_GRAPHS."""
+
+    def __setitem__(self, key: tuple[int, int], value: int) -> None:
+        super().__setitem__(key, value)
+        if len(self) > MAX_GRAPHS:
+            self.popitem(last=False)
+
+
+class GraphNodes:
+    """Stream capture, per process, in ring order: launches on a stream being captured are
+    graph nodes (F_CAPTURED), counted into the graph that EndCapture returns, then into each
+    exec instantiated from it; a graph launch's dim[GRAPH_KERNEL_NODES] gets its exec's."""
+
+    def __init__(self) -> None:
+        self.capturing: dict[tuple[int, int], int] = {}  # (pid, stream) → kernel nodes so far
+        self.graphs = _Bounded()  # (pid, graph) → kernel nodes
+        self.execs = _Bounded()  # (pid, graph exec) → kernel nodes
+
+    def apply(self, events: npt.NDArray[np.void]) -> None:
+        types = events["type"]
+        relevant = np.isin(types, _GRAPH_TYPES)
+        if self.capturing or (types == EventType.GRAPH_CAPTURE).any():
+            relevant |= types == EventType.LAUNCH
+        for i in np.flatnonzero(relevant).tolist():
+            self._one(events[i])
+
+    def _one(self, event: np.void) -> None:
+        etype, pid = int(event["type"]), int(event["pid"])
+        stream, handle = (pid, int(event["stream"])), int(event["handle"])
+        ok = not event["flags"] & F_HAS_RESULT or int(event["result"]) == 0
+        if etype == EventType.LAUNCH:
+            if stream in self.capturing:
+                self.capturing[stream] += 1
+                event["flags"] |= F_CAPTURED
+        elif etype == EventType.GRAPH_CAPTURE:
+            phase = int(event["dim"][0])
+            if phase == CAPTURE_BEGIN:
+                self.capturing[stream] = 0
+            elif phase == CAPTURE_END:
+                nodes = self.capturing.pop(stream, 0)
+                if ok and handle:
+                    self.graphs[(pid, handle)] = nodes
+                    event["dim"][CAPTURE_KERNEL_NODES] = nodes
+        elif etype == EventType.GRAPH_INSTANTIATE:
+            nodes = self.graphs.get((pid, int(event["bytes"])), 0)
+            if ok and handle:
+                self.execs[(pid, handle)] = nodes
+                event["dim"][GRAPH_KERNEL_NODES] = nodes
+        elif etype == EventType.GRAPH_LAUNCH:
+            nodes = self.execs.get((pid, handle), 0)
+            event["dim"][GRAPH_KERNEL_NODES] = nodes
+            if stream in self.capturing:  # a child graph of the one being captured
+                self.capturing[stream] += nodes
+
+
 class Enricher:
     """What only the node knows, added once per batch, in ring order: wall-clock
-    timestamps, and the size of each free (from the allocation of its pointer).
+    timestamps, the size of each free (from the allocation of its pointer), captured
+    launches and graph kernel nodes (GraphNodes); and the kernel names of launch
+    handles (`kernels`, fed by the capture from the names ring).
 
     Everything downstream (--output, Kafka, the summary) sees enriched records, so
     a consumer decodes exactly the events `--output` writes, with no state.
     """
 
-    def __init__(self, clock_offset_ns: int | None = None) -> None:
+    def __init__(
+        self, clock_offset_ns: int | None = None, proc_root: Path = Path("/proc")
+    ) -> None:
         self.clock_offset_ns = (
             monotonic_to_wall_offset_ns() if clock_offset_ns is None else clock_offset_ns
         )
         self.allocations = AllocationSizes()
+        self.graphs = GraphNodes()
+        self.kernels = KernelNames(proc_root)
 
     def enrich(self, events: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
         """Enrich a drained batch in place (it is ours) and return it."""
         if len(events) == 0:
             return events
         events["ts_ns"] += np.uint64(self.clock_offset_ns)
+        self.graphs.apply(events)
         types = events["type"]
         memory = np.flatnonzero((types == EventType.ALLOC) | (types == EventType.FREE))
         for i in memory.tolist():
@@ -86,15 +164,16 @@ class Enricher:
         return events
 
 
-def to_events(events: npt.NDArray[np.void]) -> list[Event]:
-    """Enriched records → the events of --output. Stateless."""
+def to_events(events: npt.NDArray[np.void], kernels: KernelNames | None = None) -> list[Event]:
+    """Enriched records → the events of --output; launches are named from `kernels`
+    (without it, `kernel` and `kernel_full` are null)."""
     if len(events) == 0:
         return []
     columns = {name: events[name].tolist() for name in events.dtype.names or ()}
-    return [_one(columns, i) for i in range(len(events))]
+    return [_one(columns, i, kernels) for i in range(len(events))]
 
 
-def _one(c: dict[str, list[Any]], i: int) -> Event:
+def _one(c: dict[str, list[Any]], i: int, kernels: KernelNames | None) -> Event:
     etype = c["type"][i]
     flags = c["flags"][i]
     has_result = bool(flags & F_HAS_RESULT)
@@ -112,13 +191,16 @@ def _one(c: dict[str, list[Any]], i: int) -> Event:
     dim = c["dim"][i]
     is_async = bool(flags & F_ASYNC)
     if etype == EventType.LAUNCH:
+        name = kernels.name_of(c["pid"][i], c["handle"][i]) if kernels is not None else None
         event.update(
             grid=dim[0:3],
             block=dim[3:6],
             shared_mem_bytes=c["bytes"][i],
             stream=c["stream"][i],
-            kernel=None,
+            kernel=name.short if name else None,
+            kernel_full=name.full if name else None,
             function=c["handle"][i],
+            captured=bool(flags & F_CAPTURED),
         )
     elif etype == EventType.MEMCPY:
         kind = dim[0]
@@ -161,7 +243,28 @@ def _one(c: dict[str, list[Any]], i: int) -> Event:
             ok=ok,
         )
     elif etype == EventType.GRAPH_LAUNCH:
-        event.update(graph_exec=c["handle"][i], stream=c["stream"][i])
+        nodes = dim[GRAPH_KERNEL_NODES]
+        event.update(
+            graph_exec=c["handle"][i], stream=c["stream"][i], kernel_nodes=nodes or None
+        )
+    elif etype == EventType.GRAPH_CAPTURE:
+        ended = dim[0] == CAPTURE_END
+        event.update(
+            phase="end" if ended else "begin",
+            stream=c["stream"][i],
+            graph=(c["handle"][i] or None) if ended else None,
+            kernel_nodes=dim[CAPTURE_KERNEL_NODES] if ended and ok else None,
+            duration_ns=duration,
+            ok=ok,
+        )
+    elif etype == EventType.GRAPH_INSTANTIATE:
+        event.update(
+            graph_exec=c["handle"][i] if ok else None,
+            graph=c["bytes"][i],
+            kernel_nodes=dim[GRAPH_KERNEL_NODES] if ok else None,
+            duration_ns=duration,
+            ok=ok,
+        )
     if has_result:
         event["result"] = result
     return event

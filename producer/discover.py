@@ -1,4 +1,4 @@
-"""Which CUDA runtime files and dynamic loaders the processes of a node have mapped.
+"""Which CUDA runtime and driver files and dynamic loaders the processes of a node have mapped.
 
 Pure: reads a /proc tree (any root, so tests use fake ones) and ELF files; imports no bcc.
 
@@ -19,16 +19,18 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
 from producer import elfsyms
-from producer.records import API_IDS
+from producer.records import API_IDS, DRIVER_APIS, RUNTIME_APIS
 
 __all__ = [
+    "DRIVER_API_NAMES",
+    "DRIVER_SYMBOLS",
     "LOADER_SYMBOL",
     "RUNTIME_API_NAMES",
     "RUNTIME_SYMBOLS",
@@ -43,10 +45,14 @@ __all__ = [
     "scan_pid",
 ]
 
-# Every GF_API_<name> of bpf/events.h, in its order: the mirror in producer/records.py
-# (tests/test_records.py checks it against the header).
-RUNTIME_API_NAMES: tuple[str, ...] = tuple(API_IDS)
+# Every GF_API_<name> of bpf/events.h, in its order, by layer: the mirror in
+# producer/records.py (tests/test_records.py checks it against the header).
+RUNTIME_API_NAMES: tuple[str, ...] = tuple(name for name in API_IDS if name in RUNTIME_APIS)
 RUNTIME_SYMBOLS: frozenset[str] = frozenset(RUNTIME_API_NAMES)
+DRIVER_API_NAMES: tuple[str, ...] = tuple(name for name in API_IDS if name in DRIVER_APIS)
+DRIVER_SYMBOLS: frozenset[str] = frozenset(DRIVER_API_NAMES)
+# One read of a file answers both questions.
+_CLASSIFYING_SYMBOLS = RUNTIME_SYMBOLS | DRIVER_SYMBOLS
 
 # The loader calls this empty function after every change to its link map (dlopen, start-up).
 LOADER_SYMBOL = "_dl_debug_state"
@@ -55,7 +61,7 @@ _LOADER_SYMBOLS = frozenset({LOADER_SYMBOL})
 LibraryKey = tuple[int, int]
 """(st_dev, st_ino) of a file, as /proc/PID/maps shows them."""
 
-Kind = Literal["runtime", "loader"]
+Kind = Literal["runtime", "driver", "loader"]
 
 # How many processes mapping a file are tried for a path to it, before the file is skipped
 # for this scan: when the first few fail, the rest will fail the same way.
@@ -78,7 +84,8 @@ class LibraryFile:
     path: str  # as the process whose host_path this is sees it (containers see other paths)
     host_path: str  # opens the same file from the agent's mount namespace
     kind: Kind
-    symbols: frozenset[str] = frozenset()  # the RUNTIME_SYMBOLS (or LOADER_SYMBOL) it defines
+    # the RUNTIME_SYMBOLS (DRIVER_SYMBOLS, LOADER_SYMBOL) it defines
+    symbols: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,10 @@ class Snapshot:
     pids_by_library: Mapping[LibraryKey, frozenset[int]]
     libraries_by_pid: Mapping[int, frozenset[LibraryKey]]  # every pid read, even if empty
     errors: frozenset[int]  # pids that vanished or could not be read during the scan
+    #: (pid, file) → (start, end) of the file's first executable mapping in that process.
+    text_ranges: Mapping[tuple[int, LibraryKey], tuple[int, int]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 # The first executable mapping of one file in one process, as maps shows it:
@@ -119,6 +130,7 @@ class _Verdict:
 
     identity: tuple[int, int]
     runtime: frozenset[str]
+    driver: frozenset[str]
     loader: bool | None  # None: not asked yet (only loader candidates are)
 
 
@@ -165,6 +177,8 @@ class Classifier:
             symbols = _LOADER_SYMBOLS
         elif verdict.runtime:
             kind, symbols = "runtime", verdict.runtime
+        elif verdict.driver:
+            kind, symbols = "driver", verdict.driver
         else:
             return None
         return LibraryFile(key, _path_of(located.mapping), located.host_path, kind, symbols)
@@ -192,8 +206,8 @@ class Classifier:
         identity = (located.stat.st_size, located.stat.st_mtime_ns)
         verdict = self._verdicts.get(key)
         if verdict is None or verdict.identity != identity:
-            runtime = elfsyms.defined_functions(located.host_path, RUNTIME_SYMBOLS)
-            verdict = _Verdict(identity, runtime, None)
+            found = elfsyms.defined_functions(located.host_path, _CLASSIFYING_SYMBOLS)
+            verdict = _Verdict(identity, found & RUNTIME_SYMBOLS, found & DRIVER_SYMBOLS, None)
         if loader_candidate and verdict.loader is None:
             defined = elfsyms.defined_functions(located.host_path, _LOADER_SYMBOLS)
             verdict = replace(verdict, loader=LOADER_SYMBOL in defined)
@@ -291,15 +305,24 @@ def _assemble(
 ) -> Snapshot:
     pids_by_library = {key: frozenset(holders[key]) for key in libraries}
     keys_by_pid: dict[int, list[LibraryKey]] = {pid: [] for pid in scanned}
+    text_ranges: dict[tuple[int, LibraryKey], tuple[int, int]] = {}
     for key, pids in pids_by_library.items():
         for pid in pids:
             keys_by_pid[pid].append(key)
+            if libraries[key].kind != "loader":
+                text_ranges[(pid, key)] = _address_range(holders[key][pid])
     return Snapshot(
         libraries=MappingProxyType(libraries),
         pids_by_library=MappingProxyType(pids_by_library),
         libraries_by_pid=MappingProxyType({p: frozenset(k) for p, k in keys_by_pid.items()}),
         errors=frozenset(errors),
+        text_ranges=MappingProxyType(text_ranges),
     )
+
+
+def _address_range(line: _Line) -> tuple[int, int]:
+    start, _, end = line[0].partition("-")
+    return int(start, 16), int(end, 16)
 
 
 def _list_pids(proc_root: str) -> list[int]:

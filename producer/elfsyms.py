@@ -14,6 +14,7 @@ functions never raise because of a bad file.
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 import stat
@@ -31,7 +32,15 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 from elftools.elf.segments import InterpSegment
 
-__all__ = ["clear_cache", "defined_functions", "interpreter", "symbol_address"]
+__all__ = [
+    "clear_cache",
+    "defined_functions",
+    "file_offset_to_vaddr",
+    "function_addresses",
+    "interpreter",
+    "symbol_address",
+    "symbol_at",
+]
 
 # pyelftools names type 10 (STT_GNU_IFUNC) after the range it opens, STT_LOOS.
 _FUNCTION_TYPES = frozenset({"STT_FUNC", "STT_GNU_IFUNC", "STT_LOOS"})
@@ -60,10 +69,40 @@ def defined_functions(path: str, wanted: frozenset[str]) -> frozenset[str]:
     return frozenset(name for name, d in found.items() if d.is_function)
 
 
+def function_addresses(path: str, wanted: frozenset[str]) -> dict[str, int]:
+    """st_value of each function in `wanted` that `path` defines (one read for all names)."""
+    found = _definitions(path, wanted)
+    return {name: d.value for name, d in found.items() if d.is_function}
+
+
 def symbol_address(path: str, name: str) -> int | None:
     """st_value of the symbol `name` that `path` defines (any symbol type), or None."""
     found = _definitions(path, frozenset((name,))).get(name)
     return None if found is None else found.value
+
+
+def symbol_at(path: str, file_offset: int) -> tuple[str, int] | None:
+    """(name, st_value) of the function symbol covering the code at `file_offset` of `path`,
+    from .symtab and .dynsym (a host stub nvcc 13 leaves only in .symtab is found too)."""
+    table = _cached(path, ("functions",), _read_function_table)
+    if table is None:
+        return None
+    vaddr = _to_vaddr(table.loads, file_offset)
+    if vaddr is None:
+        return None
+    i = bisect.bisect_right(table.starts, vaddr) - 1
+    if i < 0:
+        return None
+    start, size, name = table.starts[i], table.sizes[i], table.names[i]
+    if vaddr < start + max(size, 1):
+        return name, start
+    return None
+
+
+def file_offset_to_vaddr(path: str, file_offset: int) -> int | None:
+    """The virtual address (st_value terms) of the byte at `file_offset` of a loaded segment."""
+    table = _cached(path, ("functions",), _read_function_table)
+    return None if table is None else _to_vaddr(table.loads, file_offset)
 
 
 def interpreter(path: str) -> str | None:
@@ -305,6 +344,55 @@ def _definition(
     if name not in wanted or symbol["st_shndx"] == "SHN_UNDEF" or symbol["st_value"] == 0:
         return None
     return name, _Definition(symbol["st_value"], symbol["st_info"]["type"] in _FUNCTION_TYPES)
+
+
+@dataclass(frozen=True, slots=True)
+class _FunctionTable:
+    """Every defined function of a file, sorted by address, and its PT_LOAD segments."""
+
+    starts: tuple[int, ...]
+    sizes: tuple[int, ...]
+    names: tuple[str, ...]
+    loads: tuple[tuple[int, int, int], ...]  # (p_offset, p_filesz, p_vaddr)
+
+
+def _read_function_table(f: BinaryIO) -> _FunctionTable:
+    elf = ELFFile(f)
+    loads = tuple(
+        (seg["p_offset"], seg["p_filesz"], seg["p_vaddr"])
+        for seg in elf.iter_segments()
+        if seg["p_type"] == "PT_LOAD"
+    )
+    by_address: dict[int, tuple[int, str]] = {}
+    for section in elf.iter_sections():
+        if not isinstance(section, SymbolTableSection):
+            continue
+        for symbol in section.iter_symbols():
+            if (
+                symbol["st_info"]["type"] not in _FUNCTION_TYPES
+                or symbol["st_shndx"] == "SHN_UNDEF"
+                or not symbol["st_value"]
+                or not symbol.name
+            ):
+                continue
+            # The first name seen for an address wins (.dynsym comes first).
+            by_address.setdefault(
+                symbol["st_value"], (symbol["st_size"], symbol.name.split("@", 1)[0])
+            )
+    ordered = sorted(by_address.items())
+    return _FunctionTable(
+        starts=tuple(a for a, _ in ordered),
+        sizes=tuple(s for _, (s, _) in ordered),
+        names=tuple(n for _, (_, n) in ordered),
+        loads=loads,
+    )
+
+
+def _to_vaddr(loads: tuple[tuple[int, int, int], ...], file_offset: int) -> int | None:
+    for p_offset, p_filesz, p_vaddr in loads:
+        if p_offset <= file_offset < p_offset + p_filesz:
+            return file_offset - p_offset + p_vaddr
+    return None
 
 
 def _read_interpreter(f: BinaryIO) -> str | None:

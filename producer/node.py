@@ -17,6 +17,7 @@ from typing import Any
 
 from producer import wire
 from producer.capture import Capture
+from producer.decode import Enricher
 from producer.environment import check_can_probe
 from producer.errors import UsageError
 from producer.publish import KafkaSettings, KafkaSink
@@ -47,6 +48,9 @@ def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float) ->
         ),
         "queue_messages": kafka.queue_depth() if kafka else 0,
         "libraries_attached": capture.probes.runtime_files(),
+        "driver_libraries_attached": capture.probes.driver_files(),
+        "dropped_names": drops.names,
+        "forwarded_driver_calls": drops.forwarded,
     }
 
 
@@ -79,12 +83,15 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
     sinks: list[EventSink] = []
+    enricher = Enricher(proc_root=settings.proc_root)
     if output is not None:
-        sinks.append(JsonLinesSink(output))
-    kafka_sink = KafkaSink(kafka, proc_root=settings.proc_root) if kafka else None
+        sinks.append(JsonLinesSink(output, enricher.kernels))
+    kafka_sink = (
+        KafkaSink(kafka, proc_root=settings.proc_root, kernels=enricher.kernels) if kafka else None
+    )
     if kafka_sink is not None:
         sinks.append(kafka_sink)
-    capture = Capture(settings, sinks)
+    capture = Capture(settings, sinks, enricher)
     if kafka_sink is not None:
         capture.process_observers.append(kafka_sink.observe)
     capture.start()

@@ -7,6 +7,7 @@ a uprobe on a file covers every process that maps it, now or later.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import logging
 import os
@@ -15,11 +16,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from producer import elfsyms
-from producer.discover import RUNTIME_SYMBOLS, LibraryFile
+from producer.discover import DRIVER_SYMBOLS, RUNTIME_SYMBOLS, LibraryFile
 from producer.errors import AttachError, SetupError
-from producer.records import API_IDS, DROP_EVENTS, DROP_LOADER, LOADER_EVENT_DTYPE, WITH_RETURN
+from producer.records import (
+    DRIVER_NAME_FUNCTIONS,
+    DROP_EVENTS,
+    DROP_LOADER,
+    DROP_NAMES,
+    DROP_SLOTS,
+    FORWARDED,
+    LOADER_EVENT_DTYPE,
+    MAX_RUNTIME_RANGES,
+    NAME_EVENT_DTYPE,
+    NAME_WITH_RETURN,
+    RUNTIME_NAME_FUNCTIONS,
+    TEXT_RANGES_DTYPE,
+    WITH_RETURN,
+)
 from producer.ringbuf import RingBufferReader
 from producer.settings import CaptureSettings
 
@@ -41,6 +57,17 @@ class DropCounts:
     events: int
     loader: int
     by_pid: dict[int, int] = field(default_factory=dict)
+    names: int = 0
+    #: Not lost: driver calls a probed runtime made for an operation recorded once already.
+    forwarded: int = 0
+
+
+# What each kind of library file is probed for: its API functions and name functions.
+_PROBED: dict[str, frozenset[str]] = {
+    "runtime": RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS,
+    "driver": DRIVER_SYMBOLS | DRIVER_NAME_FUNCTIONS,
+}
+_WITH_RETURN = WITH_RETURN | NAME_WITH_RETURN
 
 
 @dataclass
@@ -71,7 +98,10 @@ class Probes:
         self.attached: dict[tuple[int, int], AttachedFile] = {}
         self.failed: dict[tuple[int, int], str] = {}
         self._loader_events: list[LoaderEvent] = []
+        self._names: list[bytes] = []
         self._bpf["loader_events"].open_ring_buffer(self._on_loader_event)
+        self._bpf["names"].open_ring_buffer(self._on_name)
+        self._runtime_text = self._bpf["runtime_text"]
         self.ring = RingBufferReader(self._bpf["events"].map_fd, settings.ringbuf_bytes)
         self._scope = self._bpf["scope_pids"]
 
@@ -97,20 +127,26 @@ class Probes:
         return attached
 
     def _attach_runtime(self, library: LibraryFile) -> AttachedFile:
-        functions = elfsyms.defined_functions(library.host_path, RUNTIME_SYMBOLS)
-        if not functions:
-            raise AttachError("defines none of the CUDA runtime functions we probe")
+        """A runtime or driver file: its API functions and its name functions."""
+        addresses = elfsyms.function_addresses(library.host_path, _PROBED[library.kind])
+        functions = frozenset(addresses)
+        if not functions & (RUNTIME_SYMBOLS | DRIVER_SYMBOLS):
+            raise AttachError(f"defines none of the CUDA {library.kind} functions we probe")
         probes = 0
         path = library.host_path.encode()
+        claimed: dict[int, str] = {}
         for name in sorted(functions):
-            if name not in API_IDS:
+            # Two names of one function (an alias) would fire two probes per call.
+            if addresses[name] in claimed:
+                log.debug("%s: %s is %s, probed once", library.path, name, claimed[addresses[name]])
                 continue
+            claimed[addresses[name]] = name
             try:
                 self._bpf.attach_uprobe(
                     name=path, sym=name.encode(), fn_name=f"{name}_entry".encode()
                 )
                 probes += 1
-                if name in WITH_RETURN:
+                if name in _WITH_RETURN:
                     self._bpf.attach_uretprobe(
                         name=path, sym=name.encode(), fn_name=f"{name}_return".encode()
                     )
@@ -134,6 +170,28 @@ class Probes:
         """How many runtime library files are probed."""
         return sum(1 for a in self.attached.values() if a.library.kind == "runtime")
 
+    def driver_files(self) -> int:
+        """How many driver library files are probed."""
+        return sum(1 for a in self.attached.values() if a.library.kind == "driver")
+
+    def set_text_ranges(self, pid: int, ranges: Iterable[tuple[int, int]]) -> None:
+        """The text of the probed runtime and driver files `pid` maps: driver calls made
+        from there are a runtime's (or the driver's own) and are not recorded again."""
+        spans = sorted(set(ranges))[:MAX_RUNTIME_RANGES]
+        if len(spans) < len(set(ranges)):
+            log.warning("pid %d maps more than %d CUDA files: driver calls from the rest "
+                        "may be counted twice", pid, MAX_RUNTIME_RANGES)
+        value = np.zeros(1, dtype=TEXT_RANGES_DTYPE)
+        for i, (start, end) in enumerate(spans):
+            value["start"][0][i] = start
+            value["end"][0][i] = end
+        leaf = self._runtime_text.Leaf.from_buffer_copy(value.tobytes())
+        self._runtime_text[self._runtime_text.Key(pid)] = leaf
+
+    def forget_pid(self, pid: int) -> None:
+        with contextlib.suppress(KeyError):
+            del self._runtime_text[self._runtime_text.Key(pid)]
+
     # -- scope ------------------------------------------------------------
 
     def add_to_scope(self, pids: Iterable[int]) -> None:
@@ -156,11 +214,33 @@ class Probes:
         raw = np.frombuffer(ctypes.string_at(data, size), dtype=LOADER_EVENT_DTYPE)[0]
         self._loader_events.append(LoaderEvent(int(raw["pid"]), bool(raw["held"])))
 
+    def _on_name(self, _ctx: Any, data: Any, size: int) -> None:
+        self._names.append(ctypes.string_at(data, size))
+
+    def drain_names(self) -> npt.NDArray[np.void]:
+        """Every name record committed so far (NAME_EVENT_DTYPE), oldest first.
+
+        Drain the events ring first, then this: a launch is committed after the name
+        record of its handle, so every launch drained has its name here."""
+        self._bpf.ring_buffer_consume()
+        raw, self._names = self._names, []
+        size = NAME_EVENT_DTYPE.itemsize
+        good = [r[:size] for r in raw if len(r) >= size]
+        if not good:
+            return np.empty(0, dtype=NAME_EVENT_DTYPE)
+        return np.frombuffer(b"".join(good), dtype=NAME_EVENT_DTYPE).copy()
+
     def drops(self) -> DropCounts:
         table = self._bpf["drops"]
-        totals = [sum(int(v) for v in table[table.Key(slot)]) for slot in range(3)]
+        totals = [sum(int(v) for v in table[table.Key(slot)]) for slot in range(DROP_SLOTS)]
         by_pid = {int(k.value): int(v.value) for k, v in self._bpf["drops_by_pid"].items()}
-        return DropCounts(events=totals[DROP_EVENTS], loader=totals[DROP_LOADER], by_pid=by_pid)
+        return DropCounts(
+            events=totals[DROP_EVENTS],
+            loader=totals[DROP_LOADER],
+            by_pid=by_pid,
+            names=totals[DROP_NAMES],
+            forwarded=totals[FORWARDED],
+        )
 
     def close(self, background: bool = True) -> None:
         """Detach everything. Releasing a uprobe costs the kernel ~0.1 s (it waits

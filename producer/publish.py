@@ -25,6 +25,8 @@ import numpy.typing as npt
 
 from producer import identity, wire
 from producer.errors import UsageError
+from producer.kernels import KernelNames
+from producer.records import EventType
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,8 @@ class KafkaSink:
         host: str | None = None,
         producer_factory: Callable[[dict[str, Any]], Any] | None = None,
         create_topics: bool = True,
+        *,
+        kernels: KernelNames | None = None,
     ) -> None:
         from confluent_kafka import Producer
         from confluent_kafka.admin import AdminClient
@@ -157,6 +161,9 @@ class KafkaSink:
         self._topics_ready = self.ensure_topics(self._wanted_topics)
         self._next_topic_try = time.monotonic() + 10
         self._pending: dict[int, list[npt.NDArray[np.void]]] = {}
+        #: Names of the pending launches, taken at write time (while the process is alive).
+        self._kernels = kernels
+        self._pending_names: dict[int, dict[int, wire.KernelName]] = {}
         self._pending_events = 0
         self._pending_since: float | None = None
         self._identities: dict[int, identity.ProcessIdentity] = {}
@@ -179,6 +186,10 @@ class KafkaSink:
         for k, pid in enumerate(unique.tolist()):
             part = events if len(unique) == 1 else events[inverse == k]
             self._pending.setdefault(pid, []).append(part)
+            if self._kernels is not None:
+                names = self._kernels.for_launches(pid, part)
+                if names:
+                    self._pending_names.setdefault(pid, {}).update(names)
         self._pending_events += len(events)
         if self._pending_since is None:
             self._pending_since = time.monotonic()
@@ -228,6 +239,7 @@ class KafkaSink:
 
     def flush_pending(self) -> None:
         pending, self._pending = self._pending, {}
+        names, self._pending_names = self._pending_names, {}
         self._pending_events, self._pending_since = 0, None
         limit = self.settings.max_batch_events
         for pid, parts in pending.items():
@@ -235,7 +247,9 @@ class KafkaSink:
             who = self._identity(pid)
             for start in range(0, len(events), limit):
                 chunk = events[start : start + limit]
-                batch = wire.EventBatch(self.host, pid, who.start_time, chunk)
+                batch = wire.EventBatch(
+                    self.host, pid, who.start_time, chunk, _launch_names(chunk, names.get(pid))
+                )
                 self._produce(
                     self._topics.events,
                     key=wire.host_key(self.host),
@@ -309,3 +323,13 @@ class KafkaSink:
 
     def queue_depth(self) -> int:
         return len(self._producer)
+
+
+def _launch_names(
+    events: npt.NDArray[np.void], names: Mapping[int, wire.KernelName] | None
+) -> dict[int, wire.KernelName]:
+    """The names of the launch handles of `events` (each message carries its own)."""
+    if not names:
+        return {}
+    launched = np.unique(events["handle"][events["type"] == EventType.LAUNCH]).tolist()
+    return {h: names[h] for h in launched if h in names}

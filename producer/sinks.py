@@ -11,6 +11,7 @@ import numpy.typing as npt
 import orjson
 
 from producer.decode import Event, to_events
+from producer.kernels import KernelNames
 from producer.summary import Summary
 
 
@@ -28,13 +29,14 @@ class EventSink(Protocol):
 class JsonLinesSink:
     """`--output FILE`: one JSON object per event and line ('-' is stdout)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, kernels: KernelNames | None = None) -> None:
+        self._kernels = kernels
         self._own = str(path) != "-"
         self._file: BinaryIO = open(path, "wb") if self._own else sys.stdout.buffer  # noqa: SIM115
         self.written = 0
 
     def write(self, events: npt.NDArray[np.void]) -> None:
-        decoded = to_events(events)
+        decoded = to_events(events, self._kernels)
         if decoded:
             self._file.write(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)
                                       for e in decoded))
@@ -66,11 +68,12 @@ class SummarySink:
 class MemorySink:
     """Keeps decoded events in memory; for tests and small tools."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernels: KernelNames | None = None) -> None:
+        self._kernels = kernels
         self.events: list[Event] = []
 
     def write(self, events: npt.NDArray[np.void]) -> None:
-        self.events.extend(to_events(events))
+        self.events.extend(to_events(events, self._kernels))
 
     def tick(self) -> None:
         pass

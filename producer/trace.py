@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from producer.capture import Capture
+from producer.decode import Enricher
 from producer.environment import check_can_probe
 from producer.errors import UsageError
 from producer.settings import CaptureSettings
@@ -74,9 +75,10 @@ def run(
     settings = replace(base, pids=frozenset(), follow_forks=True, hold_on_load=True)
     summary_sink = SummarySink()
     sinks: list[EventSink] = [summary_sink]
+    enricher = Enricher(proc_root=settings.proc_root)
     if output is not None:
-        sinks.append(JsonLinesSink(output))
-    capture = Capture(settings, sinks)
+        sinks.append(JsonLinesSink(output, enricher.kernels))
+    capture = Capture(settings, sinks, enricher)
     pid, release = _spawn_held(argv)
     capture.probes.add_to_scope([pid])
     # With exec watched, the child is held at exec and scanned then. Without,

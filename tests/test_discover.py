@@ -285,8 +285,13 @@ def test_nvidia_runtimes_define_every_probed_function() -> None:
 
 def test_runtime_symbols_match_events_header() -> None:
     header = (REPO / "bpf" / "events.h").read_text()
-    assert tuple(re.findall(r"\bGF_API_(\w+)\s*=", header)) == discover.RUNTIME_API_NAMES
+    ids = {name: int(value) for name, value in re.findall(r"\bGF_API_(\w+)\s*=\s*(\d+)", header)}
+    assert tuple(n for n, v in ids.items() if v < 200) == discover.RUNTIME_API_NAMES
+    assert tuple(n for n, v in ids.items() if v >= 200) == discover.DRIVER_API_NAMES
+    assert all(n.startswith("cuda") for n in discover.RUNTIME_API_NAMES)
+    assert all(n.startswith("cu") and not n.startswith("cuda") for n in discover.DRIVER_API_NAMES)
     assert frozenset(discover.RUNTIME_API_NAMES) == discover.RUNTIME_SYMBOLS
+    assert frozenset(discover.DRIVER_API_NAMES) == discover.DRIVER_SYMBOLS
 
 
 # --- scanning fake trees ---------------------------------------------------------------------

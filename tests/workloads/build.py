@@ -116,3 +116,106 @@ def build_capture(outdir: Path, runtime: Runtime) -> Path:
 def build_dlopen(outdir: Path) -> Path:
     """Build outdir/dlopen, which loads a runtime with dlopen(--lib PATH); return it."""
     return compile_c(Path(outdir) / "dlopen", [DLOPEN_SOURCE], ["-ldl"])
+
+
+# ---- the driver API ---------------------------------------------------------------
+
+DRIVER_SOURCE = WORKLOADS_DIR / "driver.c"
+DRIVER_HEADER = WORKLOADS_DIR / "cuda_driver.h"
+STUBCUDA_SOURCE = WORKLOADS_DIR / "stubcuda.c"
+FWDCUDART_SOURCE = WORKLOADS_DIR / "fwdcudart.c"
+NVCCSTYLE_SOURCE = WORKLOADS_DIR / "nvccstyle.c"
+STATIC_HOST_SOURCE = WORKLOADS_DIR / "static_host.c"
+LIBCUDA_SONAME = "libcuda.so.1"
+#: Where scripts/setup-libcuda unpacks NVIDIA's libcuda.so.1 (Debian non-free).
+REAL_LIBCUDA_DIR = WORKLOADS_DIR.parent.parent / ".cache" / "nvidia-cuda"
+
+Driver = Literal["stub", "real"]
+
+# Stub libraries: exported by name, no identical bodies folded into one (one probe each).
+_STUB_LIBRARY_FLAGS: tuple[str, ...] = ("-fPIC", "-shared", "-fvisibility=hidden", "-fno-ipa-icf")
+
+
+def real_libcuda_dir() -> Path:
+    """The directory holding NVIDIA's libcuda.so.1 (unpacked by scripts/setup-libcuda)."""
+    if not (REAL_LIBCUDA_DIR / LIBCUDA_SONAME).is_file():
+        raise SetupError(
+            f"NVIDIA's {LIBCUDA_SONAME} is not unpacked in {REAL_LIBCUDA_DIR}: run scripts/setup"
+        )
+    return REAL_LIBCUDA_DIR
+
+
+def build_stubcuda(outdir: Path) -> Path:
+    """Build outdir/stubcuda/libcuda.so.1 (every call succeeds); return its directory."""
+    lib_dir = Path(outdir) / "stubcuda"
+    compile_c(
+        lib_dir / LIBCUDA_SONAME,
+        [STUBCUDA_SOURCE],
+        [*_STUB_LIBRARY_FLAGS, f"-Wl,-soname,{LIBCUDA_SONAME}"],
+        inputs=[DRIVER_HEADER],
+    )
+    return lib_dir
+
+
+def libcuda_dir(outdir: Path, driver: Driver) -> Path:
+    return real_libcuda_dir() if driver == "real" else build_stubcuda(outdir)
+
+
+def build_driver(outdir: Path, driver: Driver) -> Path:
+    """Build outdir/driver-DRIVER, the driver workload on the stub or the real libcuda."""
+    lib_dir = libcuda_dir(outdir, driver)
+    return compile_c(
+        Path(outdir) / f"driver-{driver}",
+        [DRIVER_SOURCE],
+        link_args(lib_dir, LIBCUDA_SONAME),
+        inputs=[DRIVER_HEADER, lib_dir / LIBCUDA_SONAME],
+    )
+
+
+def build_fwdcudart(outdir: Path) -> Path:
+    """Build outdir/fwdcudart/libcudart.so.12, the runtime that forwards to the stub
+    driver; return its directory."""
+    cuda = build_stubcuda(outdir)
+    lib_dir = Path(outdir) / "fwdcudart"
+    compile_c(
+        lib_dir / SIMGPU_SONAME,
+        [FWDCUDART_SOURCE],
+        [*_STUB_LIBRARY_FLAGS, f"-Wl,-soname,{SIMGPU_SONAME}",
+         *link_args(cuda, LIBCUDA_SONAME), "-lpthread"],
+        inputs=[DRIVER_HEADER, cuda / LIBCUDA_SONAME],
+    )
+    return lib_dir
+
+
+def build_nvccstyle(outdir: Path) -> Path:
+    """Build outdir/nvccstyle on the forwarding runtime (shared) and the stub driver."""
+    runtime = build_fwdcudart(outdir)
+    cuda = build_stubcuda(outdir)
+    return compile_c(
+        Path(outdir) / "nvccstyle",
+        [NVCCSTYLE_SOURCE],
+        [*link_args(runtime, SIMGPU_SONAME), *link_args(cuda, LIBCUDA_SONAME)],
+        inputs=[runtime / SIMGPU_SONAME],
+    )
+
+
+def build_nvccstyle_static_so(outdir: Path) -> tuple[Path, Path]:
+    """Build (program, library): outdir/static-so/libnvccapp.so holds nvccstyle and the
+    forwarding runtime with hidden symbols (only in .symtab, as a static runtime inside a
+    library has them); outdir/nvccstyle-static-so runs it."""
+    cuda = build_stubcuda(outdir)
+    lib_dir = Path(outdir) / "static-so"
+    library = compile_c(
+        lib_dir / "libnvccapp.so",
+        [NVCCSTYLE_SOURCE, FWDCUDART_SOURCE],
+        [*_STUB_LIBRARY_FLAGS, "-DGF_NO_MAIN", "-DGF_RUNTIME_API=__attribute__((noinline))",
+         "-Wl,-soname,libnvccapp.so", *link_args(cuda, LIBCUDA_SONAME), "-lpthread"],
+        inputs=[DRIVER_HEADER, cuda / LIBCUDA_SONAME],
+    )
+    program = compile_c(
+        Path(outdir) / "nvccstyle-static-so",
+        [STATIC_HOST_SOURCE],
+        link_args(lib_dir, "libnvccapp.so"),
+        inputs=[library],
+    )
+    return program, library

@@ -1,0 +1,233 @@
+"""Kernel names: launch handles → names, per process, from the `names` ring and ELF files.
+
+What the probes report (bpf/events.h, enum gf_name_kind), and how a launch handle is named:
+
+    runtime  __cudaRegisterFunction   host stub → mangled device name
+             __cudaGetKernel          cudaKernel_t → host stub (nvcc 12.4+ launches by it)
+    driver   cuModuleGetFunction      CUfunction → name
+             cuLibraryGetKernel       CUkernel → name (the runtime's cudaKernel_t is one)
+             cuKernelGetFunction      CUfunction → CUkernel
+             cuModuleLoadData(Ex)     module → image address (which file, or JIT memory)
+
+A handle none of these name is looked up as an address in the process: the symbol that
+covers it in its file's .symtab/.dynsym (nvcc 13 keeps host stubs only in .symtab), else
+"MODULE+0xOFFSET" (the file's base name and the address's offset in it). A launch is never
+dropped for want of a name. Names are demangled with cxxfilt, which wraps libstdc++'s
+__cxa_demangle (the reference implementation GCC and c++filt use; pure-Python demanglers lag
+behind it on CUDA's templates); the short form drops template arguments, parameter lists and
+return types, so that a dashboard's kernel tag stays bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cxxfilt
+import numpy as np
+import numpy.typing as npt
+
+from producer import elfsyms
+from producer.records import EventType, NameKind
+from producer.wire import KernelName
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KernelNames", "demangle", "short_name"]
+
+#: Processes whose names are kept (the least recently named are forgotten beyond it).
+MAX_PROCESSES = 4096
+#: Names kept per process (a process that builds kernels without end stays bounded).
+MAX_NAMES_PER_PROCESS = 65536
+
+_ANONYMOUS = "(anonymous namespace)"
+_ANONYMOUS_MARK = "\x00anon\x00"
+
+
+def demangle(symbol: str) -> KernelName:
+    """(short, full) of a symbol: `full` demangled (the symbol itself if it is not mangled)."""
+    full = symbol
+    if symbol.startswith("_Z"):
+        try:
+            full = cxxfilt.demangle(symbol, external_only=False)
+        except cxxfilt.InvalidName:
+            full = symbol
+    return KernelName(short_name(full) or full, full)
+
+
+def short_name(full: str) -> str:
+    """A demangled name without template arguments, parameter lists or return type:
+    "void at::native::vectorized_elementwise_kernel<4, Add>(int, Add)" →
+    "at::native::vectorized_elementwise_kernel"."""
+    text = full.replace(_ANONYMOUS, _ANONYMOUS_MARK)
+    out: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    # What is left before the name proper (a return type) ends at the last top-level space.
+    kept = "".join(out).strip().rsplit(" ", 1)[-1]
+    return kept.replace(_ANONYMOUS_MARK, _ANONYMOUS)
+
+
+@dataclass
+class _Process:
+    """What one process's name records said."""
+
+    stub_names: dict[int, str] = field(default_factory=dict)  # host stub → symbol
+    kernel_stubs: dict[int, int] = field(default_factory=dict)  # cudaKernel_t → host stub
+    driver_names: dict[int, str] = field(default_factory=dict)  # CUfunction/CUkernel → name
+    function_kernels: dict[int, int] = field(default_factory=dict)  # CUfunction → CUkernel
+    modules: dict[int, int] = field(default_factory=dict)  # module/library → image address
+    resolved: dict[int, KernelName] = field(default_factory=dict)
+    guessed: set[int] = field(default_factory=set)  # handles named by address, not by record
+
+    def size(self) -> int:
+        return len(self.stub_names) + len(self.kernel_stubs) + len(self.driver_names)
+
+
+@dataclass(frozen=True)
+class _Mapping:
+    start: int
+    end: int
+    offset: int
+    path: str  # "" for anonymous memory
+
+
+class KernelNames:
+    """Launch handle → KernelName, per process. Feed it name records in ring order with
+    `add` before the events that use them; ask with `name_of` or `for_launches`."""
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self._proc_root = proc_root
+        self._processes: OrderedDict[int, _Process] = OrderedDict()
+        self.records = 0
+
+    def _process(self, pid: int) -> _Process:
+        state = self._processes.get(pid)
+        if state is None:
+            state = self._processes[pid] = _Process()
+            while len(self._processes) > MAX_PROCESSES:
+                self._processes.popitem(last=False)
+        else:
+            self._processes.move_to_end(pid)
+        return state
+
+    def add(self, records: npt.NDArray[np.void]) -> None:
+        """Take name records (records.NAME_EVENT_DTYPE), oldest first."""
+        for record in records:
+            self._add_one(
+                int(record["pid"]),
+                int(record["kind"]),
+                int(record["handle"]),
+                int(record["aux"]),
+                bytes(record["name"]).split(b"\0", 1)[0].decode("utf-8", "replace"),
+            )
+
+    def _add_one(self, pid: int, kind: int, handle: int, aux: int, name: str) -> None:
+        self.records += 1
+        state = self._process(pid)
+        if state.size() >= MAX_NAMES_PER_PROCESS:
+            return
+        if kind == NameKind.RUNTIME_FUNCTION and name:
+            state.stub_names[handle] = name
+        elif kind == NameKind.RUNTIME_KERNEL:
+            state.kernel_stubs[handle] = aux
+        elif kind in (NameKind.DRIVER_FUNCTION, NameKind.DRIVER_KERNEL) and name:
+            state.driver_names[handle] = name
+        elif kind == NameKind.KERNEL_FUNCTION:
+            state.function_kernels[handle] = aux
+        elif kind == NameKind.MODULE:
+            state.modules[handle] = aux
+            return
+        else:
+            return
+        # A name may have been guessed from an address before its record came.
+        for guessed in list(state.guessed):
+            state.resolved.pop(guessed, None)
+        state.guessed.clear()
+        state.resolved.pop(handle, None)
+
+    def name_of(self, pid: int, handle: int) -> KernelName:
+        """The name of launch handle `handle` in `pid` (never None: see the module doc)."""
+        state = self._process(pid)
+        known = state.resolved.get(handle)
+        if known is not None:
+            return known
+        symbol = self._recorded(state, handle)
+        if symbol is not None:
+            name = demangle(symbol)
+        else:
+            name = self._by_address(pid, state.kernel_stubs.get(handle, handle))
+            state.guessed.add(handle)
+        state.resolved[handle] = name
+        return name
+
+    def for_launches(self, pid: int, events: npt.NDArray[np.void]) -> dict[int, KernelName]:
+        """handle → name for every launch among one process's `events`."""
+        launches = events["handle"][events["type"] == EventType.LAUNCH]
+        return {h: self.name_of(pid, h) for h in np.unique(launches).tolist()}
+
+    def lookup(self) -> Mapping[tuple[int, int], KernelName]:
+        """A read-only view of everything resolved so far (for tests and tools)."""
+        return {
+            (pid, h): name for pid, p in self._processes.items() for h, name in p.resolved.items()
+        }
+
+    @staticmethod
+    def _recorded(state: _Process, handle: int) -> str | None:
+        stub = state.kernel_stubs.get(handle, handle)
+        if stub in state.stub_names:
+            return state.stub_names[stub]
+        if handle in state.driver_names:
+            return state.driver_names[handle]
+        kernel = state.function_kernels.get(handle)
+        if kernel is not None and kernel in state.driver_names:
+            return state.driver_names[kernel]
+        return None
+
+    # -- by address ---------------------------------------------------------
+
+    def _by_address(self, pid: int, address: int) -> KernelName:
+        mapping = self._mapping_of(pid, address)
+        if mapping is None:
+            label = f"unknown+0x{address:x}"
+            return KernelName(label, label)
+        if not mapping.path or mapping.path.startswith("["):
+            base = mapping.path or "anon"
+            label = f"{base}+0x{address - mapping.start:x}"
+            return KernelName(label, label)
+        file_offset = address - mapping.start + mapping.offset
+        opened = f"{self._proc_root}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}"
+        found = elfsyms.symbol_at(opened, file_offset)
+        if found is not None:
+            symbol, _ = found
+            return demangle(symbol)
+        vaddr = elfsyms.file_offset_to_vaddr(opened, file_offset)
+        label = f"{os.path.basename(mapping.path)}+0x{file_offset if vaddr is None else vaddr:x}"
+        return KernelName(label, label)
+
+    def _mapping_of(self, pid: int, address: int) -> _Mapping | None:
+        try:
+            with open(f"{self._proc_root}/{pid}/maps", "rb") as f:
+                lines = f.read().decode("utf-8", "surrogateescape").splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            parts = line.split(None, 5)
+            if len(parts) < 5:
+                continue
+            start_text, _, end_text = parts[0].partition("-")
+            start, end = int(start_text, 16), int(end_text, 16)
+            if start <= address < end:
+                path = parts[5].removesuffix(" (deleted)") if len(parts) == 6 else ""
+                return _Mapping(start, end, int(parts[2], 16), path)
+        return None
