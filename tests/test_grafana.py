@@ -230,7 +230,8 @@ class Context:
     jobs: Sequence[str]  # keys of run.jobs the dashboard is shown for
     variables: Mapping[str, Sequence[str]]
     interval_s: float
-    has_gpu: bool
+    has_gpu: bool  # NVML samples of the host
+    gpu_jobs: frozenset[str]  # jobs NVML saw processes of
 
     def job(self, key: str) -> str:
         return self.run.jobs[key]
@@ -291,9 +292,18 @@ def check_per_job(column: str, low: float, high: float) -> Check:
     return check
 
 
-def check_gpu(column: str, tags: set[str]) -> Check:
+def check_gpu(column: str, tags: set[str], *, of_job: str | None = None,
+              of_view_jobs: bool = False) -> Check:
+    """NVML's numbers, there where NVML gave them: the host's GPUs, or the processes of the
+    job `of_job` (a key of run.jobs) or of the view's jobs."""
     def check(series: list[Series], ctx: Context) -> None:
-        if not ctx.has_gpu:
+        if of_job is not None:
+            present = ctx.job(of_job) in ctx.gpu_jobs
+        elif of_view_jobs:
+            present = all(ctx.job(k) in ctx.gpu_jobs for k in ctx.jobs)
+        else:
+            present = ctx.has_gpu
+        if not present:
             assert series == [], "GPU series without NVML samples"
             return
         assert series and all(set(s.tags) == tags for s in series)
@@ -463,13 +473,14 @@ def check_side(column: str, key: str, what: str) -> Check:
             assert all(bucket_of(int(v)) == bucket_of(expected.grid_blocks)
                        for v in s.numbers(column))
         else:
-            check_gpu(column, set())(series, ctx)
+            check_gpu(column, set(), of_job=key)(series, ctx)
     return check
 
 
 def check_fusion_cell(column: str) -> Check:
     def check(series: list[Series], ctx: Context) -> None:
-        if column.startswith("gpu_util") and not ctx.has_gpu:
+        key = UNFUSED if column.endswith("_a") else FUSED
+        if column.startswith("gpu_util") and ctx.job(key) not in ctx.gpu_jobs:
             assert series == []
             return
         (s,) = series
@@ -505,7 +516,7 @@ CHECKS: dict[tuple[str, str, str], Check] = {
     ("job", "Syncs/s by scope", "A"): check_scopes("syncs"),
     ("job", "CPU time waiting in syncs", "A"): check_scopes("waiting"),
     ("job", "GPU utilization (NVML)", "A"): check_gpu("gpu", {Tags.GPU}),
-    ("job", "GPU utilization (NVML)", "B"): check_gpu("job_sm", {Tags.GPU}),
+    ("job", "GPU utilization (NVML)", "B"): check_gpu("job_sm", {Tags.GPU}, of_view_jobs=True),
     ("job", "Memory-bound verdict", "A"): check_verdict,
     ("job", "Failed calls by API", "A"): check_errors,
     ("transfers", "Achieved bandwidth vs baseline", "A"): check_bandwidth,
@@ -534,11 +545,15 @@ def views(run: PipelineRun, dashboard: str) -> list[tuple[str, ...]]:
     return [(key,) for key in run.jobs]
 
 
-def has_gpu(run: PipelineRun) -> bool:
-    """Whether NVML samples of the run's host are there (not on a machine without a GPU)."""
-    return bool(influxql(run.influx_url, run.database,
-                         f'SELECT count(*) FROM "{m.GPU.name}" WHERE "{Tags.HOST}" = '
-                         f"'{run.host}' AND time >= {run.start_ns} AND time <= {run.end_ns}"))
+def nvml_of(run: PipelineRun) -> tuple[bool, frozenset[str]]:
+    """Whether NVML samples of the run's host are there (none without a GPU), and the jobs
+    whose processes they name."""
+    where = (f"WHERE \"{Tags.HOST}\" = '{run.host}' AND time >= {run.start_ns} "
+             f"AND time <= {run.end_ns}")
+    gpus = influxql(run.influx_url, run.database, f'SELECT count(*) FROM "{m.GPU.name}" {where}')
+    jobs = influxql(run.influx_url, run.database,
+                    f'SELECT count(*) FROM "{m.GPU_PROCESS.name}" {where} GROUP BY "{Tags.JOB}"')
+    return bool(gpus), frozenset(s.tags[Tags.JOB] for s in jobs)
 
 
 def resolve_variables(board: Mapping[str, Any], run: PipelineRun,
@@ -567,12 +582,12 @@ def resolve_variables(board: Mapping[str, Any], run: PipelineRun,
 
 def test_every_panel_query_returns_the_pipeline_numbers(pipeline: PipelineRun) -> None:
     run = pipeline
-    gpu = has_gpu(run)
+    gpu, gpu_jobs = nvml_of(run)
     exercised: set[tuple[str, str, str]] = set()
     for name, board in dashboards().items():
         for jobs in views(run, name):
             variables = resolve_variables(board, run, jobs)
-            ctx = Context(run, jobs, variables, run.window_s, gpu)
+            ctx = Context(run, jobs, variables, run.window_s, gpu, gpu_jobs)
             for p in board["panels"]:
                 for t in p["targets"]:
                     key = (name, p["title"], t["refId"])
@@ -616,7 +631,7 @@ def test_the_fusion_table_shows_the_ratios(pipeline: PipelineRun) -> None:
     ratio = row["grid_blocks_ratio"] or 0
     assert ratio == pytest.approx(2.0 ** (bucket_of(a.grid_blocks) - bucket_of(b.grid_blocks)))
     assert (row["launches_per_s_ratio"] or 0) > 0
-    if has_gpu(run):
+    if {run.jobs[UNFUSED], run.jobs[FUSED]} <= nvml_of(run)[1]:
         assert row["gpu_util_ratio"] is not None and row["gpu_util_ratio"] > 0
 
 
