@@ -363,10 +363,12 @@ def job() -> dict[str, Any]:
             "A", f'SELECT {per_second(Fields.COUNT)} AS "copies" FROM "{m.COPIES.name}" {f} '
                  f'{EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind")],
             unit(m.LAUNCHES, Fields.RATE_PER_S)),
-        timeseries(lay, "Bytes copied/s by kind", [target(
-            "A", f'SELECT {per_second(Fields.BYTES)} AS "bytes" FROM "{m.COPIES.name}" {f} '
-                 f'{EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind")],
-            unit(m.COPIES, Fields.BYTES_PER_S)),
+        timeseries(lay, "Bytes copied/s by kind, and memset", [
+            target("A", f'SELECT {per_second(Fields.BYTES)} AS "bytes" FROM "{m.COPIES.name}" '
+                        f'{f} {EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind"),
+            target("B", f'SELECT {per_second(Fields.BYTES)} AS "bytes" FROM "{m.MEMSET.name}" '
+                        f'{f} {EVERY}', alias="memset"),
+        ], unit(m.COPIES, Fields.BYTES_PER_S)),
         timeseries(lay, "Achieved bandwidth of synchronous copies", [target(
             "A", f'SELECT sum("{Fields.SYNC_BYTES}") * 1000000000 / sum("{Fields.SYNC_NS}") '
                  f'AS "bandwidth" '
