@@ -166,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     streams.add_argument("--identity-wait", type=_non_negative, default=5.0, metavar="S",
                          help=argparse.SUPPRESS)
     streams.add_argument("--tick", type=_positive, default=1.0, help=argparse.SUPPRESS)
+    streams.add_argument("--metrics-interval", type=_positive, default=5.0, metavar="S",
+                         help="worker metrics (the streams measurement) every S seconds "
+                         "(default %(default)s)")
 
     report = sub.add_parser("report", help="a job's aggregates from InfluxDB, as a table")
     report.add_argument("--job", required=True, help="the job (see `gpuflight report --jobs`)")
@@ -248,6 +251,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             windows=WindowSettings(window_s=args.window, grace_s=args.grace),
             identity_wait_s=args.identity_wait,
             tick_s=args.tick,
+            metrics_s=args.metrics_interval,
         )
         if args.worker:
             stream_settings = replace(stream_settings, worker=args.worker)

@@ -289,7 +289,7 @@ class Worker:
         self.stats.alerts += 1
         await self.app.send(self.settings.alerts_topic, key=host.encode(),
                             value=orjson.dumps({"schema": "gpuflight.alert", "v": 1,
-                                                "kind": kind, **body}))
+                                                **body, "alert": kind}))
 
     async def send_ticks(self, partitions: int) -> None:
         for partition in range(partitions):
@@ -395,8 +395,8 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
         producer_max_request_size=8_000_000,
         consumer_max_fetch_size=16_000_000,
     )
-    table = app.Table(TABLE, partitions=partitions,
-                      schema=faust.Schema(key_serializer="raw", value_serializer="raw"))
+    # bytes keys and values: the "raw" codec, in the changelog and in its recovery.
+    table = app.Table(TABLE, partitions=partitions, key_type=bytes, value_type=bytes)
     worker = Worker(settings, app, table)
     source = app.topic(
         topics.events, topics.nvml, topics.metrics, settings.ticks_topic,

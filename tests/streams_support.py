@@ -108,11 +108,15 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0,
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{time.time_ns()}",
                          "enable.auto.commit": False})
     try:
-        metadata = consumer.list_topics(topic, timeout=10)
-        partitions = metadata.topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        found: list[Any] = []
         deadline = time.monotonic() + timeout_s
+        partitions: Any = None
+        while not partitions and time.monotonic() < deadline:  # the worker may create it
+            found_topic = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            partitions = found_topic.partitions if found_topic and not found_topic.error else None
+            if not partitions:
+                time.sleep(0.5)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions or ()])
+        found: list[Any] = []
         while time.monotonic() < deadline and (expect is None or len(found) < expect):
             for message in consumer.consume(100, timeout=0.5):
                 if message.error() is None:
@@ -135,6 +139,7 @@ class StreamWorker:
     grace_s: float = 1.0
     log: Path | None = None
     process: subprocess.Popen[bytes] | None = None
+    extra: Sequence[str] = ()
 
     def start(self, name: str = "w1") -> None:
         self.log = self.data_dir / f"{name}.log"
@@ -144,6 +149,7 @@ class StreamWorker:
             "--bucket", "gpuflight/autogen", "--window", str(self.window_s),
             "--grace", str(self.grace_s), "--app-id", self.app_id, "--worker", name,
             "--data-dir", str(self.data_dir / name), "--identity-wait", "2", "--tick", "0.5",
+            *self.extra,
         ]
         env = {**os.environ, "GPUFLIGHT_INFLUX_TOKEN": ""}
         with self.log.open("ab") as out:

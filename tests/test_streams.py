@@ -1,0 +1,337 @@
+"""The stream worker (`gpuflight streams`) against a real Kafka and a real InfluxDB: scripted
+events in, exact points out; a worker killed mid-stream; late events; dead letters; alerts.
+
+Event times are in the past, so windows close at the pace the worker reads them (a job's time
+is its host's latest event time), and each test's hosts, topics and app id are its own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from producer import wire
+from producer.errors import UsageError
+from producer.records import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
+from streams import aggregate
+from streams import measurements as m
+from streams.windows import JobState, WindowSettings
+from tests.streams_support import (
+    Feed,
+    StreamWorker,
+    copies,
+    launches,
+    read_topic,
+    rows,
+    wait_for,
+)
+
+W = 1_000_000_000  # the tests' window: 1 s
+H2D, D2H = 1, 2
+
+
+@pytest.fixture
+def names(request: pytest.FixtureRequest) -> str:
+    return f"{request.node.name.removeprefix('test_')[:24]}-{os.getpid()}-{time.time_ns() % 10**6}"
+
+
+@pytest.fixture
+def worker(kafka_bootstrap: str, influx_url: str, names: str,
+           tmp_path: Path) -> Iterator[StreamWorker]:
+    running = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path)
+    yield running
+    running.stop()
+
+
+def past_window(ago_s: int) -> int:
+    return (time.time_ns() // W - ago_s) * W
+
+
+def sum_of(url: str, measurement: str, field: str, job: str, since: int, **tags: str) -> int:
+    where = "".join(f" AND {k} = '{v}'" for k, v in tags.items())
+    found = rows(url, f"SELECT sum({field}) FROM {measurement} WHERE job = '{job}'"
+                      f" AND time >= {since}{where}")
+    return int(found[0]["sum"]) if found else 0
+
+
+def test_a_scripted_stream_gives_exact_points(kafka_bootstrap: str, influx_url: str,
+                                              names: str, worker: StreamWorker) -> None:
+    feed = Feed(kafka_bootstrap, names)
+    t0 = past_window(30)
+    host = f"{names}-a"
+    feed.process(host, 100, 7, "train:100")
+    feed.process(host, 101, 7, "train:100")  # a second process of the same job
+    # Window 0: 40 launches of 64 blocks, 10 H2D copies of 1 MiB taking 1 ms each (1 GB/s).
+    feed.events(host, 100, 7, launches([t0 + i * 1000 for i in range(40)], 100, 64, 128),
+                {0xA000: wire.KernelName("axpy", "axpy<float>(float*, float)")})
+    feed.events(host, 101, 7, copies([t0 + 10**6 + i for i in range(10)], 101, H2D,
+                                     1 << 20, 1_000_000))
+    # Window 1: 5 launches of 4096 blocks; 2 D2H copies of 4 KiB.
+    feed.events(host, 100, 7, launches([t0 + W + i for i in range(5)], 100, 4096, 256))
+    feed.events(host, 101, 7, copies([t0 + W + 5, t0 + W + 6], 101, D2H, 4096, 10_000))
+    # Window 5: one launch, so windows 0 and 1 close at the worker's pace.
+    feed.events(host, 100, 7, launches([t0 + 5 * W], 100, 1, 32))
+    feed.flush()
+    worker.start()
+
+    # A window's memory-bound verdict is written when it closes.
+    wait_for(lambda: rows(influx_url, f"SELECT verdict FROM memory_bound WHERE host = '{host}'"
+                                      f" AND time = {t0 + W}"), 90, "window 1 closed", worker)
+    two = rows(influx_url, f"SELECT sum(count) FROM launches WHERE host = '{host}'"
+                           f" AND time < {t0 + 2 * W}")
+    assert two[0]["sum"] == 45
+    first = rows(influx_url, f"SELECT count, rate_per_s FROM launches WHERE host = '{host}'"
+                             f" AND time = {t0}")
+    assert first == [{"time": t0, "count": 40, "rate_per_s": 40}]
+    kernels = rows(influx_url, f"SELECT count FROM kernels WHERE host = '{host}'"
+                               f" GROUP BY kernel")
+    # Names come with each message; the later ones carried none.
+    assert sorted((r["kernel"], r["count"]) for r in kernels if r["time"] < t0 + 2 * W) == [
+        ("axpy", 40), ("function@0xa000", 5)]
+    grid = rows(influx_url, f"SELECT count FROM grid_blocks WHERE host = '{host}'"
+                            f" GROUP BY bucket")
+    assert sorted((r["time"] - t0, r["bucket"], r["count"]) for r in grid
+                  if r["time"] < t0 + 2 * W) == [(0, "2^6", 40), (W, "2^12", 5)]
+    h2d = rows(influx_url, f"SELECT * FROM copies WHERE host = '{host}' AND kind = 'H2D'")
+    assert len(h2d) == 1
+    assert h2d[0]["count"] == 10 and h2d[0]["bytes"] == 10 << 20
+    assert h2d[0]["sync_ns"] == 10_000_000
+    assert h2d[0]["bandwidth_bytes_per_s"] == pytest.approx((10 << 20) / 0.01)
+    d2h = rows(influx_url, f"SELECT bytes, sync_count FROM copies WHERE host = '{host}'"
+                           f" AND kind = 'D2H'")
+    assert [(r["time"] - t0, r["bytes"], r["sync_count"]) for r in d2h] == [(W, 8192, 2)]
+    blocked = rows(influx_url, f"SELECT copy_ns, processes FROM cpu_blocked"
+                               f" WHERE host = '{host}' AND time = {t0}")
+    assert blocked == [{"time": t0, "copy_ns": 10_000_000, "processes": 2}]
+    # Every point is what the pure aggregate math makes of the same events.
+    state = JobState(host, "train:100", 0)
+    settings = WindowSettings(window_s=1.0, grace_s=1.0)
+    state.apply(launches([t0 + i * 1000 for i in range(40)], 100, 64, 128), 0, 0, settings,
+                {0xA000: "axpy"})
+    state.apply(copies([t0 + 10**6 + i for i in range(10)], 101, H2D, 1 << 20, 1_000_000),
+                0, 1, settings)
+    writes, _ = state.due(t0 + 3 * W, settings)
+    (final,) = [w for w in writes if w.window_start_ns == t0]
+    for point in final.points:
+        if point.measurement == m.MEMORY_BOUND.name:
+            continue
+        tags = " AND ".join(f"{k} = '{v}'" for k, v in point.tags.items())
+        stored = rows(influx_url, f"SELECT * FROM {point.measurement} WHERE {tags}"
+                                  f" AND time = {t0}")
+        assert len(stored) == 1, point
+        for name, value in point.fields.items():
+            assert stored[0][name] == pytest.approx(value), (point.measurement, name)
+
+
+def test_a_worker_killed_mid_stream_loses_and_doubles_nothing(
+        kafka_bootstrap: str, influx_url: str, names: str, worker: StreamWorker) -> None:
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-k"
+    t0 = past_window(120)
+    feed.process(host, 200, 9, "job:200")
+    windows, per_message, messages_per_window = 40, 500, 10
+    for w in range(windows):
+        for k in range(messages_per_window):
+            base = t0 + w * W + k * (W // messages_per_window)
+            feed.events(host, 200, 9, launches([base + i for i in range(per_message)], 200,
+                                               32, 256))
+    feed.flush()
+    total = windows * messages_per_window * per_message
+    worker.start("first")
+    wait_for(lambda: sum_of(influx_url, "launches", "count", "job:200", t0, host=host) > 0,
+             90, "the first windows written", worker)
+    worker.kill()
+    written = sum_of(influx_url, "launches", "count", "job:200", t0, host=host)
+    assert 0 < written < total, "the worker was not killed mid-stream"
+    worker.start("second")
+    wait_for(lambda: sum_of(influx_url, "launches", "count", "job:200", t0, host=host) == total
+             and len(rows(influx_url, f"SELECT count FROM launches WHERE host = '{host}'"))
+             == windows, 120, f"all {total} launches in {windows} windows", worker)
+    per_window = rows(influx_url, f"SELECT count FROM launches WHERE host = '{host}'")
+    assert {r["count"] for r in per_window} == {messages_per_window * per_message}
+    assert [r["time"] for r in per_window] == [t0 + w * W for w in range(windows)]
+
+
+def test_late_events_within_grace_count_and_beyond_go_to_dead_letters(
+        kafka_bootstrap: str, influx_url: str, names: str, tmp_path: Path) -> None:
+    worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
+                          window_s=1.0, grace_s=3.0)
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-l"
+    t0 = past_window(60)
+    feed.process(host, 300, 1, "late:300")
+    feed.events(host, 300, 1, launches([t0 + 1], 300, 8, 64))
+    feed.events(host, 300, 1, launches([t0 + 2 * W], 300, 8, 64))  # window 0 ended, in grace
+    feed.events(host, 300, 1, launches([t0 + 2, t0 + 3], 300, 8, 64))  # late, within grace
+    feed.events(host, 300, 1, launches([t0 + 10 * W], 300, 8, 64))  # closes windows 0 and 2
+    feed.flush()
+    worker.start()
+    try:
+        wait_for(lambda: rows(influx_url, f"SELECT verdict FROM memory_bound"
+                                          f" WHERE host = '{host}' AND time = {t0 + 2 * W}"),
+                 90, "windows 0 and 2 closed", worker)
+        feed.events(host, 300, 1, launches([t0 + 4, t0 + 2 * W + 1, t0 + 10 * W + 1], 300,
+                                           8, 64))
+        feed.flush()
+        dead = read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=90, expect=1)
+        assert len(dead) == 1
+        headers = dict(dead[0].headers())
+        assert headers["reason"] == b"late"
+        late = wire.decode_events(dead[0].value())
+        assert late.events["ts_ns"].tolist() == [t0 + 4, t0 + 2 * W + 1]
+        wait_for(lambda: {r["time"] - t0: r["count"] for r in rows(
+            influx_url, f"SELECT count FROM launches WHERE host = '{host}'")}.get(10 * W) == 2,
+            30, "the last window", worker)
+        counts = {r["time"] - t0: r["count"] for r in rows(
+            influx_url, f"SELECT count FROM launches WHERE host = '{host}'")}
+        assert counts == {0: 3, 2 * W: 1, 10 * W: 2}
+    finally:
+        worker.stop()
+
+
+def test_malformed_messages_go_to_dead_letters_and_are_counted(
+        kafka_bootstrap: str, influx_url: str, names: str, worker: StreamWorker) -> None:
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-m"
+    t0 = past_window(20)
+    feed.process(host, 400, 1, "ok:400")
+    feed.raw(feed.topics.events, host, b"\x00 not json")
+    feed.raw(feed.topics.events, host, orjson.dumps({"schema": "gpuflight.events", "v": 99}))
+    feed.raw(feed.topics.nvml, host, b'{"schema": "gpuflight.nvml", "v": 1}')
+    feed.events(host, 400, 1, launches([t0, t0 + 1], 400, 2, 2))
+    feed.events(host, 400, 1, launches([t0 + 5 * W], 400, 2, 2))
+    feed.flush()
+    worker.start()
+    dead = read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=90, expect=3)
+    reasons = sorted((dict(d.headers())["topic"].decode(), d.value()[:8]) for d in dead)
+    assert reasons == sorted([(feed.topics.events, b"\x00 not js"),
+                              (feed.topics.events, b'{"schema'),
+                              (feed.topics.nvml, b'{"schema')])
+    assert all(dict(d.headers())["reason"] == b"malformed" for d in dead)
+    # The good messages around them still count.
+    wait_for(lambda: sum_of(influx_url, "launches", "count", "ok:400", t0, host=host) == 2,
+             60, "the good launches", worker)
+    stats = wait_for(lambda: rows(influx_url, f"SELECT last(dead_letters) FROM streams"
+                                              f" WHERE worker = 'w1' AND time >= {t0}"),
+                     30, "worker metrics", worker)
+    assert stats[0]["last"] >= 3
+
+
+def test_anomalies_and_memory_bound_fire_on_their_cases_only(
+        kafka_bootstrap: str, influx_url: str, names: str, worker: StreamWorker) -> None:
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-d"
+    windows = 16
+    t0 = past_window(windows + 10)
+    feed.process(host, 500, 1, "loader:500")  # copies a lot, waits: memory-bound, then slower
+    feed.process(host, 501, 1, "compute:501")  # many launches, few copies: steady
+    for w in range(windows):
+        base = t0 + w * W
+        slow = w == 12
+        feed.events(host, 500, 1, launches([base + i for i in range(10)], 500, 512, 256))
+        # 20 H2D copies of 8 MiB, 25 ms each (half the window blocked); 4x slower once.
+        feed.events(host, 500, 1, copies([base + 100 + i for i in range(20)], 500, H2D, 8 << 20,
+                                         100_000_000 if slow else 25_000_000))
+        feed.events(host, 501, 1, launches([base + i for i in range(1000)], 501, 1024, 256))
+        feed.events(host, 501, 1, copies([base + 2000 + i for i in range(10)], 501, H2D,
+                                         1 << 20, 400_000))
+    feed.events(host, 501, 1, launches([t0 + (windows + 4) * W], 501, 1, 1))
+    feed.flush()
+    worker.start()
+    wait_for(lambda: len(rows(influx_url, f"SELECT verdict FROM memory_bound"
+                                          f" WHERE host = '{host}' AND job = 'loader:500'"))
+             == windows, 90, "every window judged", worker)
+    anomalies = rows(influx_url, f"SELECT * FROM bandwidth_anomaly WHERE host = '{host}'")
+    assert [(r["time"] - t0, r["job"], r["kind"], r["direction_of_change"]) for r in anomalies] \
+        == [(12 * W, "loader:500", "H2D", "low_bandwidth")]
+    assert anomalies[0]["ratio"] == pytest.approx(0.25)
+    verdicts = rows(influx_url, f"SELECT verdict, alert FROM memory_bound WHERE host = '{host}'"
+                                f" GROUP BY job")
+    loader = [r for r in verdicts if r["job"] == "loader:500"]
+    compute = [r for r in verdicts if r["job"] == "compute:501"]
+    assert all(r["verdict"] == 1 for r in loader) and len(loader) == windows
+    assert [r["alert"] for r in loader][:4] == [0, 0, 1, 1]
+    assert compute and all(r["verdict"] == 0 and r["alert"] == 0 for r in compute)
+    alerts = read_topic(kafka_bootstrap, f"{names}.alerts.v1", timeout_s=30, expect=2)
+    kinds = sorted((orjson.loads(a.value())["alert"], orjson.loads(a.value())["job"])
+                   for a in alerts)
+    assert kinds == [("bandwidth_anomaly", "loader:500"), ("memory_bound", "loader:500")]
+
+
+def test_report_and_compare_read_back_a_job(kafka_bootstrap: str, influx_url: str,
+                                            names: str, worker: StreamWorker) -> None:
+    from streams import report
+    from streams.settings import InfluxSettings
+
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-r"
+    t0 = past_window(40)
+    feed.process(host, 600, 1, "unfused:600")
+    feed.process(host, 601, 1, "fused:601")
+    for w in range(4):
+        base = t0 + w * W
+        feed.events(host, 600, 1, launches([base + i for i in range(800)], 600, 32, 256))
+        feed.events(host, 601, 1, launches([base + i for i in range(100)], 601, 512, 256))
+    feed.events(host, 601, 1, launches([t0 + 10 * W], 601, 512, 256))
+    feed.flush()
+    worker.start()
+    wait_for(lambda: sum_of(influx_url, "launches", "count", "fused:601", t0, host=host) == 401,
+             90, "both jobs", worker)
+    influx = InfluxSettings(url=influx_url)
+    since, until = t0 - W, time.time_ns()
+    a = report.job_summary(influx, "unfused:600", since, until)
+    b = report.job_summary(influx, "fused:601", since, until)
+    assert (a.launches, a.active_windows, a.window_s) == (3200, 4, 1.0)
+    assert (b.launches, b.active_windows) == (401, 5)
+    assert a.launch_rate == 800 and b.launch_rate == pytest.approx(80.2)
+    assert aggregate.bucket_of(round(a.grid_blocks_p50 or 0)) == 5
+    assert aggregate.bucket_of(round(b.grid_blocks_p50 or 0)) == 9
+    table = report.render_compare(a, b)
+    assert "0.10x" in table.splitlines()[4]  # the launch-rate row: 80.2 / 800
+    assert "32-63" in table and "512-1,023" in table
+    assert orjson.loads(report.render_json([a]))[0]["launches"] == 3200
+    with pytest.raises(UsageError, match="no data for job 'nobody'"):
+        report.job_summary(influx, "nobody", since, until)
+
+
+def test_event_types_reach_their_measurements(kafka_bootstrap: str, influx_url: str,
+                                              names: str, worker: StreamWorker) -> None:
+    """Allocations, frees, syncs and graph launches: memory, syncs, launches by api."""
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-e"
+    t0 = past_window(30)
+    feed.process(host, 700, 1, "mem:700")
+    events = np.zeros(4, dtype=EVENT_DTYPE)
+    events["pid"] = 700
+    events["ts_ns"] = [t0 + 1, t0 + 2, t0 + 3, t0 + 4]
+    events["flags"] = F_HAS_RESULT
+    events[0]["type"], events[0]["api"], events[0]["bytes"] = (
+        EventType.ALLOC, API_IDS["cudaMalloc"], 1 << 30)
+    events[0]["handle"] = 0xD000
+    events[1]["type"], events[1]["api"], events[1]["duration_ns"] = (
+        EventType.SYNC, API_IDS["cudaDeviceSynchronize"], 5_000_000)
+    events[1]["dim"][0] = 2
+    events[2]["type"], events[2]["api"] = EventType.GRAPH_LAUNCH, API_IDS["cudaGraphLaunch"]
+    events[2]["flags"] = 0
+    events[2]["dim"][0] = 12
+    events[3]["type"], events[3]["api"], events[3]["bytes"] = (
+        EventType.ALLOC, API_IDS["cudaMalloc"], 1 << 20)
+    feed.events(host, 700, 1, events)
+    feed.events(host, 700, 1, launches([t0 + 5 * W], 700, 1, 1))
+    feed.flush()
+    worker.start()
+    memory = wait_for(lambda: rows(influx_url, f"SELECT * FROM memory WHERE host = '{host}'"
+                                               f" AND time = {t0}"), 90, "memory", worker)
+    assert memory[0]["alloc_count"] == 2 and memory[0]["live_bytes"] == (1 << 30) + (1 << 20)
+    graph = rows(influx_url, f"SELECT count, graph_kernel_nodes FROM launches"
+                             f" WHERE host = '{host}' AND api = 'cudaGraphLaunch'")
+    assert [(r["count"], r["graph_kernel_nodes"]) for r in graph] == [(1, 12)]
+    syncs = rows(influx_url, f"SELECT count, sync_ns FROM syncs WHERE host = '{host}'"
+                             f" GROUP BY scope")
+    assert [(r["scope"], r["count"], r["sync_ns"]) for r in syncs] == [("device", 1, 5_000_000)]
