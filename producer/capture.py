@@ -112,6 +112,9 @@ class Capture:
             and attached[key].library.kind in ("runtime", "driver")
             and (pid, key) in snapshot.text_ranges
         )
+        if ranges:
+            # Launch handles are named from these later, maybe after the process exits.
+            self.enricher.kernels.remember_maps(pid)
         if ranges and self._text.get(pid) != ranges:
             self.probes.set_text_ranges(pid, ranges)
             self._text[pid] = ranges

@@ -99,6 +99,7 @@ class _Mapping:
     start: int
     end: int
     offset: int
+    inode: int
     path: str  # "" for anonymous memory
 
 
@@ -106,10 +107,22 @@ class KernelNames:
     """Launch handle → KernelName, per process. Feed it name records in ring order with
     `add` before the events that use them; ask with `name_of` or `for_launches`."""
 
-    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+    def __init__(self, proc_root: Path | None = Path("/proc")) -> None:
+        #: None: offline (replay): only names learnt or recorded, no address lookups.
         self._proc_root = proc_root
         self._processes: OrderedDict[int, _Process] = OrderedDict()
+        #: The last maps read of each process: a process that has exited is still named.
+        self._maps: OrderedDict[int, list[_Mapping]] = OrderedDict()
         self.records = 0
+
+    def remember_maps(self, pid: int) -> None:
+        """Read `pid`'s mappings now, while it lives (capture calls this when it scans)."""
+        maps = self._read_maps(pid)
+        if maps is not None:
+            self._maps[pid] = maps
+            self._maps.move_to_end(pid)
+            while len(self._maps) > MAX_PROCESSES:
+                self._maps.popitem(last=False)
 
     def _process(self, pid: int) -> _Process:
         state = self._processes.get(pid)
@@ -156,8 +169,14 @@ class KernelNames:
         state.guessed.clear()
         state.resolved.pop(handle, None)
 
-    def name_of(self, pid: int, handle: int) -> KernelName:
-        """The name of launch handle `handle` in `pid` (never None: see the module doc)."""
+    def learn(self, pid: int, names: Mapping[int, KernelName]) -> None:
+        """Names known already (a Kafka message's): they win over everything else."""
+        if names:
+            self._process(pid).resolved.update(names)
+
+    def name_of(self, pid: int, handle: int) -> KernelName | None:
+        """The name of launch handle `handle` in `pid`; None only offline (no proc root)
+        for a handle no message named. On a node a launch always has a name."""
         state = self._process(pid)
         known = state.resolved.get(handle)
         if known is not None:
@@ -165,6 +184,8 @@ class KernelNames:
         symbol = self._recorded(state, handle)
         if symbol is not None:
             name = demangle(symbol)
+        elif self._proc_root is None:
+            return None
         else:
             name = self._by_address(pid, state.kernel_stubs.get(handle, handle))
             state.guessed.add(handle)
@@ -174,7 +195,8 @@ class KernelNames:
     def for_launches(self, pid: int, events: npt.NDArray[np.void]) -> dict[int, KernelName]:
         """handle → name for every launch among one process's `events`."""
         launches = events["handle"][events["type"] == EventType.LAUNCH]
-        return {h: self.name_of(pid, h) for h in np.unique(launches).tolist()}
+        named = {h: self.name_of(pid, h) for h in np.unique(launches).tolist()}
+        return {h: name for h, name in named.items() if name is not None}
 
     def lookup(self) -> Mapping[tuple[int, int], KernelName]:
         """A read-only view of everything resolved so far (for tests and tools)."""
@@ -206,28 +228,55 @@ class KernelNames:
             label = f"{base}+0x{address - mapping.start:x}"
             return KernelName(label, label)
         file_offset = address - mapping.start + mapping.offset
-        opened = f"{self._proc_root}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}"
-        found = elfsyms.symbol_at(opened, file_offset)
-        if found is not None:
-            symbol, _ = found
-            return demangle(symbol)
-        vaddr = elfsyms.file_offset_to_vaddr(opened, file_offset)
-        label = f"{os.path.basename(mapping.path)}+0x{file_offset if vaddr is None else vaddr:x}"
+        opened = self._open_path(pid, mapping)
+        if opened is not None:
+            found = elfsyms.symbol_at(opened, file_offset)
+            if found is not None:
+                return demangle(found[0])
+            vaddr = elfsyms.file_offset_to_vaddr(opened, file_offset)
+            if vaddr is not None:
+                file_offset = vaddr
+        label = f"{os.path.basename(mapping.path)}+0x{file_offset:x}"
         return KernelName(label, label)
 
+    def _open_path(self, pid: int, mapping: _Mapping) -> str | None:
+        """A path that opens the mapped file: through the live process, else (it has
+        exited) the path itself when it still names the same inode."""
+        candidates = (
+            f"{self._proc_root}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}",
+            f"{self._proc_root}/{pid}/root{mapping.path}",
+            mapping.path,
+        )
+        for path in candidates:
+            try:
+                if os.stat(path).st_ino == mapping.inode:
+                    return path
+            except OSError:
+                continue
+        return None
+
     def _mapping_of(self, pid: int, address: int) -> _Mapping | None:
+        for maps in (self._read_maps(pid), self._maps.get(pid)):
+            for mapping in maps or ():
+                if mapping.start <= address < mapping.end:
+                    return mapping
+        return None
+
+    def _read_maps(self, pid: int) -> list[_Mapping] | None:
         try:
             with open(f"{self._proc_root}/{pid}/maps", "rb") as f:
                 lines = f.read().decode("utf-8", "surrogateescape").splitlines()
         except OSError:
             return None
+        maps = []
         for line in lines:
             parts = line.split(None, 5)
             if len(parts) < 5:
                 continue
             start_text, _, end_text = parts[0].partition("-")
-            start, end = int(start_text, 16), int(end_text, 16)
-            if start <= address < end:
-                path = parts[5].removesuffix(" (deleted)") if len(parts) == 6 else ""
-                return _Mapping(start, end, int(parts[2], 16), path)
-        return None
+            path = parts[5].removesuffix(" (deleted)") if len(parts) == 6 else ""
+            maps.append(
+                _Mapping(int(start_text, 16), int(end_text, 16), int(parts[2], 16),
+                         int(parts[4]), path)
+            )
+        return maps

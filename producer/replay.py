@@ -19,6 +19,7 @@ from pathlib import Path
 
 from producer import wire
 from producer.errors import UsageError
+from producer.kernels import KernelNames
 from producer.publish import KafkaSettings, KafkaSink
 from producer.sinks import JsonLinesSink
 
@@ -85,7 +86,9 @@ def replay(
         "enable.partition.eof": False,
     })
     stats = ReplayStats()
-    writer = JsonLinesSink(output) if output is not None else None
+    # Names come from each message (the node named them); none is guessed here.
+    names = KernelNames(proc_root=None)
+    writer = JsonLinesSink(output, names) if output is not None else None
     republisher = None
     if to_topic is not None:
         republisher = KafkaSink(kafka, create_topics=False)
@@ -141,9 +144,12 @@ def replay(
                 continue
             stats.events += len(events)
             if writer is not None:
+                names.learn(batch.pid, batch.kernels)
                 writer.write(events)
             elif republisher is not None and to_topic is not None:
-                kept = wire.EventBatch(batch.host, batch.pid, batch.start_time, events)
+                kept = wire.EventBatch(
+                    batch.host, batch.pid, batch.start_time, events, batch.kernels
+                )
                 republisher.produce_batch(to_topic, kept)
     finally:
         consumer.close()

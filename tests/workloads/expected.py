@@ -25,11 +25,17 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 Event = dict[str, object]
 
 LAYER = "runtime"
+DRIVER_LAYER = "driver"
+
+
+def layer_of_api(api: str) -> str:
+    """Driver API functions are named cu*, runtime ones cuda* (CUDA's own convention)."""
+    return LAYER if api.startswith("cuda") else DRIVER_LAYER
 
 COMMON_KEYS: tuple[str, ...] = ("type", "api", "layer")
 KEYS: dict[str, tuple[str, ...]] = {
@@ -40,6 +46,15 @@ KEYS: dict[str, tuple[str, ...]] = {
     "free": COMMON_KEYS,
     "sync": (*COMMON_KEYS, "scope", "stream", "event"),
     "graph_launch": (*COMMON_KEYS, "graph_exec", "stream"),
+    "graph_capture": (*COMMON_KEYS, "phase", "stream"),
+    "graph_instantiate": COMMON_KEYS,
+}
+#: With names=True, diff() also compares these (kernel names, graph bookkeeping).
+NAMED_KEYS: dict[str, tuple[str, ...]] = {
+    "launch": ("kernel", "kernel_full", "captured"),
+    "graph_launch": ("kernel_nodes",),
+    "graph_capture": ("kernel_nodes",),
+    "graph_instantiate": ("kernel_nodes",),
 }
 
 
@@ -56,7 +71,7 @@ def launch(
     return {
         "type": "launch",
         "api": api,
-        "layer": LAYER,
+        "layer": layer_of_api(api),
         "grid": list(grid),
         "block": list(block),
         "shared_mem_bytes": shared_mem_bytes,
@@ -68,7 +83,7 @@ def memcpy(api: str, nbytes: int, kind: str, *, is_async: bool, stream: int = 0)
     return {
         "type": "memcpy",
         "api": api,
-        "layer": LAYER,
+        "layer": layer_of_api(api),
         "bytes": nbytes,
         "kind": kind,
         "async": is_async,
@@ -80,7 +95,7 @@ def memset(api: str, nbytes: int, *, is_async: bool, stream: int = 0) -> Event:
     return {
         "type": "memset",
         "api": api,
-        "layer": LAYER,
+        "layer": layer_of_api(api),
         "bytes": nbytes,
         "async": is_async,
         "stream": stream,
@@ -88,11 +103,17 @@ def memset(api: str, nbytes: int, *, is_async: bool, stream: int = 0) -> Event:
 
 
 def alloc(api: str, nbytes: int, alloc_kind: str) -> Event:
-    return {"type": "alloc", "api": api, "layer": LAYER, "bytes": nbytes, "alloc_kind": alloc_kind}
+    return {
+        "type": "alloc",
+        "api": api,
+        "layer": layer_of_api(api),
+        "bytes": nbytes,
+        "alloc_kind": alloc_kind,
+    }
 
 
 def free(api: str) -> Event:
-    return {"type": "free", "api": api, "layer": LAYER}
+    return {"type": "free", "api": api, "layer": layer_of_api(api)}
 
 
 def sync(api: str, scope: str, handle: int = 0) -> Event:
@@ -100,7 +121,7 @@ def sync(api: str, scope: str, handle: int = 0) -> Event:
     return {
         "type": "sync",
         "api": api,
-        "layer": LAYER,
+        "layer": layer_of_api(api),
         "scope": scope,
         "stream": handle if scope == "stream" else 0,
         "event": handle if scope == "event" else None,
@@ -111,7 +132,7 @@ def graph_launch(api: str, graph_exec: int, stream: int) -> Event:
     return {
         "type": "graph_launch",
         "api": api,
-        "layer": LAYER,
+        "layer": layer_of_api(api),
         "graph_exec": graph_exec,
         "stream": stream,
     }
@@ -333,12 +354,198 @@ def fusion_call_counts(mode: str, steps: int = FUSION_DEFAULT_STEPS) -> Counter[
     return api_counts(fusion_events(mode, steps))
 
 
+# ---- names and graphs (for diff(..., names=True)) -------------------------------
+
+
+def named(event: Event, short: str, full: str | None = None, captured: bool = False) -> Event:
+    """A launch event with its kernel name (full defaults to short: not mangled)."""
+    return {**event, "kernel": short, "kernel_full": full or short, "captured": captured}
+
+
+def capture(api: str, phase: str, stream: int, kernel_nodes: int | None = None) -> Event:
+    return {"type": "graph_capture", "api": api, "layer": layer_of_api(api), "phase": phase,
+            "stream": stream, "kernel_nodes": kernel_nodes}
+
+
+def instantiate(api: str, kernel_nodes: int | None) -> Event:
+    return {"type": "graph_instantiate", "api": api, "layer": layer_of_api(api),
+            "kernel_nodes": kernel_nodes}
+
+
+def graph_replay(api: str, graph_exec: int, stream: int, kernel_nodes: int | None) -> Event:
+    return {**graph_launch(api, graph_exec, stream), "kernel_nodes": kernel_nodes}
+
+
+# ---- driver.c -------------------------------------------------------------------
+
+TRITON_KERNEL = "triton_poi_fused_add_mul_0"
+JAX_FUSION = "fusion_12"
+JAX_REDUCE_MANGLED = "_ZN3xla3gpu12_GLOBAL__N_113reduce_kernelIfLi256EEEvPKT_PS3_i"
+JAX_REDUCE = ("void xla::gpu::(anonymous namespace)::reduce_kernel<float, 256>"
+              "(float const*, float*, int)")
+JAX_REDUCE_SHORT = "xla::gpu::(anonymous namespace)::reduce_kernel"
+
+
+def no_handles(x: int) -> int:
+    return x
+
+
+def memory_handles(base: int) -> Callable[[int], int]:
+    """driver --handles-in-memory: made-up handle X is BASE + (X & 0xfff) * 64."""
+    return lambda x: base + (x & 0xFFF) * 64
+
+
+def triton_events(iters: int, h: Callable[[int], int] = no_handles,
+                  names: bool = True) -> list[Event]:
+    """`driver --mode triton --iters N` (with the stub driver's names unless `names`)."""
+    kernel = launch("cuLaunchKernelEx", (64, 1, 1), (128, 1, 1), 1024, h(0x7001))
+    return [
+        alloc("cuMemAlloc_v2", 1 << 20, "device"),
+        *[named(kernel, TRITON_KERNEL) if names else kernel] * iters,
+        sync("cuStreamSynchronize", "stream", h(0x7001)),
+        free("cuMemFree_v2"),
+    ]
+
+
+def jax_events(iters: int, h: Callable[[int], int] = no_handles) -> list[Event]:
+    """`driver --mode jax --iters N` on the stub driver, names and graph included."""
+    fusion = launch("cuLaunchKernel", (7, 8, 9), (32, 4, 2), 48, h(0x7002))
+    reduce = launch("cuLaunchKernel", (1, 2, 3), (64, 1, 1), 0, h(0x7002))
+    captured = launch("cuLaunchKernel", (7, 8, 9), (32, 4, 2), 48, h(0x7003))
+    return [
+        alloc("cuMemAlloc_v2", 65536, "device"),
+        memcpy("cuMemcpyHtoDAsync_v2", 4096, "H2D", is_async=True, stream=h(0x7002)),
+        *[named(fusion, JAX_FUSION), named(reduce, JAX_REDUCE_SHORT, JAX_REDUCE)] * iters,
+        capture("cuStreamBeginCapture_v2", "begin", h(0x7003)),
+        *[named(captured, JAX_FUSION, captured=True)] * 2,
+        capture("cuStreamEndCapture", "end", h(0x7003), kernel_nodes=2),
+        instantiate("cuGraphInstantiateWithFlags", 2),
+        *[graph_replay("cuGraphLaunch", 0xB0001, h(0x7002), 2)] * 3,
+        memcpy("cuMemcpyDtoHAsync_v2", 4096, "D2H", is_async=True, stream=h(0x7002)),
+        sync("cuStreamSynchronize", "stream", h(0x7002)),
+        free("cuMemFree_v2"),
+    ]
+
+
+def driver_all_events(h: Callable[[int], int] = no_handles) -> list[Event]:
+    """`driver --mode all`: every probed driver function once, in events.h order.
+    Without names (the real driver makes no handles); graph execs as passed."""
+    s = h
+    return [
+        launch("cuLaunchKernel", (1, 2, 3), (4, 5, 6), 100, s(0x8000)),
+        launch("cuLaunchKernel_ptsz", (2, 1, 1), (64, 1, 1), 0, s(0)),
+        launch("cuLaunchKernelEx", (3, 5, 7), (32, 2, 2), 4096, s(0x8001)),
+        launch("cuLaunchKernelEx_ptsz", (3, 5, 7), (32, 2, 2), 8192, s(0x8002)),
+        launch("cuLaunchCooperativeKernel", (9, 1, 1), (256, 1, 1), 512, s(0x8003)),
+        launch("cuLaunchCooperativeKernel_ptsz", (10, 1, 1), (128, 2, 1), 256, s(0x8004)),
+        memcpy("cuMemcpyHtoD_v2", 1001, "H2D", is_async=False),
+        memcpy("cuMemcpyHtoD_v2_ptds", 1002, "H2D", is_async=False),
+        memcpy("cuMemcpyDtoH_v2", 1003, "D2H", is_async=False),
+        memcpy("cuMemcpyDtoH_v2_ptds", 1004, "D2H", is_async=False),
+        memcpy("cuMemcpyDtoD_v2", 1005, "D2D", is_async=False),
+        memcpy("cuMemcpyDtoD_v2_ptds", 1006, "D2D", is_async=False),
+        memcpy("cuMemcpyHtoDAsync_v2", 1007, "H2D", is_async=True, stream=s(0x8005)),
+        memcpy("cuMemcpyHtoDAsync_v2_ptsz", 1008, "H2D", is_async=True, stream=s(0x8006)),
+        memcpy("cuMemcpyDtoHAsync_v2", 1009, "D2H", is_async=True, stream=s(0x8007)),
+        memcpy("cuMemcpyDtoHAsync_v2_ptsz", 1010, "D2H", is_async=True, stream=s(0x8008)),
+        memcpy("cuMemcpyDtoDAsync_v2", 1011, "D2D", is_async=True, stream=s(0x8009)),
+        memcpy("cuMemcpyDtoDAsync_v2_ptsz", 1012, "D2D", is_async=True, stream=s(0x800A)),
+        memcpy("cuMemcpy", 1013, "default", is_async=False),
+        memcpy("cuMemcpy_ptds", 1014, "default", is_async=False),
+        memcpy("cuMemcpyAsync", 1015, "default", is_async=True, stream=s(0x800B)),
+        memcpy("cuMemcpyAsync_ptsz", 1016, "default", is_async=True, stream=s(0x800C)),
+        memcpy("cuMemcpyPeer", 1017, "D2D", is_async=False),
+        memcpy("cuMemcpyPeer_ptds", 1018, "D2D", is_async=False),
+        memcpy("cuMemcpyPeerAsync", 1019, "D2D", is_async=True, stream=s(0x800D)),
+        memcpy("cuMemcpyPeerAsync_ptsz", 1020, "D2D", is_async=True, stream=s(0x800E)),
+        memset("cuMemsetD8_v2", 2001, is_async=False),
+        memset("cuMemsetD8_v2_ptds", 2002, is_async=False),
+        memset("cuMemsetD16_v2", 2003 * 2, is_async=False),
+        memset("cuMemsetD16_v2_ptds", 2004 * 2, is_async=False),
+        memset("cuMemsetD32_v2", 2005 * 4, is_async=False),
+        memset("cuMemsetD32_v2_ptds", 2006 * 4, is_async=False),
+        memset("cuMemsetD8Async", 2007, is_async=True, stream=s(0x800F)),
+        memset("cuMemsetD8Async_ptsz", 2008, is_async=True, stream=s(0x8010)),
+        memset("cuMemsetD16Async", 2009 * 2, is_async=True, stream=s(0x8011)),
+        memset("cuMemsetD16Async_ptsz", 2010 * 2, is_async=True, stream=s(0x8012)),
+        memset("cuMemsetD32Async", 2011 * 4, is_async=True, stream=s(0x8013)),
+        memset("cuMemsetD32Async_ptsz", 2012 * 4, is_async=True, stream=s(0x8014)),
+        alloc("cuMemAlloc_v2", 3001, "device"),
+        alloc("cuMemAllocAsync", 3002, "device_async"),
+        alloc("cuMemAllocAsync_ptsz", 3003, "device_async"),
+        alloc("cuMemAllocManaged", 3004, "managed"),
+        alloc("cuMemAllocHost_v2", 3005, "host_pinned"),
+        alloc("cuMemHostAlloc", 3006, "host_pinned"),
+        free("cuMemFree_v2"),
+        free("cuMemFreeAsync"),
+        free("cuMemFreeAsync_ptsz"),
+        free("cuMemFreeHost"),
+        sync("cuStreamSynchronize", "stream", s(0x8019)),
+        sync("cuStreamSynchronize_ptsz", "stream", s(0x801A)),
+        sync("cuCtxSynchronize", "device"),
+        sync("cuEventSynchronize", "event", s(0x6001)),
+        graph_launch("cuGraphLaunch", s(0x3101), s(0x801B)),
+        graph_launch("cuGraphLaunch_ptsz", s(0x3102), s(0x801C)),
+        capture("cuStreamBeginCapture_v2", "begin", s(0x801D)),
+        capture("cuStreamBeginCapture_v2_ptsz", "begin", s(0x801E)),
+        capture("cuStreamEndCapture", "end", s(0x801D)),
+        capture("cuStreamEndCapture_ptsz", "end", s(0x801E)),
+        instantiate("cuGraphInstantiateWithFlags", None),
+        instantiate("cuGraphInstantiateWithParams", None),
+        instantiate("cuGraphInstantiateWithParams_ptsz", None),
+    ]
+
+
+# ---- nvccstyle.c ----------------------------------------------------------------
+
+NVCC_SCALE = ("scale", "scale(float*, int)")
+NVCC_AXPY = ("axpy", "void axpy<float, 4>(float*, float, int)")
+NVCC_GEMM = ("cutlass::Kernel",
+             "void cutlass::Kernel<cutlass::gemm::kernel::Gemm<float, 128> >"
+             "(cutlass::gemm::kernel::Gemm<float, 128>::Params)")
+NVCC_UNREGISTERED = ("unregistered", "unregistered(float*)")
+
+
+def nvccstyle_events(iters: int, replays: int) -> list[Event]:
+    """`nvccstyle --iters N --replays R`: runtime events only, whatever the runtime asks
+    of the driver; with kernel names and graph kernel nodes."""
+    def kernel(api: str, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+               stream: int, *, name: tuple[str, str], captured: bool = False) -> Event:
+        return named(launch(api, grid, block, smem, stream), *name, captured=captured)
+
+    step = [
+        kernel("cudaLaunchKernel", (16, 1, 1), (256, 1, 1), 0, 0x9000, name=NVCC_SCALE),
+        kernel("cudaLaunchKernel", (8, 2, 1), (128, 1, 1), 0, 0x9000, name=NVCC_AXPY),
+        kernel("cudaLaunchKernelExC", (4, 4, 1), (32, 8, 1), 2048, 0x9000, name=NVCC_GEMM),
+        kernel("cudaLaunchKernel", (1, 1, 1), (32, 1, 1), 0, 0x9000, name=NVCC_UNREGISTERED),
+        memcpy("cudaMemcpy", 4096, "H2D", is_async=False),
+    ]
+    scale = kernel("cudaLaunchKernel", (16, 1, 1), (256, 1, 1), 0, 0x9001, name=NVCC_SCALE,
+                   captured=True)
+    axpy = kernel("cudaLaunchKernel", (8, 2, 1), (128, 1, 1), 0, 0x9001, name=NVCC_AXPY,
+                  captured=True)
+    return [
+        alloc("cudaMalloc", 4096, "device"),
+        *step * iters,
+        capture("cudaStreamBeginCapture", "begin", 0x9001),
+        scale, scale, axpy,
+        capture("cudaStreamEndCapture", "end", 0x9001, kernel_nodes=3),
+        instantiate("cudaGraphInstantiate", 3),
+        *[graph_replay("cudaGraphLaunch", 0xB0001, 0x9002, 3)] * replays,
+        sync("cudaStreamSynchronize", "stream", 0x9002),
+        sync("cudaDeviceSynchronize", "device"),
+        free("cudaFree"),
+    ]
+
+
 # ---- comparing ------------------------------------------------------------------
 
 
-def project(event: Mapping[str, object]) -> Event:
-    """An actual event cut down to the keys the oracle speaks about (KEYS[type])."""
-    keys = KEYS.get(str(event.get("type")), COMMON_KEYS)
+def project(event: Mapping[str, object], names: bool = False) -> Event:
+    """An actual event cut down to the keys the oracle speaks about (KEYS[type], and
+    NAMED_KEYS[type] with `names`)."""
+    etype = str(event.get("type"))
+    keys = KEYS.get(etype, COMMON_KEYS) + (NAMED_KEYS.get(etype, ()) if names else ())
     return {key: event.get(key) for key in keys}
 
 
@@ -347,11 +554,13 @@ def _canonical(event: Mapping[str, object]) -> str:
 
 
 def diff(
-    expected: Iterable[Mapping[str, object]], actual: Iterable[Mapping[str, object]]
+    expected: Iterable[Mapping[str, object]],
+    actual: Iterable[Mapping[str, object]],
+    names: bool = False,
 ) -> tuple[list[Event], list[Event]]:
     """(missing, unexpected): multiset difference of expected and projected actual events."""
-    want = Counter(_canonical(e) for e in expected)
-    got = Counter(_canonical(project(e)) for e in actual)
+    want = Counter(_canonical(project(e, names)) for e in expected)
+    got = Counter(_canonical(project(e, names)) for e in actual)
     missing: list[Event] = []
     unexpected: list[Event] = []
     for key, n in (want - got).items():
