@@ -470,7 +470,6 @@ def transfers() -> dict[str, Any]:
                      [HOST_VAR, JOB_VAR], annotations=[anomalies])
 
 
-#: Fusion comparison: (column, measurement, field, title of the row in the table).
 def _side(ref: str, job_filter: str, suffix: str) -> list[dict[str, Any]]:
     """One job's column of the comparison table (refs ref+"1".. ref+"4")."""
     f = where(HOST, job_filter)
@@ -488,6 +487,7 @@ def _side(ref: str, job_filter: str, suffix: str) -> list[dict[str, Any]]:
     ]
 
 
+#: The comparison table's columns (each with _a, _b and _ratio) and their units.
 COMPARED: Final[tuple[tuple[str, str], ...]] = (
     ("launches", unit(m.LAUNCHES, Fields.COUNT)),
     ("launches_per_s", unit(m.LAUNCHES, Fields.RATE_PER_S)),
@@ -507,7 +507,7 @@ def fusion() -> dict[str, Any]:
     table_units = [(f"{name}_{side}", unit_id) for name, unit_id in COMPARED for side in "ab"]
     compare_var = variable("compare_job", "Compared with",
                            tag_values(m.LAUNCHES, Tags.JOB, HOST), multi=False)
-    job_var = {**variable("job", "Job", tag_values(m.LAUNCHES, Tags.JOB, HOST), multi=False)}
+    job_var = variable("job", "Job", tag_values(m.LAUNCHES, Tags.JOB, HOST), multi=False)
     either = "<job filter>"  # replaced by each side's
     side_by_side = [
         ("Launches/s", f'SELECT {per_second(Fields.COUNT)} AS "launches" '
