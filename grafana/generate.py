@@ -29,6 +29,7 @@ import yaml
 from streams import measurements as m
 from streams.detect import DetectSettings
 from streams.measurements import Fields, Tags
+from streams.windows import WindowSettings
 
 ROOT: Final = Path(__file__).resolve().parent
 DASHBOARD_DIR: Final = ROOT / "dashboards"
@@ -36,7 +37,7 @@ ALERTING_FILE: Final = ROOT / "provisioning" / "alerting" / "gpuflight.yaml"
 DATASOURCE_UID: Final = "gpuflight-influxdb"
 DATASOURCE: Final = {"type": "influxdb", "uid": DATASOURCE_UID}
 #: The stream app's default window: the least interval a panel groups by.
-WINDOW: Final = "10s"
+WINDOW: Final = f"{WindowSettings().window_s:g}s"
 FOLDER: Final = "gpuflight"
 
 #: Contract unit (FieldSpec.unit) → Grafana unit id.
@@ -550,7 +551,8 @@ def influx_query(ref: str, query: str, range_s: int = RULE_RANGE_S) -> dict[str,
         "refId": ref,
         "relativeTimeRange": {"from": range_s, "to": 0},
         "datasourceUid": DATASOURCE_UID,
-        "model": {**target(ref, query), "intervalMs": 10_000, "maxDataPoints": 43_200},
+        "model": {**target(ref, query), "intervalMs": round(WindowSettings().window_s * 1000),
+                  "maxDataPoints": 43_200},
     }
 
 
