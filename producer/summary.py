@@ -16,7 +16,9 @@ from producer.records import (
     COPY_KINDS,
     F_ASYNC,
     F_BYTES_KNOWN,
+    F_CAPTURED,
     F_HAS_RESULT,
+    GRAPH_KERNEL_NODES,
     SYNC_SCOPES,
     EventType,
 )
@@ -69,6 +71,10 @@ class Summary:
     sync_count: Counter[str] = field(default_factory=Counter)
     sync_ns: Counter[str] = field(default_factory=Counter)
     graph_launches: int = 0
+    #: Kernel nodes of the graph launches whose exec was instantiated while observed.
+    graph_kernels: int = 0
+    #: Launches recorded into a graph being captured (F_CAPTURED): they ran nothing.
+    captured_launches: int = 0
     failed_calls: int = 0
     first_ts_ns: int | None = None
     last_ts_ns: int | None = None
@@ -93,11 +99,14 @@ class Summary:
         self.memset_bytes += int(memsets["bytes"].sum())
         self._add_memory(ev[(types == EventType.ALLOC) | (types == EventType.FREE)])
         self._add_syncs(ev[types == EventType.SYNC])
-        self.graph_launches += int(np.count_nonzero(types == EventType.GRAPH_LAUNCH))
+        graphs = ev[types == EventType.GRAPH_LAUNCH]
+        self.graph_launches += len(graphs)
+        self.graph_kernels += int(graphs["dim"][:, GRAPH_KERNEL_NODES].astype(np.int64).sum())
 
     def _add_launches(self, launches: npt.NDArray[np.void]) -> None:
         if len(launches) == 0:
             return
+        self.captured_launches += int(np.count_nonzero(launches["flags"] & F_CAPTURED))
         apis, counts = np.unique(launches["api"], return_counts=True)
         for api, n in zip(apis.tolist(), counts.tolist(), strict=True):
             self.launches_by_api[API_NAMES.get(api, str(api))] += n
@@ -210,8 +219,13 @@ def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5
         threads_rate = summary.threads_total / wall_s if wall_s else 0.0
         lines.append(f"  {summary.blocks_total / summary.launches:>14,.1f}  blocks per launch"
                      f" (mean)   # {_si(threads_rate, 'threads/s')}")
+    if summary.captured_launches:
+        lines.append(f"  {summary.captured_launches:>14,}    of them captured into graphs"
+                     " (recorded, not run)")
     if summary.graph_launches:
-        lines.append(f"  {summary.graph_launches:>14,}  graph launches")
+        kernels = (f"   # {summary.graph_kernels:,} kernels in graphs instantiated while traced"
+                   if summary.graph_kernels else "")
+        lines.append(f"  {summary.graph_launches:>14,}  graph launches{kernels}")
     if summary.shapes:
         rows = [
             [_dim(g), _dim(b), f"{n:,}", f"{100 * n / summary.launches:.1f}%"]

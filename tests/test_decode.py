@@ -124,3 +124,39 @@ def test_summary_counts_shapes_bandwidth_and_peak() -> None:
     assert summary.sync_ns["device"] == 2_000_000
     text = render(summary, "job", wall_s=0.01, drops=0)
     assert "kernel launches" in text and "(40,1,1)" in text and "12.00 GB/s" in text
+
+
+def test_captured_launches_count_into_the_graph_and_its_replays() -> None:
+    """Begin capture, launches (one on another stream), end, instantiate, launch, in
+    two batches split mid-capture: the enricher keeps state across batches."""
+    done = {"flags": F_HAS_RESULT, "result": 0, "pid": 10}
+    first = make([
+        {"type": EventType.GRAPH_CAPTURE, "api": API_IDS["cudaStreamBeginCapture"],
+         "stream": 5, "pid": 10, "dim": [1, 0, 0, 0, 0, 0]},
+        launch(1, (1, 1, 1), (32, 1, 1), stream=5),
+        launch(2, (1, 1, 1), (32, 1, 1), stream=6),
+    ])
+    second = make([
+        launch(3, (2, 1, 1), (32, 1, 1), stream=5),
+        {"type": EventType.GRAPH_CAPTURE, "api": API_IDS["cudaStreamEndCapture"], "stream": 5,
+         "handle": 0xA1, "dim": [2, 0, 0, 0, 0, 0], **done},
+        {"type": EventType.GRAPH_INSTANTIATE, "api": API_IDS["cudaGraphInstantiate"],
+         "handle": 0xB1, "bytes": 0xA1, **done},
+        {"type": EventType.GRAPH_LAUNCH, "api": API_IDS["cudaGraphLaunch"], "handle": 0xB1,
+         "stream": 6, "pid": 10},
+        {"type": EventType.GRAPH_LAUNCH, "api": API_IDS["cudaGraphLaunch"], "handle": 0xB9,
+         "stream": 6, "pid": 10},
+        launch(4, (1, 1, 1), (32, 1, 1), stream=5),
+    ])
+    enricher = Enricher(clock_offset_ns=0)
+    events = to_events(enricher.enrich(first)) + to_events(enricher.enrich(second))
+    assert [e["captured"] for e in events if e["type"] == "launch"] == [True, False, True, False]
+    end, made = events[4], events[5]
+    assert (end["phase"], end["graph"], end["kernel_nodes"]) == ("end", 0xA1, 2)
+    assert (made["graph_exec"], made["graph"], made["kernel_nodes"]) == (0xB1, 0xA1, 2)
+    # A replay of a known exec carries its kernel nodes; an exec never seen made, none.
+    assert [e["kernel_nodes"] for e in events if e["type"] == "graph_launch"] == [2, None]
+    assert events[0] == {"type": "graph_capture", "ts_ns": 0, "pid": 10, "tid": 0,
+                         "api": "cudaStreamBeginCapture", "layer": "runtime", "phase": "begin",
+                         "stream": 5, "graph": None, "kernel_nodes": None, "duration_ns": None,
+                         "ok": None}

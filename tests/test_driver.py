@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 
 from producer import discover, elfsyms
 from producer.errors import SetupError
@@ -155,7 +156,8 @@ def test_static_runtime_inside_a_shared_object(bindir: Path, tmp_path: Path) -> 
     # The runtime is only in the library's .symtab: found there, probed there.
     with library.open("rb") as f:
         dynsym = ELFFile(f).get_section_by_name(".dynsym")
-        exported = {s.name for s in dynsym.iter_symbols()} if dynsym is not None else set()
+        assert isinstance(dynsym, SymbolTableSection)
+        exported = {s.name for s in dynsym.iter_symbols()}
     assert "cudaLaunchKernel" not in exported
     assert "cudaLaunchKernel" in elfsyms.defined_functions(str(library), discover.RUNTIME_SYMBOLS)
     _, events = trace([str(program), "--iters", "12", "--replays", "2"], tmp_path / "out.jsonl")
