@@ -1,4 +1,5 @@
-# The gpuflight node agent: Debian's bcc, our package, the BPF sources.
+# The gpuflight image: the node agent (`producer`) and the stream workers (`streams`) —
+# Debian's bcc, our package, the BPF sources.
 FROM debian:bookworm-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3-bpfcc python3-venv python3-pip \
