@@ -38,6 +38,7 @@ __all__ = [
     "file_offset_to_vaddr",
     "function_addresses",
     "interpreter",
+    "local_statics",
     "symbol_address",
     "symbol_at",
 ]
@@ -103,6 +104,24 @@ def file_offset_to_vaddr(path: str, file_offset: int) -> int | None:
     """The virtual address (st_value terms) of the byte at `file_offset` of a loaded segment."""
     table = _cached(path, ("functions",), _read_function_table)
     return None if table is None else _to_vaddr(table.loads, file_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStatics:
+    """Function-local static objects named `suffix` (e.g. nvcc's `__handle` next to each
+    kernel stub) and what is needed to find them in a process."""
+
+    objects: tuple[tuple[int, str], ...]  # (st_value, mangled symbol), by address
+    relocatable: bool  # ET_DYN: loaded at a base address (PIE, shared object)
+    first_vaddr: int  # the lowest PT_LOAD p_vaddr (the base maps to its page)
+
+
+def local_statics(path: str, suffix: str) -> LocalStatics | None:
+    """The local static objects `_ZZ...E<len><suffix>` that `path` defines, from .symtab.
+
+    The string tables are searched for the suffix first: a file without one costs a pass
+    over its string tables, not a symbol decode."""
+    return _cached(path, ("statics", suffix), lambda f: _read_local_statics(f, suffix))
 
 
 def interpreter(path: str) -> str | None:
@@ -393,6 +412,41 @@ def _to_vaddr(loads: tuple[tuple[int, int, int], ...], file_offset: int) -> int 
         if p_offset <= file_offset < p_offset + p_filesz:
             return file_offset - p_offset + p_vaddr
     return None
+
+
+def _read_local_statics(f: BinaryIO, suffix: str) -> LocalStatics | None:
+    size = os.fstat(f.fileno()).st_size
+    layout = _layout(f, size)
+    tail = f"E{len(suffix)}{suffix}".encode()
+    wanted = [
+        t for t in layout.sections
+        if t.type in (_SHT_SYMTAB, _SHT_DYNSYM) and t.link < len(layout.sections)
+        and tail + b"\0" in _section_bytes(f, size, layout.sections[t.link])
+    ]
+    if not wanted:
+        return None
+    elf = ELFFile(f)
+    objects: dict[int, str] = {}
+    for table in wanted:
+        section = elf.get_section(table.number)
+        if not isinstance(section, SymbolTableSection):
+            continue
+        for symbol in section.iter_symbols():
+            name = symbol.name
+            if (
+                name.startswith("_ZZ")
+                and name.endswith(tail.decode())
+                and symbol["st_info"]["type"] == "STT_OBJECT"
+                and symbol["st_shndx"] != "SHN_UNDEF"
+                and symbol["st_value"]
+            ):
+                objects.setdefault(symbol["st_value"], name)
+    loads = [seg["p_vaddr"] for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"]
+    return LocalStatics(
+        objects=tuple(sorted(objects.items())),
+        relocatable=elf["e_type"] == "ET_DYN",
+        first_vaddr=min(loads) if loads else 0,
+    )
 
 
 def _read_interpreter(f: BinaryIO) -> str | None:

@@ -9,9 +9,12 @@ What the probes report (bpf/events.h, enum gf_name_kind), and how a launch handl
              cuKernelGetFunction      CUfunction → CUkernel
              cuModuleLoadData(Ex)     module → image address (which file, or JIT memory)
 
-A handle none of these name is looked up as an address in the process: the symbol that
-covers it in its file's .symtab/.dynsym (nvcc 13 keeps host stubs only in .symtab), else
-"MODULE+0xOFFSET" (the file's base name and the address's offset in it). A launch is never
+A handle none of these name (the process was attached after it registered its kernels) is
+looked up in the process: among the `__handle` statics nvcc 12.4+ keeps next to each kernel
+stub (`_ZZ<stub>E8__handle`, read from the process's memory: each holds its kernel's
+cudaKernel_t once the stub has run), then as an address: the symbol that covers it in its
+file's .symtab/.dynsym (nvcc 13 keeps host stubs only in .symtab), else "MODULE+0xOFFSET"
+(the file's base name and the address's offset in it). A launch is never
 dropped for want of a name. Names are demangled with cxxfilt, which wraps libstdc++'s
 __cxa_demangle (the reference implementation GCC and c++filt use; pure-Python demanglers lag
 behind it on CUDA's templates); the short form drops template arguments, parameter lists and
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,6 +48,13 @@ __all__ = ["KernelNames", "demangle", "short_name"]
 MAX_PROCESSES = 4096
 #: Names kept per process (a process that builds kernels without end stays bounded).
 MAX_NAMES_PER_PROCESS = 65536
+
+#: nvcc's function-local static holding a stub's cudaKernel_t, and the stubs' name prefix.
+HANDLE_STATIC = "__handle"
+_STUB = re.compile(r"__device_stub_(_Z[^(]*)\(")
+_HANDLE_TAIL = f"E{len(HANDLE_STATIC)}{HANDLE_STATIC}"
+#: A process's `__handle` statics are read again at most this often (on a miss).
+STATICS_INTERVAL_S = 1.0
 
 _ANONYMOUS = "(anonymous namespace)"
 _ANONYMOUS_MARK = "\x00anon\x00"
@@ -78,6 +90,16 @@ def short_name(full: str) -> str:
     return kept.replace(_ANONYMOUS_MARK, _ANONYMOUS)
 
 
+def _kernel_of_handle_static(symbol: str) -> str | None:
+    """The kernel symbol a `__handle` static belongs to: `_ZZ<encoding>E8__handle` is local
+    to the function `_Z<encoding>`, nvcc's `__device_stub_<kernel symbol>` (or the kernel)."""
+    if not symbol.startswith("_ZZ") or not symbol.endswith(_HANDLE_TAIL):
+        return None
+    function = "_Z" + symbol[3 : -len(_HANDLE_TAIL)]
+    match = _STUB.search(demangle(function).full)
+    return match.group(1) if match else function
+
+
 @dataclass
 class _Process:
     """What one process's name records said."""
@@ -88,6 +110,8 @@ class _Process:
     function_kernels: dict[int, int] = field(default_factory=dict)  # CUfunction → CUkernel
     modules: dict[int, int] = field(default_factory=dict)  # module/library → image address
     resolved: dict[int, KernelName] = field(default_factory=dict)
+    statics: dict[int, str] = field(default_factory=dict)  # cudaKernel_t → kernel symbol
+    statics_read_at: float = float("-inf")
     guessed: set[int] = field(default_factory=set)  # handles named by address, not by record
 
     def size(self) -> int:
@@ -116,13 +140,19 @@ class KernelNames:
         self.records = 0
 
     def remember_maps(self, pid: int) -> None:
-        """Read `pid`'s mappings now, while it lives (capture calls this when it scans)."""
+        """Read `pid`'s mappings and nvcc `__handle` statics now, while it lives (capture
+        calls this when it scans): a process attached late may be gone by the time its
+        launches are named."""
         maps = self._read_maps(pid)
         if maps is not None:
             self._maps[pid] = maps
             self._maps.move_to_end(pid)
             while len(self._maps) > MAX_PROCESSES:
                 self._maps.popitem(last=False)
+        if self._proc_root is not None:
+            state = self._process(pid)
+            state.statics.update(self._read_handle_statics(pid))
+            state.statics_read_at = time.monotonic()
 
     def _process(self, pid: int) -> _Process:
         state = self._processes.get(pid)
@@ -182,6 +212,8 @@ class KernelNames:
         if known is not None:
             return known
         symbol = self._recorded(state, handle)
+        if symbol is None and self._proc_root is not None:
+            symbol = self._from_handle_statics(pid, state, handle)
         if symbol is not None:
             name = demangle(symbol)
         elif self._proc_root is None:
@@ -215,6 +247,50 @@ class KernelNames:
         if kernel is not None and kernel in state.driver_names:
             return state.driver_names[kernel]
         return None
+
+    # -- nvcc's __handle statics (late attach) --------------------------------
+
+    def _from_handle_statics(self, pid: int, state: _Process, handle: int) -> str | None:
+        if handle not in state.statics and (
+            time.monotonic() - state.statics_read_at >= STATICS_INTERVAL_S
+        ):
+            state.statics_read_at = time.monotonic()
+            state.statics.update(self._read_handle_statics(pid))
+        return state.statics.get(handle)
+
+    def _read_handle_statics(self, pid: int) -> dict[int, str]:
+        """cudaKernel_t value → kernel symbol, for every `__handle` static `pid` maps."""
+        maps = self._read_maps(pid)
+        if not maps:
+            return {}
+        found: dict[int, str] = {}
+        bases: dict[tuple[int, str], int] = {}
+        for mapping in maps:
+            if mapping.path.startswith("/") and mapping.offset == 0:
+                bases.setdefault((mapping.inode, mapping.path), mapping.start)
+        try:
+            mem = open(f"{self._proc_root}/{pid}/mem", "rb")  # noqa: SIM115
+        except OSError:
+            return {}
+        with mem:
+            for (inode, path), start in bases.items():
+                opened = self._open_path(pid, _Mapping(start, start, 0, inode, path))
+                statics = elfsyms.local_statics(opened, HANDLE_STATIC) if opened else None
+                if statics is None:
+                    continue
+                base = start - (statics.first_vaddr & ~0xFFF) if statics.relocatable else 0
+                for value, symbol in statics.objects:
+                    kernel = _kernel_of_handle_static(symbol)
+                    if kernel is None:
+                        continue
+                    try:
+                        mem.seek(base + value)
+                        raw = mem.read(8)
+                    except (OSError, OverflowError, ValueError):
+                        continue
+                    if len(raw) == 8 and int.from_bytes(raw, "little"):
+                        found[int.from_bytes(raw, "little")] = kernel
+        return found
 
     # -- by address ---------------------------------------------------------
 

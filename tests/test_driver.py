@@ -22,6 +22,7 @@ from elftools.elf.sections import SymbolTableSection
 from producer import discover, elfsyms
 from producer.errors import SetupError
 from tests.conftest import bpf_unavailable_reason, require
+from tests.test_capture import Producer, wait_for_probe_releases
 from tests.workloads import build, expected
 
 pytestmark = pytest.mark.bpf
@@ -162,3 +163,22 @@ def test_static_runtime_inside_a_shared_object(bindir: Path, tmp_path: Path) -> 
     assert "cudaLaunchKernel" in elfsyms.defined_functions(str(library), discover.RUNTIME_SYMBOLS)
     _, events = trace([str(program), "--iters", "12", "--replays", "2"], tmp_path / "out.jsonl")
     assert_exact(expected.nvccstyle_events(12, 2), events, names=True)
+
+
+def test_names_of_a_process_attached_late(bindir: Path, tmp_path: Path) -> None:
+    """Registration happened before capture: names come from nvcc's `__handle` statics
+    (cudaKernel_t handles, read from the process) and from .symtab (stub addresses)."""
+    binary = build.build_nvccstyle(bindir)
+    go = tmp_path / "go"
+    wait_for_probe_releases()
+    proc = subprocess.Popen([str(binary), "--iters", "6", "--replays", "2",
+                             "--wait-file", str(go)])
+    producer = Producer(tmp_path / "node.jsonl", "--pid", str(proc.pid))
+    try:
+        go.touch()  # attached already: the producer is ready once its first scan attached
+        assert proc.wait(timeout=60) == 0
+        events = producer.stop()
+    finally:
+        producer.kill()
+        proc.kill()
+    assert_exact(expected.nvccstyle_events(6, 2, late=True), events, names=True)

@@ -506,9 +506,11 @@ NVCC_GEMM = ("cutlass::Kernel",
 NVCC_UNREGISTERED = ("unregistered", "unregistered(float*)")
 
 
-def nvccstyle_events(iters: int, replays: int) -> list[Event]:
+def nvccstyle_events(iters: int, replays: int, late: bool = False) -> list[Event]:
     """`nvccstyle --iters N --replays R`: runtime events only, whatever the runtime asks
-    of the driver; with kernel names and graph kernel nodes."""
+    of the driver; with kernel names and graph kernel nodes. `late`: what a tracer sees
+    that attached while `--wait-file` held the program (after registration, the
+    allocation and one iteration)."""
     def kernel(api: str, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
                stream: int, *, name: tuple[str, str], captured: bool = False) -> Event:
         return named(launch(api, grid, block, smem, stream), *name, captured=captured)
@@ -525,7 +527,7 @@ def nvccstyle_events(iters: int, replays: int) -> list[Event]:
     axpy = kernel("cudaLaunchKernel", (8, 2, 1), (128, 1, 1), 0, 0x9001, name=NVCC_AXPY,
                   captured=True)
     return [
-        alloc("cudaMalloc", 4096, "device"),
+        *([] if late else [alloc("cudaMalloc", 4096, "device")]),
         *step * iters,
         capture("cudaStreamBeginCapture", "begin", 0x9001),
         scale, scale, axpy,

@@ -1,14 +1,16 @@
 /* gpuflight test workload: what nvcc 12.4+ makes of a CUDA program, written in C.
  *
- *   nvccstyle [--iters N] [--replays R]      (defaults N = 1, R = 1)
+ *   nvccstyle [--iters N] [--replays R] [--wait-file PATH]      (defaults N = 1, R = 1)
  *
  * Host stubs carry the kernels' mangled names (C accepts them as identifiers), so they
  * sit in the executable's .symtab as nvcc 13 leaves them. A constructor registers the
  * module as nvcc's does: __cudaRegisterFatBinary, then __cudaRegisterFunction(stub,
  * mangled name) for three kernels, then __cudaRegisterFatBinaryEnd. The fourth stub,
  * _Z12unregisteredPf, is never registered: it is launched by its address, and only its
- * symbol names it. Each registered stub asks once for its cudaKernel_t
- * (__cudaGetKernel, cached in a static `__handle` like nvcc's) and launches by it.
+ * symbol names it. As in nvcc's output, each registered kernel's host function calls its
+ * __device_stub_<symbol>, which asks once for the cudaKernel_t (__cudaGetKernel), keeps it
+ * in a static named like nvcc's function-local `__handle` (_ZZ<stub>E8__handle) and
+ * launches by it.
  * tests/workloads/expected.py (nvccstyle_events) is the oracle.
  *
  *   kernel (stub symbol)                                   demangled
@@ -19,6 +21,8 @@
  *   _Z12unregisteredPf                                     unregistered(float*)
  *
  * 1. cudaMalloc(&d, 4096)
+ *    With --wait-file: one iteration of step 2 now, then wait until PATH exists (a tracer
+ *    attaches meanwhile; polled every 10 ms, for up to 180 s, then exit 3).
  * 2. N times, on stream 0x9000:
  *      scale         cudaLaunchKernel     grid {16,1,1} block {256,1,1} smem 0
  *      axpy          cudaLaunchKernel     grid {8,2,1}  block {128,1,1} smem 0
@@ -33,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_abi.h"
 
@@ -59,35 +64,69 @@ static cudaStream_t next_stream;
 static const unsigned char fatbin[64] = {0x50, 0xed, 0x55, 0xba};
 static void **module;
 
-#define STUB_PROLOGUE(stub)                                                              \
-	static void *__handle;                                                           \
-	if (!__handle)                                                                   \
-		__cudaGetKernel(&__handle, (const void *)stub)
+/* nvcc's stubs: the kernel's host function calls __device_stub_<symbol>, which keeps the
+ * kernel's cudaKernel_t in a function-local static `__handle` (in C, a file-scope static
+ * given the C++ name of that local: _ZZ<stub>E8__handle) and launches by it. */
+#define DEVICE_STUB_PROLOGUE(handle, kernel)                                             \
+	if (!handle)                                                                     \
+		__cudaGetKernel(&handle, (const void *)kernel)
 
-void _Z5scalePfi(float *p, int n)
+void _Z5scalePfi(float *p, int n);
+void _Z4axpyIfLi4EEvPT_S0_i(float *y, float a, int n);
+void _ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsE(void *params);
+
+static void *_ZZ25__device_stub__Z5scalePfiPfiE8__handle;
+static void *_ZZ36__device_stub__Z4axpyIfLi4EEvPT_S0_iPffiE8__handle;
+static void *_ZZ77__device_stub__ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsEPvE8__handle;
+
+__attribute__((noinline)) void __device_stub__Z5scalePfi(float *p, int n)
 {
-	STUB_PROLOGUE(_Z5scalePfi);
+	DEVICE_STUB_PROLOGUE(_ZZ25__device_stub__Z5scalePfiPfiE8__handle, _Z5scalePfi);
 	void *args[] = {&p, &n};
-	cudaLaunchKernel(__handle, next_grid, next_block, args, next_smem, next_stream);
+	cudaLaunchKernel(_ZZ25__device_stub__Z5scalePfiPfiE8__handle, next_grid, next_block, args,
+			 next_smem, next_stream);
 }
 
-void _Z4axpyIfLi4EEvPT_S0_i(float *y, float a, int n)
+__attribute__((noinline)) void __device_stub__Z4axpyIfLi4EEvPT_S0_i(float *y, float a, int n)
 {
-	STUB_PROLOGUE(_Z4axpyIfLi4EEvPT_S0_i);
+	DEVICE_STUB_PROLOGUE(_ZZ36__device_stub__Z4axpyIfLi4EEvPT_S0_iPffiE8__handle,
+			     _Z4axpyIfLi4EEvPT_S0_i);
 	void *args[] = {&y, &a, &n};
-	cudaLaunchKernel(__handle, next_grid, next_block, args, next_smem, next_stream);
+	cudaLaunchKernel(_ZZ36__device_stub__Z4axpyIfLi4EEvPT_S0_iPffiE8__handle, next_grid,
+			 next_block, args, next_smem, next_stream);
 }
 
-void _ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsE(void *params)
+__attribute__((noinline)) void
+__device_stub__ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsE(void *params)
 {
-	STUB_PROLOGUE(_ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsE);
+	DEVICE_STUB_PROLOGUE(
+		_ZZ77__device_stub__ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsEPvE8__handle,
+		_ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsE);
 	void *args[] = {&params};
 	cudaLaunchConfig_t config = {next_grid, next_block, next_smem, next_stream, NULL, 0};
-	cudaLaunchKernelExC(&config, __handle, args);
+	cudaLaunchKernelExC(
+		&config,
+		_ZZ77__device_stub__ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsEPvE8__handle,
+		args);
+}
+
+__attribute__((noinline)) void _Z5scalePfi(float *p, int n)
+{
+	__device_stub__Z5scalePfi(p, n);
+}
+
+__attribute__((noinline)) void _Z4axpyIfLi4EEvPT_S0_i(float *y, float a, int n)
+{
+	__device_stub__Z4axpyIfLi4EEvPT_S0_i(y, a, n);
+}
+
+__attribute__((noinline)) void _ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsE(void *params)
+{
+	__device_stub__ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsE(params);
 }
 
 /* Never registered: launched by the stub's own address (as before nvcc 12.4). */
-void _Z12unregisteredPf(float *p)
+__attribute__((noinline)) void _Z12unregisteredPf(float *p)
 {
 	void *args[] = {&p};
 	cudaLaunchKernel((const void *)_Z12unregisteredPf, next_grid, next_block, args, next_smem,
@@ -110,15 +149,30 @@ __attribute__((constructor)) static void register_module(void)
 	__cudaRegisterFatBinaryEnd(module);
 }
 
+/* One iteration of step 2. */
+static void step(float *d, float *host)
+{
+	CONFIGURE(16, 1, 1, 256, 1, 1, 0, 0x9000);
+	_Z5scalePfi(d, 1024);
+	CONFIGURE(8, 2, 1, 128, 1, 1, 0, 0x9000);
+	_Z4axpyIfLi4EEvPT_S0_i(d, 2.0f, 1024);
+	CONFIGURE(4, 4, 1, 32, 8, 1, 2048, 0x9000);
+	_ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsE(d);
+	CONFIGURE(1, 1, 1, 32, 1, 1, 0, 0x9000);
+	_Z12unregisteredPf(d);
+	cudaMemcpy(d, host, 4096, cudaMemcpyHostToDevice);
+}
+
 static void usage(void)
 {
-	fprintf(stderr, "usage: nvccstyle [--iters N] [--replays R]\n");
+	fprintf(stderr, "usage: nvccstyle [--iters N] [--replays R] [--wait-file PATH]\n");
 	exit(2);
 }
 
 __attribute__((visibility("default"))) int nvccstyle_main(int argc, char **argv)
 {
 	long iters = 1, replays = 1;
+	const char *wait_file = NULL;
 	for (int i = 1; i < argc; i++) {
 		if (i + 1 >= argc)
 			usage();
@@ -126,6 +180,8 @@ __attribute__((visibility("default"))) int nvccstyle_main(int argc, char **argv)
 			iters = atol(argv[++i]);
 		else if (strcmp(argv[i], "--replays") == 0)
 			replays = atol(argv[++i]);
+		else if (strcmp(argv[i], "--wait-file") == 0)
+			wait_file = argv[++i];
 		else
 			usage();
 	}
@@ -134,17 +190,16 @@ __attribute__((visibility("default"))) int nvccstyle_main(int argc, char **argv)
 	cudaMalloc((void **)&d, 4096);
 	if (!d)
 		d = host;
-	for (long i = 0; i < iters; i++) {
-		CONFIGURE(16, 1, 1, 256, 1, 1, 0, 0x9000);
-		_Z5scalePfi(d, 1024);
-		CONFIGURE(8, 2, 1, 128, 1, 1, 0, 0x9000);
-		_Z4axpyIfLi4EEvPT_S0_i(d, 2.0f, 1024);
-		CONFIGURE(4, 4, 1, 32, 8, 1, 2048, 0x9000);
-		_ZN7cutlass6KernelINS_4gemm6kernel4GemmIfLi128EEEEEvNT_6ParamsE(d);
-		CONFIGURE(1, 1, 1, 32, 1, 1, 0, 0x9000);
-		_Z12unregisteredPf(d);
-		cudaMemcpy(d, host, 4096, cudaMemcpyHostToDevice);
+	if (wait_file) {
+		step(d, host);
+		for (int waited = 0; access(wait_file, F_OK) != 0; waited++) {
+			if (waited == 18000)
+				exit(3);
+			usleep(10000);
+		}
 	}
+	for (long i = 0; i < iters; i++)
+		step(d, host);
 	cudaGraph_t graph = NULL;
 	cudaGraphExec_t exec = NULL;
 	cudaStreamBeginCapture((cudaStream_t)0x9001, 0);
