@@ -3,8 +3,9 @@
     sudo .venv/bin/python bench/overhead.py [--calls N] [--rounds R]
 
 A C loop makes N cudaLaunchKernel calls (then N launch + N cudaMemcpyAsync) into a
-runtime whose functions start with `push rbp`, like libcudart's. The three modes
-run interleaved, R rounds, on the same machine; medians and ratios are printed.
+runtime whose functions start with `push rbp`, like libcudart's, then N cuLaunchKernel
+calls into a driver built the same way (libcuda.so.1: its probe also checks the caller).
+The three modes run interleaved, R rounds, on the same machine; medians and ratios are printed.
 gpuflight's run also reports its own events and drops, so the same run says
 whether capture kept up (lossless) at that rate.
 """
@@ -34,9 +35,13 @@ def build(out: Path) -> Path:
     subprocess.run(["cc", "-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared",
                     "-Wl,-soname,libcudart.so.12", "-o", str(lib), str(BENCH / "fakert.c")],
                    check=True)
+    cuda = out / "libcuda.so.1"
+    subprocess.run(["cc", "-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared",
+                    "-Wl,-soname,libcuda.so.1", "-o", str(cuda), str(BENCH / "fakecuda.c")],
+                   check=True)
     calls = out / "calls"
     subprocess.run(["cc", "-O2", "-o", str(calls), str(BENCH / "calls.c"), f"-L{out}",
-                    "-l:libcudart.so.12", f"-Wl,-rpath,{out}"], check=True)
+                    "-l:libcudart.so.12", "-l:libcuda.so.1", f"-Wl,-rpath,{out}"], check=True)
     return calls
 
 
@@ -51,27 +56,36 @@ def prologue(lib: Path, symbol: str) -> bytes:
         return f.read(4)
 
 
-def run_calls(calls: Path, n: int, copies: bool) -> float:
-    args = [str(calls), str(n)] + (["copies"] if copies else [])
+#: The loops measured: mode → (calls.c argument, calls per iteration, label).
+MODES: dict[str, tuple[list[str], int, str]] = {
+    "launch": ([], 1, "launch"),
+    "copies": (["copies"], 2, "launch + memcpyAsync"),
+    "driver": (["driver"], 1, "cuLaunchKernel (driver)"),
+}
+
+
+def run_calls(calls: Path, n: int, mode: str) -> float:
+    args = [str(calls), str(n), *MODES[mode][0]]
     return float(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
 
 
-def run_empty(calls: Path, lib: Path, n: int, copies: bool) -> float:
+def run_empty(calls: Path, lib: Path, n: int, mode: str) -> float:
     from bcc import BPF  # the floor needs a bare bcc program, not gpuflight's
 
     bpf = BPF(src_file=str(BENCH / "empty.bpf.c").encode())
     for symbol in ("cudaLaunchKernel", "cudaMemcpyAsync"):
         bpf.attach_uprobe(name=str(lib).encode(), sym=symbol.encode(), fn_name=b"empty")
+    bpf.attach_uprobe(name=str(lib.parent / "libcuda.so.1").encode(), sym=b"cuLaunchKernel",
+                      fn_name=b"empty")
     try:
-        return run_calls(calls, n, copies)
+        return run_calls(calls, n, mode)
     finally:
         bpf.cleanup()
 
 
-def run_gpuflight(calls: Path, n: int, copies: bool) -> tuple[float, int, int]:
-    args = [sys.executable, "-m", "producer", "trace", "--", str(calls), str(n)]
-    proc = subprocess.run(args + (["copies"] if copies else []), check=True,
-                          capture_output=True, text=True, cwd=REPO)
+def run_gpuflight(calls: Path, n: int, mode: str) -> tuple[float, int, int]:
+    args = [sys.executable, "-m", "producer", "trace", "--", str(calls), str(n), *MODES[mode][0]]
+    proc = subprocess.run(args, check=True, capture_output=True, text=True, cwd=REPO)
     ns = float(proc.stdout)
     events = int(proc.stderr.split(" events):")[0].rsplit(", ", 1)[1].replace(",", ""))
     dropped = int(proc.stderr.rsplit("events dropped:", 1)[1].split()[0].replace(",", ""))
@@ -86,31 +100,32 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         calls = build(Path(tmp))
         lib = Path(tmp) / "libcudart.so.12"
-        for symbol in ("cudaLaunchKernel", "cudaMemcpyAsync"):
-            head = prologue(lib, symbol)
+        for path, symbol in ((lib, "cudaLaunchKernel"), (lib, "cudaMemcpyAsync"),
+                             (lib.parent / "libcuda.so.1", "cuLaunchKernel")):
+            head = prologue(path, symbol)
             assert head[:1] == b"\x55", f"{symbol} starts with {head.hex()}, not push rbp"
         rows, raw = [], {}
-        for copies in (False, True):
+        for mode, (_, per_iteration, label) in MODES.items():
             samples: dict[str, list[float]] = {"none": [], "empty": [], "gpuflight": []}
             captured = dropped = 0
             for _ in range(args.rounds):
-                samples["none"].append(run_calls(calls, args.calls, copies))
-                samples["empty"].append(run_empty(calls, lib, args.calls, copies))
-                ns, events, drops = run_gpuflight(calls, args.calls, copies)
+                samples["none"].append(run_calls(calls, args.calls, mode))
+                samples["empty"].append(run_empty(calls, lib, args.calls, mode))
+                ns, events, drops = run_gpuflight(calls, args.calls, mode)
                 samples["gpuflight"].append(ns)
                 captured += events
                 dropped += drops
                 time.sleep(8)  # let the background probe release finish (see README)
             med = {k: statistics.median(v) for k, v in samples.items()}
-            expected = args.rounds * args.calls * (2 if copies else 1)
+            expected = args.rounds * args.calls * per_iteration
             rows.append([
-                "launch + memcpyAsync" if copies else "launch",
+                label,
                 f"{med['none']:.0f}", f"{med['empty']:.0f}", f"{med['gpuflight']:.0f}",
                 f"{med['gpuflight'] / med['empty']:.2f}x",
                 f"{(med['gpuflight'] - med['none']) / (med['empty'] - med['none']):.2f}x",
                 f"{captured:,}/{expected:,}", f"{dropped:,}",
             ])
-            raw["copies" if copies else "launch"] = samples
+            raw[mode] = samples
     print(f"machine: {platform.node()} {platform.machine()}, kernel {platform.release()}, "
           f"{time.strftime('%Y-%m-%d')}, {args.calls:,} calls x {args.rounds} rounds, medians")
     print(tabulate(rows, headers=["calls", "no probe ns", "empty uprobe ns", "gpuflight ns",

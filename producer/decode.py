@@ -35,6 +35,7 @@ from producer.records import (
     EventType,
     layer_of,
 )
+from producer.wire import KernelName
 
 Event = dict[str, Any]
 
@@ -170,10 +171,17 @@ def to_events(events: npt.NDArray[np.void], kernels: KernelNames | None = None) 
     if len(events) == 0:
         return []
     columns = {name: events[name].tolist() for name in events.dtype.names or ()}
-    return [_one(columns, i, kernels) for i in range(len(events))]
+    names: dict[tuple[int, int], KernelName | None] | None = None
+    if kernels is not None:
+        launches = events[events["type"] == EventType.LAUNCH]
+        pairs = set(zip(launches["pid"].tolist(), launches["handle"].tolist(), strict=True))
+        names = {(pid, h): kernels.name_of(pid, h) for pid, h in pairs}
+    return [_one(columns, i, names) for i in range(len(events))]
 
 
-def _one(c: dict[str, list[Any]], i: int, kernels: KernelNames | None) -> Event:
+def _one(
+    c: dict[str, list[Any]], i: int, names: dict[tuple[int, int], KernelName | None] | None
+) -> Event:
     etype = c["type"][i]
     flags = c["flags"][i]
     has_result = bool(flags & F_HAS_RESULT)
@@ -191,7 +199,7 @@ def _one(c: dict[str, list[Any]], i: int, kernels: KernelNames | None) -> Event:
     dim = c["dim"][i]
     is_async = bool(flags & F_ASYNC)
     if etype == EventType.LAUNCH:
-        name = kernels.name_of(c["pid"][i], c["handle"][i]) if kernels is not None else None
+        name = names.get((c["pid"][i], c["handle"][i])) if names is not None else None
         event.update(
             grid=dim[0:3],
             block=dim[3:6],
