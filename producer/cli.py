@@ -166,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     streams.add_argument("--identity-wait", type=_non_negative, default=5.0, metavar="S",
                          help=argparse.SUPPRESS)
     streams.add_argument("--tick", type=_positive, default=1.0, help=argparse.SUPPRESS)
+    streams.add_argument("--idle", type=_non_negative, default=5.0, metavar="S",
+                         help="after S seconds without events from a host, its windows close "
+                         "by the wall clock (default %(default)s)")
     streams.add_argument("--metrics-interval", type=_positive, default=5.0, metavar="S",
                          help="worker metrics (the streams measurement) every S seconds "
                          "(default %(default)s)")
@@ -183,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the kernel-fusion showcase on a simulated GPU")
     demo.add_argument("--steps", type=int, default=None, help="training steps per run")
+    demo.add_argument("--pipeline", action="store_true",
+                      help="through the whole pipeline: producer → Kafka → streams → InfluxDB, "
+                      "then the comparison from InfluxDB")
     return parser
 
 
@@ -252,6 +258,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             identity_wait_s=args.identity_wait,
             tick_s=args.tick,
             metrics_s=args.metrics_interval,
+            host_idle_s=args.idle,
         )
         if args.worker:
             stream_settings = replace(stream_settings, worker=args.worker)
@@ -274,6 +281,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(report.render_json([a, b]) if args.json else report.render_compare(a, b))
         return 0
     if args.command == "demo":
+        if args.pipeline:
+            from streams import demo as pipeline_demo
+
+            return pipeline_demo.run(steps=args.steps)
         from producer.demo import showcase
 
         return int(showcase.run(steps=args.steps))

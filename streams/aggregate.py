@@ -142,6 +142,9 @@ class WindowAggregate:
     grid_blocks: list[int] = field(default_factory=_zeros)
     block_threads: list[int] = field(default_factory=_zeros)
     threads_launched: int = 0
+    #: Times of the window's first and last kernel launch (ns; 0: none yet).
+    first_launch_ns: int = 0
+    last_launch_ns: int = 0
     copies: dict[str, CopyStats] = field(default_factory=dict)
     memset_count: int = 0
     memset_bytes: int = 0
@@ -212,6 +215,7 @@ class WindowAggregate:
             "grid_blocks": _trim(self.grid_blocks),
             "block_threads": _trim(self.block_threads),
             "threads_launched": self.threads_launched,
+            "launch_span": [self.first_launch_ns, self.last_launch_ns],
             "copies": {k: c.as_list() for k, c in sorted(self.copies.items())},
             "memset": [self.memset_count, self.memset_bytes],
             "memory": [
@@ -250,6 +254,8 @@ class WindowAggregate:
                 grid_blocks=_untrim(data["grid_blocks"]),
                 block_threads=_untrim(data["block_threads"]),
                 threads_launched=int(data["threads_launched"]),
+                first_launch_ns=int(data.get("launch_span", (0, 0))[0]),
+                last_launch_ns=int(data.get("launch_span", (0, 0))[1]),
                 copies={
                     str(k): CopyStats(*(int(x) for x in _exactly(v, 5)))
                     for k, v in data["copies"].items()
@@ -366,6 +372,10 @@ def add_events(
     if len(kernels):
         _add_kernels(agg, kernels["handle"], kernel_names)
         _add_shapes(agg, kernels["dim"])
+        ts = kernels["ts_ns"]
+        first, last = int(ts.min()), int(ts.max())
+        agg.first_launch_ns = min(agg.first_launch_ns, first) if agg.first_launch_ns else first
+        agg.last_launch_ns = max(agg.last_launch_ns, last)
     copies = events.take(np.flatnonzero(types == _MEMCPY))
     if len(copies):
         _add_copies(agg, copies)
@@ -567,6 +577,10 @@ def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
     out.grid_blocks = [x + y for x, y in zip(out.grid_blocks, b.grid_blocks, strict=True)]
     out.block_threads = [x + y for x, y in zip(out.block_threads, b.block_threads, strict=True)]
     out.threads_launched += b.threads_launched
+    if b.first_launch_ns:
+        out.first_launch_ns = (min(out.first_launch_ns, b.first_launch_ns)
+                               if out.first_launch_ns else b.first_launch_ns)
+        out.last_launch_ns = max(out.last_launch_ns, b.last_launch_ns)
     for kind, totals in b.copies.items():
         out.copies.setdefault(kind, CopyStats()).add(totals)
     out.memset_count += b.memset_count
@@ -681,6 +695,11 @@ def to_points(
             Fields.LAUNCHES: launches,
             Fields.THREADS_PER_S: agg.threads_launched / window_s,
         }
+        if launches:
+            # When in the window the job launched first and last (a job's first and last
+            # windows are partly idle: their rates read low, unless one knows this).
+            shape[Fields.FIRST_LAUNCH_OFFSET_NS] = agg.first_launch_ns - t
+            shape[Fields.LAST_LAUNCH_OFFSET_NS] = agg.last_launch_ns - t
         if agg.captured:
             shape[Fields.CAPTURED_LAUNCHES] = agg.captured
         if launches:

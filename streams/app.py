@@ -13,11 +13,16 @@ and its changelog record lands in that partition. Several workers with the same 
 the partitions (a Kafka consumer group); a restarted worker recovers the table from its
 changelog and skips what it had already applied (windows.JobState.apply).
 
-A job's time is its host's: the latest event time seen from the host, advanced by the wall
-clock since it was seen (so an idle host's windows close, and a replay of old data closes its
-windows at replay speed, not at once). Messages that are not gpuflight messages of this
-version, and events of windows already closed (late beyond grace), go to PREFIX.deadletter.v1
-with the reason in a header, and are counted. Anomalies and memory-bound alerts go to
+A job's time is its host's: the latest event time seen from the host — so a replay of old data
+closes its windows at replay speed, not at once — and, once the host has been silent for
+`host_idle_s`, advanced by the wall clock beyond that, so the windows of a host that stopped
+still close. Hence host time never runs ahead of the host's real time by more than it takes
+its events to arrive: an event is late only when it arrives more than host_idle_s + grace
+after it happened (a producer cut off from Kafka for longer, say).
+
+Messages that are not gpuflight messages of this version, and events of windows already
+closed (late beyond grace), go to PREFIX.deadletter.v1 with the reason in a header, and are
+counted. Anomalies and memory-bound alerts go to
 PREFIX.alerts.v1 as JSON, keyed by host.
 """
 
@@ -214,7 +219,7 @@ class Worker:
         latest, seen = self._clocks.setdefault(state.host, (state.max_ts_ns, now))
         if state.max_ts_ns > latest:  # recovered from the changelog, not seen since
             latest, seen = self._clocks[state.host] = (state.max_ts_ns, now)
-        return latest + (now - seen)
+        return latest + max(now - seen - round(self.settings.host_idle_s * 1e9), 0)
 
     def _written(self, token: Token) -> None:
         self._inflight.discard(token)
@@ -332,7 +337,7 @@ def prepare_topics(settings: StreamSettings, timeout_s: float = 30.0) -> int:
     count (every co-partitioned topic and the table have as many)."""
     from confluent_kafka.admin import AdminClient
 
-    from producer.errors import SetupError
+    from producer.errors import ServiceError
 
     topics = wire.Topics.with_prefix(settings.topic_prefix)
     admin = AdminClient({"bootstrap.servers": settings.kafka})
@@ -351,7 +356,7 @@ def prepare_topics(settings: StreamSettings, timeout_s: float = 30.0) -> int:
             break
         ensure_topics(admin, topic_configs(topics), 6, timeout_s=5)
     if not partitions:
-        raise SetupError(f"Kafka at {settings.kafka} did not answer within {timeout_s:.0f} s")
+        raise ServiceError(f"Kafka at {settings.kafka} did not answer within {timeout_s:.0f} s")
     own = {
         settings.ticks_topic: {"retention.ms": str(3600 * 1000)},
         settings.dead_letter_topic: {"retention.ms": "-1"},
@@ -359,7 +364,7 @@ def prepare_topics(settings: StreamSettings, timeout_s: float = 30.0) -> int:
         **topic_configs(topics),
     }
     if not ensure_topics(admin, own, partitions, timeout_s=10):
-        raise SetupError(f"cannot create the stream app's topics on {settings.kafka}")
+        raise ServiceError(f"cannot create the stream app's topics on {settings.kafka}")
     mismatched = []
     metadata = admin.list_topics(timeout=10)
     for name in (topics.nvml, topics.metrics, settings.ticks_topic):
@@ -367,7 +372,7 @@ def prepare_topics(settings: StreamSettings, timeout_s: float = 30.0) -> int:
         if found is not None and len(found.partitions) != partitions:
             mismatched.append(f"{name} ({len(found.partitions)})")
     if mismatched:
-        raise SetupError(f"topics must have as many partitions as {topics.events}"
+        raise ServiceError(f"topics must have as many partitions as {topics.events}"
                          f" ({partitions}): {', '.join(mismatched)}")
     return partitions
 

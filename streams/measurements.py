@@ -65,6 +65,8 @@ class Fields:
     RATE_PER_S: Final = "rate_per_s"
     GRAPH_KERNEL_NODES: Final = "graph_kernel_nodes"
     CAPTURED_LAUNCHES: Final = "captured_launches"
+    FIRST_LAUNCH_OFFSET_NS: Final = "first_launch_offset_ns"
+    LAST_LAUNCH_OFFSET_NS: Final = "last_launch_offset_ns"
     P50_GRID_BLOCKS: Final = "p50_grid_blocks"
     P90_GRID_BLOCKS: Final = "p90_grid_blocks"
     P99_GRID_BLOCKS: Final = "p99_grid_blocks"
@@ -214,6 +216,8 @@ LAUNCH_SHAPE: Final = Measurement(
     (
         _int(Fields.LAUNCHES),
         _int(Fields.CAPTURED_LAUNCHES),
+        _int(Fields.FIRST_LAUNCH_OFFSET_NS, "ns"),
+        _int(Fields.LAST_LAUNCH_OFFSET_NS, "ns"),
         _float(Fields.P50_GRID_BLOCKS),
         _float(Fields.P90_GRID_BLOCKS),
         _float(Fields.P99_GRID_BLOCKS),

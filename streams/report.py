@@ -2,8 +2,10 @@
 range, for people without Grafana. Reads with InfluxQL (as the dashboards do), so it works on
 InfluxDB 1.8, 2.x (DBRP mappings) and 3.x.
 
-Totals are sums of the window points. Rates divide by the job's active time: the windows in
-which it launched, times the window length (which the points carry: count / rate_per_s).
+Totals are sums of the window points. Rates divide by the job's active time: the windows it
+launched in, times the window length (which the points carry: count / rate_per_s), less the
+idle start of its first window and the idle end of its last (before its first launch and
+after its last: the job started and ended inside them).
 Grid and block sizes are percentiles of the summed log2 histograms (streams/aggregate.py).
 """
 
@@ -101,6 +103,8 @@ class JobSummary:
     hosts: list[str] = field(default_factory=list)
     window_s: float = 0.0
     active_windows: int = 0
+    #: Idle parts of the first and last windows (before the first, after the last launch).
+    idle_edges_s: float = 0.0
     launches: int = 0
     launches_by_api: dict[str, int] = field(default_factory=dict)
     graph_kernel_nodes: int = 0
@@ -127,7 +131,7 @@ class JobSummary:
 
     @property
     def active_s(self) -> float:
-        return self.active_windows * self.window_s
+        return max(self.active_windows * self.window_s - self.idle_edges_s, 0.0)
 
     @property
     def launch_rate(self) -> float | None:
@@ -157,7 +161,8 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
     launches = db.rows(f"SELECT sum({Fields.COUNT}) AS n, sum({Fields.GRAPH_KERNEL_NODES}) AS g"
                        f" FROM {m.LAUNCHES.name} {where} GROUP BY {Tags.LAYER}, {Tags.API},"
                        f" {Tags.HOST}")
-    shape = db.rows(f"SELECT {Fields.LAUNCHES} FROM {m.LAUNCH_SHAPE.name} {where}")
+    shape = db.rows(f"SELECT {Fields.LAUNCHES}, {Fields.FIRST_LAUNCH_OFFSET_NS},"
+                    f" {Fields.LAST_LAUNCH_OFFSET_NS} FROM {m.LAUNCH_SHAPE.name} {where}")
     if not launches and not db.rows(f"SELECT * FROM {m.CPU_BLOCKED.name} {where} LIMIT 1"):
         seen = sorted({r.get(Tags.JOB, "") for r in db.rows(
             f"SELECT last({Fields.COUNT}) FROM {m.LAUNCHES.name} WHERE time >= {since_ns}"
@@ -175,6 +180,12 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
                   " LIMIT 1")
     if one and one[0][Fields.RATE_PER_S]:
         summary.window_s = one[0][Fields.COUNT] / one[0][Fields.RATE_PER_S]
+    if shape and summary.window_s:
+        first, last = shape[0], shape[-1]  # by time
+        head = first[Fields.FIRST_LAUNCH_OFFSET_NS]
+        tail = last[Fields.LAST_LAUNCH_OFFSET_NS]
+        if head is not None and tail is not None:
+            summary.idle_edges_s = (head + summary.window_s * 1e9 - tail) / 1e9
 
     kernels = db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {m.KERNELS.name} {where}"
                       f" GROUP BY {Tags.KERNEL}")

@@ -63,6 +63,8 @@ class StreamSettings:
     )
     #: Wall-clock seconds between passes over the jobs (writes, closing windows).
     tick_s: float = 1.0
+    #: A host silent this long has its time advanced by the wall clock (see streams/app.py).
+    host_idle_s: float = 5.0
     #: How long a message waits for its process's identity before the job falls back to
     #: "COMM?:PID" (the processes topic normally has it first).
     identity_wait_s: float = 5.0

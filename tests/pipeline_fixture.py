@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from producer.demo.build import build_demo
+from streams.demo import warm_up
 from tests.conftest import bpf_unavailable_reason, require
 from tests.influx_fixture import DATABASE
 from tests.streams_support import StreamWorker, rows, wait_for
@@ -98,7 +99,7 @@ class _Producer:
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "producer", "producer", "--kafka", bootstrap,
+                [sys.executable, "-m", "producer", "-v", "producer", "--kafka", bootstrap,
                  "--topic-prefix", prefix],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -134,6 +135,7 @@ def pipeline(kafka_bootstrap: str, influx_url: str,
     jobs: dict[str, str] = {}
     try:
         worker.start()
+        warm_up(demo, producer.log)
         for name, (mode, steps, copies, env) in RUNS.items():
             run = subprocess.Popen(
                 demo.command(mode, steps, copies),

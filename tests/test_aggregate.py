@@ -406,6 +406,9 @@ def test_point_values() -> None:
     assert launches.time_ns == T0
     shape = points[("launch_shape", job)].fields
     assert shape["launches"] == 2
+    launched_at = [int(e["ts_ns"]) - T0 for e in events if e["type"] == EventType.LAUNCH]
+    assert (shape["first_launch_offset_ns"], shape["last_launch_offset_ns"]) == (
+        min(launched_at), max(launched_at))
     assert shape["threads_per_s"] == 2 * 256 * 128 / 2.0
     assert shape["p50_grid_blocks"] == pytest.approx(2 ** 8.5)
     assert shape["p99_block_threads"] == pytest.approx(2 ** 7.99)

@@ -70,3 +70,26 @@ def test_internal_errors_are_one_line_without_verbose(
     assert cli.main(["producer", "--output", "x"]) == 70
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "kaboom" in err and "-v" in err
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_report_without_influxdb_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from producer import stack
+
+    url = f"http://127.0.0.1:{stack.free_port()}"
+    assert cli.main(["report", "--job", "j", "--influx", url]) == 4
+    assert f"cannot reach InfluxDB at {url}" in _one_error_line(capsys)
+    assert cli.main(["compare", "a", "b", "--influx", url, "--since", "later"]) == 2
+    assert "not a time: 'later'" in _one_error_line(capsys)
+
+
+def test_streams_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["streams", "--window", "0"])
+    assert exit_.value.code == 2
+    assert "must be positive" in capsys.readouterr().err

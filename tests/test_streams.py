@@ -217,10 +217,12 @@ def test_malformed_messages_go_to_dead_letters_and_are_counted(
     # The good messages around them still count.
     wait_for(lambda: sum_of(influx_url, "launches", "count", "ok:400", t0, host=host) == 2,
              60, "the good launches", worker)
-    stats = wait_for(lambda: rows(influx_url, f"SELECT last(dead_letters) FROM streams"
-                                              f" WHERE worker = 'w1' AND time >= {t0}"),
-                     30, "worker metrics", worker)
-    assert stats[0]["last"] >= 3
+    def dead_letters() -> int:
+        found = rows(influx_url, f"SELECT last(dead_letters) FROM streams"
+                                 f" WHERE worker = 'w1' AND time >= {t0}")
+        return int(found[0]["last"]) if found else 0
+
+    assert wait_for(lambda: dead_letters() >= 3, 30, "worker metrics", worker)
 
 
 def test_anomalies_and_memory_bound_fire_on_their_cases_only(
@@ -289,11 +291,13 @@ def test_report_and_compare_read_back_a_job(kafka_bootstrap: str, influx_url: st
     b = report.job_summary(influx, "fused:601", since, until)
     assert (a.launches, a.active_windows, a.window_s) == (3200, 4, 1.0)
     assert (b.launches, b.active_windows) == (401, 5)
-    assert a.launch_rate == 800 and b.launch_rate == pytest.approx(80.2)
+    # Active time: the windows, less the idle end of the last (the bursts open each window).
+    assert a.active_s == pytest.approx(3.0) and b.active_s == pytest.approx(4.0)
+    assert a.launch_rate == pytest.approx(3200 / 3) and b.launch_rate == pytest.approx(100.25)
     assert aggregate.bucket_of(round(a.grid_blocks_p50 or 0)) == 5
     assert aggregate.bucket_of(round(b.grid_blocks_p50 or 0)) == 9
     table = report.render_compare(a, b)
-    assert "0.10x" in table.splitlines()[4]  # the launch-rate row: 80.2 / 800
+    assert "0.09x" in table.splitlines()[4]  # the launch-rate row: 100.25 / 1066.7
     assert "32-63" in table and "512-1,023" in table
     assert orjson.loads(report.render_json([a]))[0]["launches"] == 3200
     with pytest.raises(UsageError, match="no data for job 'nobody'"):
@@ -335,3 +339,56 @@ def test_event_types_reach_their_measurements(kafka_bootstrap: str, influx_url: 
     syncs = rows(influx_url, f"SELECT count, sync_ns FROM syncs WHERE host = '{host}'"
                              f" GROUP BY scope")
     assert [(r["scope"], r["count"], r["sync_ns"]) for r in syncs] == [("device", 1, 5_000_000)]
+
+
+def test_two_workers_share_the_partitions_exactly(kafka_bootstrap: str, influx_url: str,
+                                                  names: str, tmp_path: Path) -> None:
+    feed = Feed(kafka_bootstrap, names)
+    t0 = past_window(60)
+    hosts = [f"{names}-{i}" for i in range(6)]  # over the 3 partitions
+    windows, messages, per_message = 12, 4, 300
+
+    def publish(first_window: int) -> None:
+        for host in hosts:
+            feed.process(host, 800, 1, "shared:800")
+            for w in range(first_window, first_window + windows // 2):
+                for k in range(messages):
+                    base = t0 + w * W + k * 1000
+                    feed.events(host, 800, 1, launches([base + i for i in range(per_message)],
+                                                       800, 16, 64))
+        feed.flush()
+
+    first = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
+                         extra=("--metrics-interval", "1"))
+    second = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
+                          extra=("--metrics-interval", "1"))
+    publish(0)
+    first.start("one")
+    second.start("two")  # joins while the first is at work: a rebalance mid-stream
+
+    def took(name: str) -> int:
+        found = rows(influx_url, f"SELECT max(messages) FROM streams WHERE worker = '{name}'"
+                                 f" AND time >= {t0}")
+        return int(found[0]["max"]) if found else 0
+
+    try:
+        wait_for(lambda: took("one") and took("two"), 90, "both workers running", second)
+        time.sleep(3)  # the group has settled: each worker owns partitions
+        publish(windows // 2)  # every partition has hosts
+        want = windows * messages * per_message
+
+        def complete() -> bool:
+            return all(sum_of(influx_url, "launches", "count", "shared:800", t0, host=host)
+                       == want for host in hosts)
+
+        wait_for(complete, 120, "all launches of every host", first)
+        for host in hosts:
+            per_window = rows(influx_url, f"SELECT count FROM launches WHERE host = '{host}'")
+            assert [r["count"] for r in per_window] == [messages * per_message] * windows
+        events = {name: rows(influx_url, f"SELECT max(events) FROM streams"
+                                         f" WHERE worker = '{name}' AND time >= {t0}")
+                  for name in ("one", "two")}
+        assert all(found and found[0]["max"] > 0 for found in events.values()), events
+    finally:
+        first.stop()
+        second.stop()
