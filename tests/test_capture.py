@@ -82,6 +82,10 @@ def test_trace_is_exact_on_every_runtime(
     assert len({e["pid"] for e in events}) == 1
     assert len({e["tid"] for e in events}) == threads + 1
     assert all(e["layer"] == "runtime" for e in events)
+    # C workloads register no kernels: each launch is named by its stub's symbol.
+    launches = [e for e in events if e["type"] == "launch"]
+    assert {(e["kernel"], e["kernel_full"]) for e in launches} == {
+        (f"kernel_{c}", f"kernel_{c}") for c in "abcdef"}
     # Results and durations are known exactly where a return probe completes the event.
     completed = [e for e in events if e["type"] in {"alloc", "free", "sync"}
                  or (e["type"] == "memcpy" and not e["async"])]

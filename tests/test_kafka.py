@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from producer import stack, wire
 from producer.decode import to_events
+from producer.kernels import KernelNames
 from tests.conftest import bpf_unavailable_reason, require
 from tests.kafka_fixture import kafka_unavailable_reason
 from tests.test_capture import Producer as NodeProducer
@@ -40,6 +41,14 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.KafkaHand
     handle = stack.kafka_up(data, port=stack.free_port())
     yield handle
     stack.kafka_down(data)
+
+
+def decode_named(value: bytes) -> list[dict[str, Any]]:
+    """An events message as --output writes it, names from the message itself."""
+    batch = wire.decode_events(value)
+    names = KernelNames(proc_root=None)
+    names.learn(batch.pid, batch.kernels)
+    return to_events(batch.events, names)
 
 
 def key(event: dict[str, Any]) -> str:
@@ -157,9 +166,10 @@ def test_replay_into_another_topic(broker: stack.KafkaHandle, bindir: Path,
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    events = [e for v in consume_all(broker.bootstrap, target)
-              for e in to_events(wire.decode_events(v).events)]
+    events = [e for v in consume_all(broker.bootstrap, target) for e in decode_named(v)]
+    # Kernel names travel with each message, into the other topic too.
     assert Counter(map(key, events)) == Counter(map(key, recorded))
+    assert all(e["kernel"] for e in events if e["type"] == "launch")
 
 
 def test_malformed_messages_are_skipped_and_counted(broker: stack.KafkaHandle, bindir: Path,
