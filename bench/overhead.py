@@ -1,6 +1,6 @@
 """Per-call cost on the traced process: no probe, an empty uprobe (the floor), gpuflight.
 
-    sudo .venv/bin/python bench/overhead.py [--calls N] [--rounds R]
+    sudo .venv/bin/python bench/overhead.py [--calls N] [--rounds R] [--mode launch|copies|driver]
 
 A C loop makes N cudaLaunchKernel calls (then N launch + N cudaMemcpyAsync) into a
 runtime whose functions start with `push rbp`, like libcudart's, then N cuLaunchKernel
@@ -96,6 +96,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--mode", action="append", choices=list(MODES),
+                        help="measure only these loops (default: all)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         calls = build(Path(tmp))
@@ -106,6 +108,8 @@ def main() -> int:
             assert head[:1] == b"\x55", f"{symbol} starts with {head.hex()}, not push rbp"
         rows, raw = [], {}
         for mode, (_, per_iteration, label) in MODES.items():
+            if args.mode and mode not in args.mode:
+                continue
             samples: dict[str, list[float]] = {"none": [], "empty": [], "gpuflight": []}
             captured = dropped = 0
             for _ in range(args.rounds):
