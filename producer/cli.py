@@ -166,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     streams.add_argument("--identity-wait", type=_non_negative, default=5.0, metavar="S",
                          help=argparse.SUPPRESS)
     streams.add_argument("--tick", type=_positive, default=1.0, help=argparse.SUPPRESS)
+    streams.add_argument("--max-pending-points", type=int, default=200_000, metavar="N",
+                         help="points waiting for InfluxDB before the worker stops taking "
+                         "messages (default %(default)s)")
     streams.add_argument("--idle", type=_non_negative, default=5.0, metavar="S",
                          help="after S seconds without events from a host, its windows close "
                          "by the wall clock (default %(default)s)")
@@ -253,7 +256,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             kafka=args.kafka,
             topic_prefix=args.topic_prefix,
             app_id=args.app_id,
-            influx=InfluxSettings.from_environment(args.influx, args.bucket),
+            influx=replace(InfluxSettings.from_environment(args.influx, args.bucket),
+                           max_pending_points=max(args.max_pending_points, 1)),
             windows=WindowSettings(window_s=args.window, grace_s=args.grace),
             identity_wait_s=args.identity_wait,
             tick_s=args.tick,

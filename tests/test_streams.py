@@ -392,3 +392,41 @@ def test_two_workers_share_the_partitions_exactly(kafka_bootstrap: str, influx_u
     finally:
         first.stop()
         second.stop()
+
+
+def test_influxdb_away_then_back_loses_nothing(kafka_bootstrap: str, names: str,
+                                               tmp_path: Path) -> None:
+    """InfluxDB is down when the worker starts: it retries with backoff, holds at most a few
+    points, stops taking messages, and once InfluxDB is up everything arrives exactly."""
+    from producer import stack
+    from tests.conftest import require
+    from tests.influx_fixture import DATABASE, influx_unavailable_reason
+
+    require(influx_unavailable_reason())
+    port = stack.free_port()
+    url = f"http://127.0.0.1:{port}"
+    worker = StreamWorker(kafka_bootstrap, url, names, f"{names}-app", tmp_path / "w",
+                          extra=("--max-pending-points", "20"))
+    (tmp_path / "w").mkdir()
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-o"
+    t0 = past_window(40)
+    feed.process(host, 900, 1, "outage:900")
+    windows = 20
+    for w in range(windows):
+        feed.events(host, 900, 1, launches([t0 + w * W + i for i in range(50)], 900, 4, 32))
+    feed.flush()
+    worker.start()
+    try:
+        time.sleep(8)  # the worker is up, InfluxDB is not: writes fail and are retried
+        assert worker.process is not None and worker.process.poll() is None, worker.output()
+        stack.influx_up(tmp_path / "influx", port)
+        stack.create_database(url, DATABASE)
+        wait_for(lambda: sum_of(url, "launches", "count", "outage:900", t0, host=host)
+                 == windows * 50, 120, "every launch after the outage", worker)
+        per_window = rows(url, f"SELECT count FROM launches WHERE host = '{host}'")
+        assert [r["count"] for r in per_window] == [50] * windows
+        assert "unreachable" in worker.output()
+    finally:
+        worker.stop()
+        stack.influx_down(tmp_path / "influx")
