@@ -71,6 +71,12 @@ GPU: Final = f'"{Tags.GPU}" =~ /^$gpu$/'
 EVERY: Final = "GROUP BY time($__interval)"
 
 
+#: Achieved bandwidth of synchronous copies, over the windows that had some (InfluxQL
+#: divides by 0 as 0, which would read as a stalled link).
+ACHIEVED: Final = f'sum("{Fields.SYNC_BYTES}") * 1000000000 / sum("{Fields.SYNC_NS}")'
+TIMED: Final = f'"{Fields.SYNC_NS}" > 0'
+
+
 def unit(measurement: m.Measurement, field: str) -> str:
     """The Grafana unit of a contract field."""
     return GRAFANA_UNITS[measurement.field(field).unit]
@@ -371,9 +377,8 @@ def job() -> dict[str, Any]:
                         f'{f} {EVERY}', alias="memset"),
         ], unit(m.COPIES, Fields.BYTES_PER_S)),
         timeseries(lay, "Achieved bandwidth of synchronous copies", [target(
-            "A", f'SELECT sum("{Fields.SYNC_BYTES}") * 1000000000 / sum("{Fields.SYNC_NS}") '
-                 f'AS "bandwidth" '
-                 f'FROM "{m.COPIES.name}" {f} {EVERY}{tags(Tags.KIND)}', alias="$tag_kind")],
+            "A", f'SELECT {ACHIEVED} AS "bandwidth" FROM "{m.COPIES.name}" '
+                 f'{where(HOST, JOB, TIMED)} {EVERY}{tags(Tags.KIND)}', alias="$tag_kind")],
             unit(m.COPIES, Fields.BANDWIDTH_BYTES_PER_S),
             description="Bytes of synchronous copies that completed over the time the CPU "
                         "spent in them."),
@@ -434,8 +439,8 @@ def transfers() -> dict[str, Any]:
     high = f"\"{Tags.DIRECTION}\" = '{m.HIGH_BYTES}'"
     panels = [
         timeseries(lay, "Achieved bandwidth vs baseline", [
-            target("A", f'SELECT sum("{Fields.SYNC_BYTES}") * 1000000000 / sum("{Fields.SYNC_NS}") '
-                        f'AS "observed" FROM "{m.COPIES.name}" {f} {EVERY}{tags(Tags.KIND)}',
+            target("A", f'SELECT {ACHIEVED} AS "observed" FROM "{m.COPIES.name}" '
+                        f'{where(HOST, JOB, TIMED)} {EVERY}{tags(Tags.KIND)}',
                    alias="$tag_kind observed"),
             target("B", f'SELECT mean("{Fields.BASELINE}") AS "baseline" '
                         f'FROM "{m.BANDWIDTH_ANOMALY.name}" {where(HOST, JOB, low)} '
