@@ -182,3 +182,34 @@ def test_names_of_a_process_attached_late(bindir: Path, tmp_path: Path) -> None:
         producer.kill()
         proc.kill()
     assert_exact(expected.nvccstyle_events(6, 2, late=True), events, names=True)
+
+
+#: cuGetProcAddress queries (base names, as runtimes ask) → the exported symbol we probe.
+PROC_ADDRESS_QUERIES = {
+    "cuLaunchKernel": "cuLaunchKernel",
+    "cuLaunchKernelEx": "cuLaunchKernelEx",
+    "cuLaunchCooperativeKernel": "cuLaunchCooperativeKernel",
+    "cuMemAlloc": "cuMemAlloc_v2",
+    "cuMemFree": "cuMemFree_v2",
+    "cuMemcpyHtoD": "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH": "cuMemcpyDtoH_v2",
+    "cuMemcpyAsync": "cuMemcpyAsync",
+    "cuStreamSynchronize": "cuStreamSynchronize",
+    "cuGraphLaunch": "cuGraphLaunch",
+    "cuModuleGetFunction": "cuModuleGetFunction",
+    "cuLibraryGetKernel": "cuLibraryGetKernel",
+}
+
+
+def test_real_driver_hands_out_its_probed_entry_points(bindir: Path) -> None:
+    """Calls through cuGetProcAddress pointers (how the runtime and PyTorch reach the
+    driver) land on the exported functions the probes are on, per-thread forms included."""
+    real_driver_or_skip()
+    binary = build.build_procaddress(bindir, "real")
+    args = [f"{q}={e}" for q, e in PROC_ADDRESS_QUERIES.items()]
+    args += ["cuLaunchKernel=cuLaunchKernel_ptsz:", "cuLaunchKernelEx=cuLaunchKernelEx_ptsz:",
+             "cuStreamSynchronize=cuStreamSynchronize_ptsz:"]
+    proc = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60,
+                          check=True)
+    verdicts = dict(line.rsplit(" ", 1) for line in proc.stdout.splitlines())
+    assert verdicts == {a: "same" for a in args}

@@ -219,3 +219,17 @@ def build_nvccstyle_static_so(outdir: Path) -> tuple[Path, Path]:
         inputs=[library],
     )
     return program, library
+
+
+PROCADDRESS_SOURCE = WORKLOADS_DIR / "procaddress.c"
+
+
+def build_procaddress(outdir: Path, driver: Driver) -> Path:
+    """Build outdir/procaddress-DRIVER (cuGetProcAddress against dlsym)."""
+    lib_dir = libcuda_dir(outdir, driver)
+    return compile_c(
+        Path(outdir) / f"procaddress-{driver}",
+        [PROCADDRESS_SOURCE],
+        [*link_args(lib_dir, LIBCUDA_SONAME), "-ldl"],
+        inputs=[lib_dir / LIBCUDA_SONAME],
+    )
