@@ -396,9 +396,9 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
         producer_acks=-1,
         broker_commit_interval=1.0,
         stream_recovery_delay=0.0,
-        stream_buffer_maxsize=256,
+        stream_buffer_maxsize=32,  # messages of up to ~2 MB each: the RSS bound
         producer_max_request_size=8_000_000,
-        consumer_max_fetch_size=16_000_000,
+        consumer_max_fetch_size=4_000_000,
     )
     # bytes keys and values: the "raw" codec, in the changelog and in its recovery.
     table = app.Table(TABLE, partitions=partitions, key_type=bytes, value_type=bytes)
@@ -451,4 +451,5 @@ def run(settings: StreamSettings, loglevel: str = "WARNING") -> None:
              settings.worker, partitions, settings.windows.window_s, settings.windows.grace_s,
              settings.influx.url)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker.spinner = None  # a terminal spinner: escape codes in every log file
     worker.execute_from_commandline()

@@ -73,7 +73,9 @@ class Feed:
         assert ensure_topics(admin, topic_configs(self.topics), self.partitions)
         self._producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
                                    "enable.idempotence": True, "linger.ms": 5,
+                                   "compression.type": "zstd",  # as the producer sends
                                    "message.max.bytes": 8_000_000})
+        self._failed: list[str] = []
 
     def process(self, host: str, pid: int, start_time: int, job: str) -> None:
         record = {"host": host, "pid": pid, "start_time": start_time, "job": job,
@@ -86,7 +88,8 @@ class Feed:
         batch = wire.EventBatch(host, pid, start_time, events, kernels or {})
         self._producer.produce(self.topics.events, key=wire.host_key(host),
                                value=wire.encode_events(batch),
-                               timestamp=batch.first_ts_ns // 1_000_000)
+                               timestamp=batch.first_ts_ns // 1_000_000,
+                               on_delivery=self._delivered)
 
     def raw(self, topic: str, host: str, value: bytes) -> None:
         self._producer.produce(topic, key=wire.host_key(host), value=value)
@@ -96,8 +99,13 @@ class Feed:
                   "gpus": [{"gpu": 0, "utilization_gpu_pct": utilization}]}
         self.raw(self.topics.nvml, host, wire.encode_record(wire.NVML_SCHEMA, record))
 
+    def _delivered(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self._failed.append(str(error))
+
     def flush(self) -> None:
-        assert self._producer.flush(30) == 0, "Kafka did not take the test's messages"
+        assert self._producer.flush(60) == 0, "Kafka did not take the test's messages"
+        assert not self._failed, f"Kafka refused messages: {self._failed[:3]}"
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0,
