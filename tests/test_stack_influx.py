@@ -6,13 +6,9 @@ the way Grafana reads them (InfluxQL over HTTP).
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
 import re
 import socket
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,20 +17,11 @@ import pytest
 
 from producer import stack
 from tests.conftest import one_line, require
+from tests.influx_fixture import BUCKET, DATABASE, influx_unavailable_reason
+from tests.streams_support import influxql
 
-DB = "gpuflight"
-BUCKET = f"{DB}/autogen"  # database/retention policy: a v2 bucket on InfluxDB 1.8
+DB = DATABASE
 T0 = 1_700_000_000_000_000_000  # ns
-
-
-def influx_unavailable_reason() -> str | None:
-    if importlib.util.find_spec("influxdb_client") is None:
-        return "influxdb-client is not installed (run scripts/setup)"
-    try:
-        stack.find_influxd()
-    except stack.StackError as exc:
-        return str(exc)
-    return None
 
 
 @pytest.fixture
@@ -43,20 +30,6 @@ def own_influx(tmp_path: Path) -> Iterator[Path]:
     require(influx_unavailable_reason())
     yield tmp_path
     stack.influx_down(tmp_path)
-
-
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def influxql(url: str, query: str) -> list[dict[str, Any]]:
-    """The series a SELECT returns, times in ns; an InfluxQL error fails the test."""
-    params = urllib.parse.urlencode({"db": DB, "q": query, "epoch": "ns"})
-    with _DIRECT.open(f"{url}/query?{params}", timeout=30) as response:
-        answer = json.loads(response.read())
-    (result,) = answer["results"]
-    assert "error" not in result, result["error"]
-    series: list[dict[str, Any]] = result.get("series", [])
-    return series
 
 
 def kernel(gpu: str, name: str, calls: int, seconds: float, ns: int) -> dict[str, Any]:
