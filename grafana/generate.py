@@ -420,6 +420,16 @@ def job() -> dict[str, Any]:
             "A", f'SELECT sum("{Fields.COUNT}") AS "errors" FROM "{m.ERRORS.name}" {f} '
                  f'{EVERY}{tags(Tags.API)}', alias="$tag_api")],
             unit(m.ERRORS, Fields.COUNT)),
+        timeseries(lay, "Events lost by the producer", [target(
+            "A", f'SELECT last("{Fields.DROPPED_KERNEL}") AS "kernel_ring", '
+                 f'last("{Fields.DROPPED_USER}") AS "kafka_queue" '
+                 f'FROM "{m.EVENTS_LOST.name}" {f} {EVERY}{tags(Tags.HOST)}',
+            alias="$tag_host $col")],
+            unit(m.EVENTS_LOST, Fields.DROPPED_KERNEL),
+            description="Events of the job's processes the producer could not keep, since it "
+                        "started: its kernel ring buffer was full, or its Kafka queue was. "
+                        "No line: nothing lost. Where there is one, the other panels show "
+                        "lower bounds (`gpuflight report` gives the loss in a range)."),
     ]
     memory_bound = annotation(
         "Memory-bound alerts",

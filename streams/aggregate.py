@@ -899,3 +899,22 @@ def pipeline_point(record: Mapping[str, Any]) -> Point | None:
     if not host or not fields:
         return None
     return Point(m.PIPELINE.name, {Tags.HOST: str(host)}, fields, int(record["ts_ns"]))
+
+
+def lost_points(record: Mapping[str, Any], job_of_pid: Callable[[int], str]) -> list[Point]:
+    """A metrics.v1 record → the events each job lost so far (its processes' drops summed),
+    for the jobs that lost any."""
+    host = record.get("host")
+    if not host:
+        return []
+    by_job: dict[str, dict[str, int]] = {}
+    for field_name, key in ((Fields.DROPPED_KERNEL, "dropped_kernel_by_pid"),
+                            (Fields.DROPPED_USER, "dropped_user_by_pid")):
+        for pid, count in (record.get(key) or {}).items():
+            if int(count) > 0:
+                sums = by_job.setdefault(job_of_pid(int(pid)),
+                                         {Fields.DROPPED_KERNEL: 0, Fields.DROPPED_USER: 0})
+                sums[field_name] += int(count)
+    t = int(record["ts_ns"])
+    return [Point(m.EVENTS_LOST.name, {Tags.HOST: str(host), Tags.JOB: job}, dict(sums), t)
+            for job, sums in sorted(by_job.items())]

@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -41,7 +41,7 @@ import orjson
 from producer import wire
 from producer.publish import ensure_topics, topic_configs
 from streams import measurements as m
-from streams.aggregate import gpu_points, pipeline_point
+from streams.aggregate import gpu_points, lost_points, pipeline_point
 from streams.identities import UNKNOWN_JOB_FORMAT, Directory, DirectoryReader
 from streams.measurements import Fields, Point, Tags
 from streams.settings import StreamSettings
@@ -121,6 +121,8 @@ class Worker:
         #: host → (latest event time, wall clock when it was seen), ns.
         self._clocks: dict[str, tuple[int, int]] = {}
         self._fallback_jobs: dict[tuple[str, int, int], str] = {}
+        #: (host, pid) with drops and no identity after a wait: not waited for again.
+        self._lossy_unknown: set[tuple[str, int]] = set()
         #: (topic, partition) → offset of the last message taken.
         self._positions: dict[tuple[str, int], int] = {}
 
@@ -140,11 +142,29 @@ class Worker:
                 self.gpu.add(record, self.directory)
                 await self.sink.put(Batch(gpu_points(record, self._nvml_job(record))))
             elif topic == self.topics.metrics:
-                point = pipeline_point(wire.decode_record(message.value, wire.METRICS_SCHEMA))
-                if point is not None:
-                    await self.sink.put(Batch([point]))
+                record = wire.decode_record(message.value, wire.METRICS_SCHEMA)
+                point = pipeline_point(record)
+                points = lost_points(record, await self._jobs_of_lossy_pids(record))
+                if point is not None or points:
+                    await self.sink.put(Batch(([point] if point else []) + points))
         except (wire.WireError, KeyError, TypeError, ValueError) as exc:
             await self._dead_letter(message, reason="malformed", detail=str(exc))
+
+    async def _jobs_of_lossy_pids(self, record: Mapping[str, Any]) -> Callable[[int], str]:
+        """The jobs of the pids a metrics record counts drops for (metrics name pids only: the
+        latest process of each), waiting for an identity as events do, once per pid."""
+        host = str(record.get("host"))
+        pids = {int(pid) for key in ("dropped_kernel_by_pid", "dropped_user_by_pid")
+                for pid in (record.get(key) or {})}
+        unknown = {p for p in pids if self.directory.latest_job(host, p) is None
+                   and (host, p) not in self._lossy_unknown}
+        deadline = time.monotonic() + self.settings.identity_wait_s
+        while unknown and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            unknown = {p for p in unknown if self.directory.latest_job(host, p) is None}
+        self._lossy_unknown.update((host, p) for p in unknown)
+        return lambda pid: (self.directory.latest_job(host, pid)
+                            or UNKNOWN_JOB_FORMAT.format(pid=pid))
 
     def _nvml_job(self, record: Mapping[str, Any]) -> Any:
         host = str(record["host"])

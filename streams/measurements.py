@@ -21,12 +21,13 @@ dashboards and alert rules may name only what `ALL` lists (a test checks them ag
   bandwidth_anomaly  host job kind direction_of_change    detect.py
   memory_bound       host job                             detect.py
   pipeline           host                                 producer metrics
+  events_lost        host job                             producer metrics, drops by process
   streams            worker                               stream worker metrics (lag, ...)
 
 Field types are part of the contract (InfluxDB fixes a field's type per shard): an `int`
 field is always written as an integer, a `float` field always as a float. Every point's time
-is the start of its window (ns), except gpu, gpu_process, pipeline and streams: the sample's
-time.
+is the start of its window (ns), except gpu, gpu_process, pipeline, events_lost and streams:
+the sample's time.
 """
 
 from __future__ import annotations
@@ -332,6 +333,19 @@ PIPELINE: Final = Measurement(
     ),
 )
 
+#: Events of a job's processes that the producer lost: in the kernel (ring buffer full) and
+#: beyond its Kafka queue. Counters since the producer started (they restart at 0 with it),
+#: summed over the job's processes on the host, written with each metrics record once above 0.
+#: While a job has a point here, its other figures are lower bounds.
+EVENTS_LOST: Final = Measurement(
+    "events_lost",
+    (Tags.HOST, Tags.JOB),
+    (
+        _int(Fields.DROPPED_KERNEL),
+        _int(Fields.DROPPED_USER),
+    ),
+)
+
 #: Counters since the worker started (they restart at 0 with it), and its consumer lag.
 STREAMS: Final = Measurement(
     "streams",
@@ -373,6 +387,7 @@ ALL: Final[Mapping[str, Measurement]] = MappingProxyType(
             BANDWIDTH_ANOMALY,
             MEMORY_BOUND,
             PIPELINE,
+            EVENTS_LOST,
             STREAMS,
         )
     }

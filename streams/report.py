@@ -128,6 +128,13 @@ class JobSummary:
     memory_bound_alerts: int = 0
     anomalies: dict[str, int] = field(default_factory=dict)
     errors: int = 0
+    #: Events of the job the producer lost in the range: kernel ring full, beyond Kafka queue.
+    lost_kernel: int = 0
+    lost_user: int = 0
+
+    @property
+    def events_lost(self) -> int:
+        return self.lost_kernel + self.lost_user
 
     @property
     def active_s(self) -> float:
@@ -163,7 +170,8 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
                        f" {Tags.HOST}")
     shape = db.rows(f"SELECT {Fields.LAUNCHES}, {Fields.FIRST_LAUNCH_OFFSET_NS},"
                     f" {Fields.LAST_LAUNCH_OFFSET_NS} FROM {m.LAUNCH_SHAPE.name} {where}")
-    if not launches and not db.rows(f"SELECT * FROM {m.CPU_BLOCKED.name} {where} LIMIT 1"):
+    if not launches and not any(db.rows(f"SELECT * FROM {spec.name} {where} LIMIT 1")
+                                for spec in (m.CPU_BLOCKED, m.EVENTS_LOST)):
         seen = sorted({r.get(Tags.JOB, "") for r in db.rows(
             f"SELECT last({Fields.COUNT}) FROM {m.LAUNCHES.name} WHERE time >= {since_ns}"
             f" AND time < {until_ns} GROUP BY {Tags.JOB}")})
@@ -241,7 +249,32 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
         summary.anomalies[f"{r[Tags.KIND]} {r[Tags.DIRECTION]}"] = int(r["n"])
     errors = db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {m.ERRORS.name} {where}")
     summary.errors = int(errors[0]["n"]) if errors else 0
+    summary.lost_kernel, summary.lost_user = _events_lost(db, job, since_ns, until_ns, host)
     return summary
+
+
+def _events_lost(db: InfluxQL, job: str, since_ns: int, until_ns: int,
+                 host: str | None) -> tuple[int, int]:
+    """What the job lost in [since, until): the rise of its producers' counters there, from
+    their last value before the range (a fall is a producer restart, from 0)."""
+    fields = (Fields.DROPPED_KERNEL, Fields.DROPPED_USER)
+    job_host = f"{Tags.JOB} = {_quote(job)}" + (f" AND {Tags.HOST} = {_quote(host)}"
+                                                if host else "")
+    before = {r[Tags.HOST]: r for r in db.rows(
+        f"SELECT last({fields[0]}) AS {fields[0]}, last({fields[1]}) AS {fields[1]}"
+        f" FROM {m.EVENTS_LOST.name} WHERE {job_host} AND time < {since_ns}"
+        f" GROUP BY {Tags.HOST}")}
+    previous = {h: [int(r[f] or 0) for f in fields] for h, r in before.items()}
+    lost = [0, 0]
+    for r in db.rows(f"SELECT {fields[0]}, {fields[1]} FROM {m.EVENTS_LOST.name}"
+                     f" WHERE {job_host} AND time >= {since_ns} AND time < {until_ns}"
+                     f" GROUP BY {Tags.HOST}"):
+        last = previous.setdefault(r[Tags.HOST], [0, 0])
+        for i, name in enumerate(fields):
+            value = int(r[name] or 0)
+            lost[i] += value - last[i] if value >= last[i] else value
+            last[i] = value
+    return lost[0], lost[1]
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -297,6 +330,7 @@ def _rows(s: JobSummary) -> list[tuple[str, str, float | None]]:
         ("peak live bytes", _bytes(s.peak_live_bytes), s.peak_live_bytes),
         ("memory-bound windows", f"{s.memory_bound_windows}/{s.judged_windows}",
          s.memory_bound_windows),
+        ("events lost by the producer", _n(s.events_lost), s.events_lost),
     ]
 
 
@@ -322,6 +356,10 @@ def render_job(s: JobSummary) -> str:
                                                         for k, n in sorted(s.anomalies.items()))]
     if s.memory_bound_alerts:
         out += [f"memory-bound alerts: {s.memory_bound_alerts}"]
+    if s.events_lost:
+        out += [f"warning: the producer lost {s.events_lost:,} events of this job"
+                f" ({s.lost_kernel:,} in the kernel ring buffer, {s.lost_user:,} beyond its"
+                " Kafka queue); the counts above are lower bounds"]
     return "\n".join(out)
 
 
@@ -343,6 +381,6 @@ def render_compare(a: JobSummary, b: JobSummary) -> str:
 def render_json(summaries: list[JobSummary]) -> str:
     def one(s: JobSummary) -> Mapping[str, Any]:
         return {**asdict(s), "launch_rate": s.launch_rate, "blocked_share": s.blocked_share,
-                "active_s": s.active_s}
+                "active_s": s.active_s, "events_lost": s.events_lost}
 
     return orjson.dumps([one(s) for s in summaries], option=orjson.OPT_INDENT_2).decode()

@@ -33,6 +33,7 @@ from streams.aggregate import (
     bucket_of,
     gpu_points,
     kernel_key,
+    lost_points,
     merge,
     percentile,
     pipeline_point,
@@ -548,3 +549,20 @@ def test_pipeline_point() -> None:
     assert point.fields == {"captured": 10, "produced": 9, "published": 8, "dropped_kernel": 0,
                             "dropped_user": 1, "queue_messages": 2}
     assert pipeline_point({**record, "host": None}) is None
+
+
+def test_lost_events_are_summed_per_job_of_the_pids() -> None:
+    record = {"host": "node1", "ts_ns": 9, "dropped_kernel": 70,
+              "dropped_kernel_by_pid": {"11": 50, "12": 20, "13": 0},
+              "dropped_user": 5, "dropped_user_by_pid": {"12": 3, "14": 2}}
+    jobs = {11: "train", 12: "train", 13: "eval"}
+    points = lost_points(record, lambda pid: jobs.get(pid, f"unknown:{pid}"))
+    assert all(m.problems(p) == [] for p in points)
+    assert {p.tags["job"]: dict(p.fields) for p in points} == {
+        "train": {"dropped_kernel": 70, "dropped_user": 3},
+        "unknown:14": {"dropped_kernel": 0, "dropped_user": 2},
+    }
+    assert {p.time_ns for p in points} == {9} and {p.tags["host"] for p in points} == {"node1"}
+    assert lost_points({**record, "dropped_kernel_by_pid": {}, "dropped_user_by_pid": {}},
+                       lambda pid: "x") == []
+    assert lost_points({**record, "host": None}, lambda pid: "x") == []

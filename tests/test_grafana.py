@@ -346,6 +346,10 @@ def check_pipeline(series: list[Series], ctx: Context) -> None:
     assert not any(s.numbers("dropped_user"))
 
 
+def check_nothing_lost(series: list[Series], ctx: Context) -> None:
+    assert series == [], "the pipeline run lost no event"
+
+
 def check_lag(series: list[Series], ctx: Context) -> None:
     assert series and all(set(s.tags) == {Tags.WORKER} for s in series)
     assert all(v >= 0 for s in series for v in s.numbers("lag"))
@@ -527,6 +531,7 @@ CHECKS: dict[tuple[str, str, str], Check] = {
     ("job", "GPU utilization (NVML)", "B"): check_gpu("job_sm", {Tags.GPU}, of_view_jobs=True),
     ("job", "Memory-bound verdict", "A"): check_verdict,
     ("job", "Failed calls by API", "A"): check_errors,
+    ("job", "Events lost by the producer", "A"): check_nothing_lost,
     ("transfers", "Achieved bandwidth vs baseline", "A"): check_bandwidth,
     ("transfers", "Achieved bandwidth vs baseline", "B"): check_anomaly_baseline,
     ("transfers", "Bytes copied/s vs baseline", "A"): check_bytes_by_kind("observed"),
@@ -789,6 +794,10 @@ def test_scenarios_fire_with_their_evidence(influx_url: str) -> None:
             "dropped_user": dropped_user, "queue_messages": 7})
         assert point is not None
         points.append(point)
+        points += aggregate.lost_points({
+            "host": lossy, "ts_ns": T1 + i * 5 * 10**9,
+            "dropped_kernel_by_pid": {"41": dropped_kernel},
+            "dropped_user_by_pid": {"41": dropped_user}}, lambda pid: f"lossy-job:{pid}")
     write_points(url, SCENARIOS, points)
     now = T1 + 12 * window_ns
 
@@ -817,6 +826,16 @@ def test_scenarios_fire_with_their_evidence(influx_url: str) -> None:
     assert drops.values_for(((Tags.HOST, lossy),))["DROPPED"] == 1230
     text = summary("gpuflight-events-dropped", drops, ((Tags.HOST, lossy),))
     assert text.startswith(f"The producer on {lossy} dropped 1230 events")
+
+    # The job's own panel shows what it lost, by host, as the counters stand.
+    (lost_panel,) = [p for p in dashboards()["job"]["panels"]
+                     if p["title"] == "Events lost by the producer"]
+    query = interpolate(lost_panel["targets"][0]["query"],
+                        {"host": [lossy], "job": ["lossy-job:41"]}, T1, T1 + 20 * 10**9, 5.0)
+    (lost,) = influxql(url, SCENARIOS, query)
+    assert lost.tags == {Tags.HOST: lossy}
+    assert [v for v in lost.numbers("kernel_ring") if v is not None] == [500, 1200, 10]
+    assert max(lost.numbers("kafka_queue")) == 30
 
     # The transfers dashboard draws the detector's baseline where it found the drop.
     board = dashboards()["transfers"]

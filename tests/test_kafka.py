@@ -149,6 +149,38 @@ def test_round_trip_through_kafka_is_exact(broker: stack.KafkaHandle, bindir: Pa
     assert last["dropped_kernel"] == 0 and last["dropped_user"] == 0
 
 
+def test_overload_drops_are_counted_per_process_and_published(
+        broker: stack.KafkaHandle, bindir: Path, tmp_path: Path) -> None:
+    """Two processes overrun a one-page ring buffer: what each lost is counted against its
+    pid, exactly, and published in the metrics topic; what was kept reaches Kafka."""
+    prefix = f"ov{uuid.uuid4().hex[:8]}"
+    node = node_producer(broker.bootstrap, prefix, tmp_path / "node.jsonl",
+                         "--ring-buffer-pages", "1")
+    threads, iters = 2, 4000
+    try:
+        binary = build.build_capture(bindir, "stub")
+        procs = [subprocess.Popen([str(binary), "--threads", str(threads), "--iters", str(iters),
+                                   "--start-delay-ms", "1200"]) for _ in range(2)]
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+        recorded = node.stop()
+    finally:
+        node.kill()
+    metrics = [wire.decode_record(v, wire.METRICS_SCHEMA)
+               for v in consume_all(broker.bootstrap, f"{prefix}.metrics.v1")]
+    last = max(metrics, key=lambda m: m["ts_ns"])
+    by_pid = {int(pid): n for pid, n in last["dropped_kernel_by_pid"].items()}
+    assert sum(by_pid.values()) == last["dropped_kernel"] > 0
+    want = len(expected.capture_events(threads, iters))
+    for proc in procs:
+        kept = sum(1 for e in recorded if e["pid"] == proc.pid)
+        assert kept + by_pid.get(proc.pid, 0) == want, (proc.pid, kept, by_pid)
+    assert set(by_pid) <= {p.pid for p in procs}
+    assert last["captured"] == len(recorded) == last["published"]
+    published = [e for v in consume_all(broker.bootstrap, f"{prefix}.events.v1")
+                 for e in decode_named(v)]
+    assert Counter(map(key, published)) == Counter(map(key, recorded))
+
+
 def test_replay_into_another_topic(broker: stack.KafkaHandle, bindir: Path,
                                    tmp_path: Path) -> None:
     prefix = f"rt{uuid.uuid4().hex[:8]}"

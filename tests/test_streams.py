@@ -304,6 +304,56 @@ def test_report_and_compare_read_back_a_job(kafka_bootstrap: str, influx_url: st
         report.job_summary(influx, "nobody", since, until)
 
 
+def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx_url: str,
+                                                     names: str, worker: StreamWorker) -> None:
+    """The producer's drops by pid become the job's `events_lost`, and the report counts the
+    rise of the counters in its range: across a producer restart, and from before the range."""
+    from streams import report
+    from streams.settings import InfluxSettings
+
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-l"
+    t0 = past_window(40)
+    feed.process(host, 700, 1, "lossy:700")
+    feed.process(host, 701, 1, "lossy:701")  # another job; pid 777 is known to no one
+    feed.events(host, 700, 1, launches([t0 + i for i in range(50)], 700, 32, 256))
+    feed.events(host, 700, 1, launches([t0 + 10 * W], 700, 32, 256))  # closes the first
+
+    def metrics(at_ns: int, kernel: dict[int, int], user: dict[int, int]) -> None:
+        record = {"host": host, "ts_ns": at_ns, "captured": 1, "published": 1,
+                  "dropped_kernel": sum(kernel.values()),
+                  "dropped_kernel_by_pid": {str(p): n for p, n in kernel.items()},
+                  "dropped_user": sum(user.values()),
+                  "dropped_user_by_pid": {str(p): n for p, n in user.items()}}
+        feed.raw(feed.topics.metrics, host, wire.encode_record(wire.METRICS_SCHEMA, record))
+
+    metrics(t0 - 5 * W, {700: 100}, {})                   # before the report's range
+    metrics(t0 + 1 * W, {700: 250, 701: 9, 777: 4}, {700: 2})
+    metrics(t0 + 2 * W, {700: 400, 701: 9, 777: 4}, {700: 2})
+    metrics(t0 + 3 * W, {700: 50}, {})                    # the producer restarted
+    feed.flush()
+    worker.start()
+    query = f"SELECT * FROM {m.EVENTS_LOST.name} WHERE host = '{host}'"
+    wait_for(lambda: len(rows(influx_url, query)) == 8, 90, "events_lost points", worker)
+    wait_for(lambda: sum_of(influx_url, "launches", "count", "lossy:700", t0, host=host) == 51,
+             90, "the job's launches", worker)
+    found = rows(influx_url, query + " GROUP BY job")
+    by_job: dict[str, list[tuple[int, int]]] = {}
+    for r in found:
+        by_job.setdefault(r["job"], []).append((r["dropped_kernel"], r["dropped_user"]))
+    assert by_job == {"lossy:700": [(100, 0), (250, 2), (400, 2), (50, 0)],
+                      "lossy:701": [(9, 0), (9, 0)], "unknown:777": [(4, 0), (4, 0)]}
+    summary = report.job_summary(InfluxSettings(url=influx_url), "lossy:700", t0, time.time_ns())
+    assert (summary.lost_kernel, summary.lost_user) == (300 + 50, 2)
+    assert "lost 352 events of this job" in report.render_job(summary)
+    whole = report.job_summary(InfluxSettings(url=influx_url), "lossy:700", t0 - 10 * W,
+                               time.time_ns())
+    assert whole.lost_kernel == 400 + 50 and whole.launches == 51
+    only_lost = report.job_summary(InfluxSettings(url=influx_url), "unknown:777", t0,
+                                   time.time_ns())
+    assert (only_lost.launches, only_lost.lost_kernel) == (0, 4)
+
+
 def test_event_types_reach_their_measurements(kafka_bootstrap: str, influx_url: str,
                                               names: str, worker: StreamWorker) -> None:
     """Allocations, frees, syncs and graph launches: memory, syncs, launches by api."""
