@@ -4,7 +4,10 @@
 
 A C workload (bench/rate.c, through a runtime whose cudaLaunchKernel starts with
 `push rbp`) makes launches at a stepped rate (calls/s; 0 = as fast as it can) on
-one core, while a reader pinned to the other core captures them:
+one core, while a reader pinned to the other core captures them. One core making
+probed calls cannot outrun the reader (every call traps), so the last step ("max x2")
+adds a second workload at full speed on the reader's own core: the reader then
+keeps up on what is left of its core.
 
 - gpuflight: the producer's capture loop (producer.capture.Capture, `--pid` mode:
   bpf/cudart.bpf.c, bulk ring-buffer drain, enrichment) with a sink that counts;
@@ -49,6 +52,9 @@ sys.path.insert(0, str(REPO))
 READER_CPU = 0
 WORKLOAD_CPU = 1
 RATES = [200_000, 300_000, 400_000, 500_000, 600_000, 750_000, 1_000_000, 0]
+#: The last step: one workload at full speed on each core, the reader's too, because
+#: one core making probed calls cannot outrun the reader (each call traps).
+BOTH_CORES = -1
 #: Kept up: when the load stopped, what was left in the ring drained within this.
 MAX_LAG_S = 0.1
 BURST = 300_000
@@ -114,12 +120,12 @@ class _GfEvent(ctypes.Structure):
 class _Counter:
     """The gpuflight reader's sink: counts the workload's events, keeps nothing."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = np.array(pids, dtype=np.uint32)
         self.count = 0
 
     def write(self, events: npt.NDArray[np.void]) -> None:
-        self.count += int(np.count_nonzero(events["pid"] == self.pid))
+        self.count += int(np.count_nonzero(np.isin(events["pid"], self.pids)))
 
     def tick(self) -> None:
         pass
@@ -128,18 +134,18 @@ class _Counter:
         pass
 
 
-def reader(kind: str, pid: int, lib: str, pages: int) -> int:
+def reader(kind: str, pids: list[int], lib: str, pages: int) -> int:
     """A reader child: pinned to one core; answers stat/pause/resume/quit on stdin."""
     os.sched_setaffinity(0, {READER_CPU})
     from producer.capture import Capture
     from producer.settings import CaptureSettings
 
-    settings = CaptureSettings(pids=frozenset({pid}), ringbuf_pages=pages)
+    settings = CaptureSettings(pids=frozenset(pids), ringbuf_pages=pages)
     counted = [0]
     capture: Capture | None = None
     t0 = time.perf_counter()
     if kind == "gpuflight":
-        sink = _Counter(pid)
+        sink = _Counter(pids)
         capture = Capture(settings, [sink])
         t1 = time.perf_counter()
         capture.start()
@@ -165,7 +171,8 @@ def reader(kind: str, pid: int, lib: str, pages: int) -> int:
                        cflags=settings.cflags())
         t1 = time.perf_counter()
         scope = bpf["scope_pids"]
-        scope[scope.Key(pid)] = scope.Leaf(1)
+        for pid in pids:
+            scope[scope.Key(pid)] = scope.Leaf(1)
         bpf.attach_uprobe(name=lib.encode(), sym=b"cudaLaunchKernel",
                           fn_name=b"cudaLaunchKernel_entry")
         probes = 1
@@ -175,7 +182,7 @@ def reader(kind: str, pid: int, lib: str, pages: int) -> int:
             ev = ctypes.cast(data, ctypes.POINTER(_GfEvent)).contents
             record = (ev.ts_ns, ev.pid, ev.tid, ev.api, ev.type, ev.flags, ev.result,
                       ev.duration_ns, ev.handle, ev.stream, ev.bytes, *ev.dim)
-            if record[1] == pid:
+            if record[1] in pids:
                 counted[0] += 1
             decoded.append(record)
             if len(decoded) >= 65536:
@@ -233,10 +240,11 @@ def reader(kind: str, pid: int, lib: str, pages: int) -> int:
 
 
 class Reader:
-    def __init__(self, kind: str, pid: int, lib: Path, pages: int) -> None:
+    def __init__(self, kind: str, pids: list[int], lib: Path, pages: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--reader", kind, "--pid", str(pid),
-             "--lib", str(lib), "--ring-buffer-pages", str(pages)],
+            [sys.executable, str(Path(__file__).resolve()), "--reader", kind,
+             *(f"--pid={pid}" for pid in pids), "--lib", str(lib),
+             "--ring-buffer-pages", str(pages)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
         self.ready = self._read()
 
@@ -261,28 +269,39 @@ class Reader:
         self.proc.wait(timeout=120)
 
 
-def workload_run(work: subprocess.Popen[str], rate: float, seconds: float) -> tuple[int, float]:
-    stdin, stdout = work.stdin, work.stdout
-    assert stdin is not None and stdout is not None
-    stdin.write(f"{rate} {seconds}\n")
-    stdin.flush()
-    calls, ns = stdout.readline().split()
-    return int(calls), int(ns) / 1e9
+def workload_run(works: list[subprocess.Popen[str]], rate: float,
+                 seconds: float) -> tuple[int, float]:
+    """Run the workload processes at once; their calls in all, and the longest wall time."""
+    for work in works:
+        assert work.stdin is not None
+        work.stdin.write(f"{rate} {seconds}\n")
+        work.stdin.flush()
+    total, longest = 0, 0.0
+    for work in works:
+        assert work.stdout is not None
+        calls, ns = work.stdout.readline().split()
+        total, longest = total + int(calls), max(longest, int(ns) / 1e9)
+    return total, longest
 
 
 def measure(kind: str, *, rate_bin: Path, lib: Path, pages: int, seconds: float,
             log: IO[str]) -> dict[str, Any]:
-    work = subprocess.Popen([str(rate_bin)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    works = [subprocess.Popen([str(rate_bin)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    work, shared = works
     os.sched_setaffinity(work.pid, {WORKLOAD_CPU})
-    reader_proc = Reader(kind, work.pid, lib, pages)
+    os.sched_setaffinity(shared.pid, {READER_CPU})
+    reader_proc = Reader(kind, [work.pid, shared.pid], lib, pages)
     steps: list[dict[str, Any]] = []
     lossy = 0
     try:
-        for rate in RATES:
+        for rate in [*RATES, BOTH_CORES]:
             before = reader_proc.ask("stat")
             t0 = time.perf_counter()
-            calls, wall = workload_run(work, rate, seconds)
+            if rate == BOTH_CORES:  # a second workload on the reader's own core
+                calls, wall = workload_run(works, 0, seconds)
+            else:
+                calls, wall = workload_run([work], rate, seconds)
             t1 = time.perf_counter()
             after = reader_proc.ask("stat")
             t2 = time.perf_counter()
@@ -297,7 +316,8 @@ def measure(kind: str, *, rate_bin: Path, lib: Path, pages: int, seconds: float,
             step["lossless"] = (step["kernel_drops"] == 0 and step["events"] == calls
                                 and step["lag_s"] < MAX_LAG_S)
             steps.append(step)
-            print(f"  {kind:9} target {rate or 'max':>9} achieved {step['rate']:>11,.0f}/s "
+            label = {0: "max", BOTH_CORES: "max x2"}.get(rate, rate)
+            print(f"  {kind:9} target {label:>9} achieved {step['rate']:>11,.0f}/s "
                   f"events {step['events']:>10,}/{calls:<10,} kernel drops "
                   f"{step['kernel_drops']:>9,} lag {step['lag_s']:.3f} s "
                   f"reader CPU {step['cpu']:.0%}", file=log, flush=True)
@@ -306,7 +326,7 @@ def measure(kind: str, *, rate_bin: Path, lib: Path, pages: int, seconds: float,
                 break
         pre = reader_proc.ask("stat")
         reader_proc.ask("pause")
-        calls, _ = workload_run(work, 0, -BURST)
+        calls, _ = workload_run([work], 0, -BURST)
         burst = reader_proc.ask(f"resume {calls}")
         end = reader_proc.ask("stat")
         print(f"  {kind:9} burst of {calls:,} drained in {burst['drain_wall_s']:.3f} s, "
@@ -314,9 +334,10 @@ def measure(kind: str, *, rate_bin: Path, lib: Path, pages: int, seconds: float,
               f"{burst['drops'] - pre['drops']:,}", file=log, flush=True)
     finally:
         reader_proc.quit()
-        assert work.stdin is not None
-        work.stdin.close()
-        work.wait()
+        for each in works:
+            assert each.stdin is not None
+            each.stdin.close()
+            each.wait()
     good = [s["rate"] for s in steps if s["lossless"]]
     best = max(good) if good else 0.0
     best_step = next((s for s in steps if s["lossless"] and s["rate"] == best), None)
@@ -341,7 +362,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="per rate step")
     parser.add_argument("--ring-buffer-pages", type=int, default=8192)
     parser.add_argument("--reader", choices=["gpuflight", "naive"], help=argparse.SUPPRESS)
-    parser.add_argument("--pid", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--pid", type=int, action="append", help=argparse.SUPPRESS)
     parser.add_argument("--lib", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.reader:

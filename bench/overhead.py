@@ -64,9 +64,18 @@ MODES: dict[str, tuple[list[str], int, str]] = {
 }
 
 
+#: The loop runs on one core, gpuflight's reader on the other, in every mode: an
+#: unpinned run lets the two share a core now and then, which moved medians by 20 %.
+LOOP_CPU, READER_CPU = "1", "0"
+
+
+def loop_args(calls: Path, n: int, mode: str) -> list[str]:
+    return ["taskset", "-c", LOOP_CPU, str(calls), str(n), *MODES[mode][0]]
+
+
 def run_calls(calls: Path, n: int, mode: str) -> float:
-    args = [str(calls), str(n), *MODES[mode][0]]
-    return float(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+    return float(subprocess.run(loop_args(calls, n, mode), check=True, capture_output=True,
+                                text=True).stdout)
 
 
 def run_empty(calls: Path, lib: Path, n: int, mode: str) -> float:
@@ -84,7 +93,8 @@ def run_empty(calls: Path, lib: Path, n: int, mode: str) -> float:
 
 
 def run_gpuflight(calls: Path, n: int, mode: str) -> tuple[float, int, int]:
-    args = [sys.executable, "-m", "producer", "trace", "--", str(calls), str(n), *MODES[mode][0]]
+    args = ["taskset", "-c", READER_CPU, sys.executable, "-m", "producer", "trace", "--",
+            *loop_args(calls, n, mode)]
     proc = subprocess.run(args, check=True, capture_output=True, text=True, cwd=REPO)
     ns = float(proc.stdout)
     events = int(proc.stderr.split(" events):")[0].rsplit(", ", 1)[1].replace(",", ""))

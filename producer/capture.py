@@ -162,7 +162,11 @@ class Capture:
             os.kill(pid, signal.SIGCONT)
             self.stats.held_released += 1
 
-    def drain(self) -> int:
+    def drain(self, until_empty: bool = False) -> int:
+        """Take what the ring holds now. A batch short of BATCH_EVENTS means the reader
+        has caught up: it stops there rather than chasing the producing threads event by
+        event (tiny batches at full per-batch cost), and sleeps until the next poll.
+        `until_empty` (at shutdown) drains until a read finds nothing."""
         total = 0
         while True:
             events = self.probes.ring.drain(BATCH_EVENTS)
@@ -175,6 +179,8 @@ class Capture:
                 sink.write(events)
             total += len(events)
             self.stats.batches += 1
+            if len(events) < BATCH_EVENTS and not until_empty:
+                break
         self.stats.events += total
         return total
 
@@ -187,7 +193,7 @@ class Capture:
         for note in self.probes.poll_loader(0):
             if note.held:
                 self._release(note.pid)
-        self.drain()
+        self.drain(until_empty=True)
         drops = self.probes.drops()
         for sink in self._sinks:
             sink.close()

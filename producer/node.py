@@ -126,7 +126,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
                 next_report += interval
     finally:
         nvml_stop.set()
-        capture.drain()
+        capture.drain(until_empty=True)
         if kafka_sink is not None and kafka is not None:
             # The last metrics say what was delivered, so deliver first.
             kafka_sink.flush(kafka.close_timeout_s)

@@ -1,0 +1,131 @@
+"""BPF program run time per call: the shipped probes against an empty program.
+
+    sudo .venv/bin/python bench/probe_cost.py [--calls N] [--rounds R]
+
+Wall-clock time per call (bench/overhead.py) moves with everything else on a shared
+VM; the kernel's own BPF statistics (`kernel.bpf_stats_enabled=1`: `run_time_ns` and
+`run_cnt` in each program's fdinfo) time only the program, so they say which part of
+the per-call cost is gpuflight's code, and track it from one change to the next.
+
+The C loop of bench/overhead.py (pinned to cpu 1) calls a runtime and a driver whose
+functions start with `push rbp`; each program below is loaded from bpf/ with the
+producer's node-wide cflags, attached alone, and timed while the bulk reader drains
+the ring on cpu 0 (as the producer does). Rounds interleave the programs; medians.
+The counting itself adds the same ~50 ns to every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path[:0] = [str(REPO), str(BENCH)]
+
+from overhead import build  # noqa: E402  (bench/ is on the path: run as a script)
+
+STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+READER_CPU, LOOP_CPU = 0, "1"
+
+#: label → (source, program, library, symbol, loop mode)
+PROGRAMS: dict[str, tuple[Path, str, str, str, list[str]]] = {
+    "empty (the floor's program)": (BENCH / "empty.bpf.c", "empty", "libcudart.so.12",
+                                    "cudaLaunchKernel", []),
+    "cudaLaunchKernel_entry": (REPO / "bpf" / "cudart.bpf.c", "cudaLaunchKernel_entry",
+                               "libcudart.so.12", "cudaLaunchKernel", []),
+    "cudaMemcpyAsync_entry": (REPO / "bpf" / "cudart.bpf.c", "cudaMemcpyAsync_entry",
+                              "libcudart.so.12", "cudaMemcpyAsync", ["copies"]),
+    "cuLaunchKernel_entry (driver)": (REPO / "bpf" / "cudart.bpf.c", "cuLaunchKernel_entry",
+                                      "libcuda.so.1", "cuLaunchKernel", ["driver"]),
+}
+
+
+def _run_stats(fd: int) -> tuple[int, int]:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text()
+                  .splitlines() if ":" in line)
+    return int(fields["run_time_ns"]), int(fields["run_cnt"])
+
+
+def measure(label: str, calls_bin: Path, n: int) -> float:
+    """ns per run of one program over one loop of n iterations."""
+    from bcc import BPF
+
+    from producer.ringbuf import RingBufferReader
+    from producer.settings import CaptureSettings
+
+    source, program, library, symbol, mode = PROGRAMS[label]
+    settings = CaptureSettings()
+    bpf: Any = BPF(src_file=str(source).encode(), cflags=settings.cflags())
+    fn = bpf.load_func(program.encode(), BPF.KPROBE)
+    bpf.attach_uprobe(name=str(calls_bin.parent / library).encode(), sym=symbol.encode(),
+                      fn_name=program.encode())
+    stop = threading.Event()
+    reader = None
+    if source.name == "cudart.bpf.c":
+        ring = RingBufferReader(bpf["events"].map_fd, settings.ringbuf_bytes)
+
+        def drain() -> None:
+            while not stop.is_set():
+                while len(ring.drain(65536)) == 65536:
+                    pass
+                time.sleep(settings.poll_interval_s)
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+    try:
+        t0, c0 = _run_stats(fn.fd)
+        subprocess.run(["taskset", "-c", LOOP_CPU, str(calls_bin), str(n), *mode], check=True,
+                       capture_output=True)
+        t1, c1 = _run_stats(fn.fd)
+    finally:
+        stop.set()
+        if reader is not None:
+            reader.join()
+            ring.close()
+        bpf.cleanup()
+    if c1 - c0 < n:
+        raise RuntimeError(f"{label}: {c1 - c0} runs for {n} calls")
+    return (t1 - t0) / (c1 - c0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {READER_CPU})
+    before = STATS.read_text().strip()
+    STATS.write_text("1")
+    samples: dict[str, list[float]] = {label: [] for label in PROGRAMS}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            calls_bin = build(Path(tmp))
+            for _ in range(args.rounds):
+                for label in PROGRAMS:
+                    samples[label].append(measure(label, calls_bin, args.calls))
+    finally:
+        STATS.write_text(before)
+    floor = statistics.median(samples["empty (the floor's program)"])
+    rows = [[label, f"{statistics.median(v):.0f}",
+             " / ".join(f"{x:.0f}" for x in v), f"{statistics.median(v) - floor:+.0f}"]
+            for label, v in samples.items()]
+    print(f"machine: {platform.node()} {platform.machine()}, kernel {platform.release()}, "
+          f"{time.strftime('%Y-%m-%d')}, {args.calls:,} calls x {args.rounds} rounds, medians")
+    print(tabulate(rows, headers=["program", "ns/run", "rounds", "vs empty"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
