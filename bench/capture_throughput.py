@@ -400,7 +400,8 @@ def main() -> int:
         ])
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, kernel "
           f"{platform.release()}, {time.strftime('%Y-%m-%d')}; reader on cpu {READER_CPU}, "
-          f"workload on cpu {WORKLOAD_CPU}; {args.rounds} rounds x {args.seconds:g} s steps, "
+          f"workload on cpu {WORKLOAD_CPU} (a second on cpu {READER_CPU} at max x2); "
+          f"{args.rounds} rounds x {args.seconds:g} s steps, "
           f"ring {args.ring_buffer_pages} pages; load average {os.getloadavg()[0]:.2f}")
     print(tabulate(rows, headers=[
         "reader", "max lossless events/s (rounds)", "median", "reader CPU there",

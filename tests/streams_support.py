@@ -3,6 +3,7 @@ a worker run as the `gpuflight streams` command, and InfluxQL reads of what it w
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +78,8 @@ class Feed:
                                    "compression.type": "zstd",  # as the producer sends
                                    "message.max.bytes": 8_000_000})
         self._failed: list[str] = []
+        #: host → the events partitions Kafka put its batches on (from delivery reports)
+        self.event_partitions: dict[str, set[int]] = {}
 
     def process(self, host: str, pid: int, start_time: int, job: str) -> None:
         record = {"host": host, "pid": pid, "start_time": start_time, "job": job,
@@ -102,10 +106,30 @@ class Feed:
     def _delivered(self, error: Any, message: Any) -> None:
         if error is not None:
             self._failed.append(str(error))
+        else:
+            self.event_partitions.setdefault(message.key().decode(), set()).add(
+                message.partition())
 
     def flush(self) -> None:
         assert self._producer.flush(60) == 0, "Kafka did not take the test's messages"
         assert not self._failed, f"Kafka refused messages: {self._failed[:3]}"
+
+
+def hosts_on_every_partition(prefix: str, partitions: int, per_partition: int) -> list[str]:
+    """Host names whose batches land on every partition, `per_partition` hosts each.
+
+    librdkafka's default partitioner (consistent_random) puts a keyed message on
+    CRC-32(key) % partitions; random names would leave a partition empty one run in four.
+    """
+    chosen: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    for i in itertools.count():
+        host = f"{prefix}-{i}"
+        slot = chosen[zlib.crc32(wire.host_key(host)) % partitions]
+        if len(slot) < per_partition:
+            slot.append(host)
+        if all(len(hosts) == per_partition for hosts in chosen.values()):
+            return [host for hosts in chosen.values() for host in hosts]
+    raise AssertionError("unreachable")
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0,

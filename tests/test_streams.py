@@ -26,6 +26,7 @@ from tests.streams_support import (
     Feed,
     StreamWorker,
     copies,
+    hosts_on_every_partition,
     launches,
     read_topic,
     rows,
@@ -395,7 +396,7 @@ def test_two_workers_share_the_partitions_exactly(kafka_bootstrap: str, influx_u
                                                   names: str, tmp_path: Path) -> None:
     feed = Feed(kafka_bootstrap, names)
     t0 = past_window(60)
-    hosts = [f"{names}-{i}" for i in range(6)]  # over the 3 partitions
+    hosts = hosts_on_every_partition(names, feed.partitions, 2)  # each worker gets hosts
     windows, messages, per_message = 12, 4, 300
 
     def publish(first_window: int) -> None:
@@ -413,6 +414,8 @@ def test_two_workers_share_the_partitions_exactly(kafka_bootstrap: str, influx_u
     second = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
                           extra=("--metrics-interval", "1"))
     publish(0)
+    assert {p for parts in feed.event_partitions.values() for p in parts} == \
+        set(range(feed.partitions)), f"a partition has no host: {feed.event_partitions}"
     first.start("one")
     second.start("two")  # joins while the first is at work: a rebalance mid-stream
 
