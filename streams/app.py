@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 TABLE: Final = "jobs"
 #: GPU samples kept per host (about ten minutes at NVML's 1 Hz per GPU).
 GPU_SAMPLES_KEPT: Final = 4096
+#: Kafka messages a worker takes per poll (each up to ~28k events, ~2 MB decoded).
+MAX_POLL_MESSAGES: Final = 32
 
 Token = tuple[bytes, int, int, bool]
 
@@ -416,9 +418,13 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
         producer_acks=-1,
         broker_commit_interval=1.0,
         stream_recovery_delay=0.0,
-        stream_buffer_maxsize=32,  # messages of up to ~2 MB each: the RSS bound
+        stream_buffer_maxsize=32,  # messages of up to ~2 MB each
         producer_max_request_size=8_000_000,
         consumer_max_fetch_size=4_000_000,
+        # Faust's default takes whatever the fetcher holds in one poll: a worker started
+        # on a 12M-event backlog (a replay) peaked at 405 MiB, growing with the backlog.
+        # 32 messages a poll: 184 MiB, whatever the backlog (bench/RESULTS.md).
+        broker_max_poll_records=MAX_POLL_MESSAGES,
     )
     # bytes keys and values: the "raw" codec, in the changelog and in its recovery.
     table = app.Table(TABLE, partitions=partitions, key_type=bytes, value_type=bytes)
