@@ -34,21 +34,20 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(REPO), str(BENCH)]
 
-from overhead import build  # noqa: E402  (bench/ is on the path: run as a script)
+from overhead import READER_CPU, build, loop_args  # noqa: E402  (bench/ is on the path)
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
-READER_CPU, LOOP_CPU = 0, "1"
 
-#: label → (source, program, library, symbol, loop mode)
-PROGRAMS: dict[str, tuple[Path, str, str, str, list[str]]] = {
+#: label → (source, program, library, symbol, bench/overhead.py loop mode)
+PROGRAMS: dict[str, tuple[Path, str, str, str, str]] = {
     "empty (the floor's program)": (BENCH / "empty.bpf.c", "empty", "libcudart.so.12",
-                                    "cudaLaunchKernel", []),
+                                    "cudaLaunchKernel", "launch"),
     "cudaLaunchKernel_entry": (REPO / "bpf" / "cudart.bpf.c", "cudaLaunchKernel_entry",
-                               "libcudart.so.12", "cudaLaunchKernel", []),
+                               "libcudart.so.12", "cudaLaunchKernel", "launch"),
     "cudaMemcpyAsync_entry": (REPO / "bpf" / "cudart.bpf.c", "cudaMemcpyAsync_entry",
-                              "libcudart.so.12", "cudaMemcpyAsync", ["copies"]),
+                              "libcudart.so.12", "cudaMemcpyAsync", "copies"),
     "cuLaunchKernel_entry (driver)": (REPO / "bpf" / "cudart.bpf.c", "cuLaunchKernel_entry",
-                                      "libcuda.so.1", "cuLaunchKernel", ["driver"]),
+                                      "libcuda.so.1", "cuLaunchKernel", "driver"),
 }
 
 
@@ -62,6 +61,7 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
     """ns per run of one program over one loop of n iterations."""
     from bcc import BPF
 
+    from producer.capture import BATCH_EVENTS
     from producer.ringbuf import RingBufferReader
     from producer.settings import CaptureSettings
 
@@ -78,7 +78,7 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
 
         def drain() -> None:
             while not stop.is_set():
-                while len(ring.drain(65536)) == 65536:
+                while len(ring.drain(BATCH_EVENTS)) == BATCH_EVENTS:
                     pass
                 time.sleep(settings.poll_interval_s)
 
@@ -86,8 +86,7 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
         reader.start()
     try:
         t0, c0 = _run_stats(fn.fd)
-        subprocess.run(["taskset", "-c", LOOP_CPU, str(calls_bin), str(n), *mode], check=True,
-                       capture_output=True)
+        subprocess.run(loop_args(calls_bin, n, mode), check=True, capture_output=True)
         t1, c1 = _run_stats(fn.fd)
     finally:
         stop.set()
@@ -105,7 +104,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    os.sched_setaffinity(0, {READER_CPU})
+    os.sched_setaffinity(0, {int(READER_CPU)})
     before = STATS.read_text().strip()
     STATS.write_text("1")
     samples: dict[str, list[float]] = {label: [] for label in PROGRAMS}
