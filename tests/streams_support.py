@@ -122,14 +122,13 @@ def hosts_on_every_partition(prefix: str, partitions: int, per_partition: int) -
     CRC-32(key) % partitions; random names would leave a partition empty one run in four.
     """
     chosen: dict[int, list[str]] = {p: [] for p in range(partitions)}
-    for i in itertools.count():
-        host = f"{prefix}-{i}"
+    names = (f"{prefix}-{i}" for i in itertools.count())
+    while any(len(hosts) < per_partition for hosts in chosen.values()):
+        host = next(names)
         slot = chosen[zlib.crc32(wire.host_key(host)) % partitions]
         if len(slot) < per_partition:
             slot.append(host)
-        if all(len(hosts) == per_partition for hosts in chosen.values()):
-            return [host for hosts in chosen.values() for host in hosts]
-    raise AssertionError("unreachable")
+    return [host for hosts in chosen.values() for host in hosts]
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0,
