@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "../producer/demo/cuda_abi.h"
+#include "../gpuflight/demo/cuda_abi.h"
 
 static void kernel(void) {}
 

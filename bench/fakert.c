@@ -1,6 +1,6 @@
 /* bench: a runtime whose entry points do nothing, compiled with frame pointers
  * so each one starts with `push rbp` like NVIDIA's libcudart. */
-#include "../producer/demo/cuda_abi.h"
+#include "../gpuflight/demo/cuda_abi.h"
 
 __attribute__((noinline)) cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
 							void **args, size_t shared, cudaStream_t stream)

@@ -125,7 +125,7 @@ def last_json(text: str) -> dict[str, Any]:
 
 def run_traced(python: str, workload: Path, case: str, iters: int, out: Path) -> dict[str, int]:
     proc = subprocess.run(
-        [sys.executable, "-m", "producer", "trace", "--output", str(out), "--",
+        [sys.executable, "-m", "gpuflight", "trace", "--output", str(out), "--",
          python, str(workload), case, str(iters), "trace"],
         capture_output=True, text=True, cwd=REPO, check=False, timeout=600,
     )

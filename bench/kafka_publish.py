@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
-from producer import stack
+from gpuflight import stack
 from producer.publish import KafkaSettings, KafkaSink
 from producer.records import API_IDS, EVENT_DTYPE, F_ASYNC, EventType
 

@@ -93,7 +93,7 @@ def run_empty(calls: Path, lib: Path, n: int, mode: str) -> float:
 
 
 def run_gpuflight(calls: Path, n: int, mode: str) -> tuple[float, int, int]:
-    args = ["taskset", "-c", READER_CPU, sys.executable, "-m", "producer", "trace", "--",
+    args = ["taskset", "-c", READER_CPU, sys.executable, "-m", "gpuflight", "trace", "--",
             *loop_args(calls, n, mode)]
     proc = subprocess.run(args, check=True, capture_output=True, text=True, cwd=REPO)
     ns = float(proc.stdout)

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#include "../producer/demo/cuda_abi.h"
+#include "../gpuflight/demo/cuda_abi.h"
 
 static void kernel(void) {}
 

@@ -29,8 +29,8 @@ from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from producer import stack
-from tests.streams_support import Feed, StreamWorker, launches, rows
+from gpuflight import stack
+from tests.support.streams_support import Feed, StreamWorker, launches, rows
 
 W = 1_000_000_000
 PER_MESSAGE = 28_000

@@ -1,5 +1,5 @@
 # The gpuflight image: the node agent (`producer`) and the stream workers (`streams`) —
-# Debian's bcc, our package, the BPF sources.
+# Debian's bcc and our package (the BPF sources ship inside it as package data).
 FROM debian:bookworm-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3-bpfcc python3-venv python3-pip \
@@ -8,9 +8,12 @@ RUN apt-get update \
 WORKDIR /opt/gpuflight
 COPY pyproject.toml README.md ./
 COPY bpf ./bpf
+COPY gpuflight ./gpuflight
 COPY producer ./producer
 COPY streams ./streams
 RUN python3 -m venv --system-site-packages /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir -e .
-ENV GPUFLIGHT_BPF_DIR=/opt/gpuflight/bpf PATH=/opt/venv/bin:$PATH
+    && /opt/venv/bin/pip install --no-cache-dir . \
+    && rm -rf /opt/gpuflight
+WORKDIR /
+ENV PATH=/opt/venv/bin:$PATH
 ENTRYPOINT ["gpuflight"]

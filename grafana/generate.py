@@ -27,9 +27,7 @@ from typing import Any, Final
 import yaml
 
 from streams import measurements as m
-from streams.detect import DetectSettings
 from streams.measurements import Fields, Tags
-from streams.windows import WindowSettings
 
 ROOT: Final = Path(__file__).resolve().parent
 DASHBOARD_DIR: Final = ROOT / "dashboards"
@@ -37,7 +35,7 @@ ALERTING_FILE: Final = ROOT / "provisioning" / "alerting" / "gpuflight.yaml"
 DATASOURCE_UID: Final = "gpuflight-influxdb"
 DATASOURCE: Final = {"type": "influxdb", "uid": DATASOURCE_UID}
 #: The stream app's default window: the least interval a panel groups by.
-WINDOW: Final = f"{WindowSettings().window_s:g}s"
+WINDOW: Final = f"{m.DEFAULT_WINDOW_S:g}s"
 FOLDER: Final = "gpuflight"
 
 #: Contract unit (FieldSpec.unit) → Grafana unit id.
@@ -566,7 +564,7 @@ def influx_query(ref: str, query: str, range_s: int = RULE_RANGE_S) -> dict[str,
         "refId": ref,
         "relativeTimeRange": {"from": range_s, "to": 0},
         "datasourceUid": DATASOURCE_UID,
-        "model": {**target(ref, query), "intervalMs": round(WindowSettings().window_s * 1000),
+        "model": {**target(ref, query), "intervalMs": round(m.DEFAULT_WINDOW_S * 1000),
                   "maxDataPoints": 43_200},
     }
 
@@ -601,7 +599,6 @@ def rule(uid: str, title: str, data: list[dict[str, Any]], summary: str, descrip
 
 
 def alert_rules() -> list[dict[str, Any]]:
-    detect = DetectSettings()
     job_groups = f'GROUP BY "{Tags.HOST}", "{Tags.JOB}"'
     memory_bound = rule(
         "gpuflight-memory-bound", "Memory-bound job", [
@@ -625,8 +622,8 @@ def alert_rules() -> list[dict[str, Any]]:
         "{{ $values.WINDOWS.Value }} consecutive windows, the CPU waited "
         "{{ humanizePercentage $values.BLOCKED.Value }} of the time with "
         "{{ humanize1024 $values.BYTES_PER_LAUNCH.Value }}B copied per kernel launch.",
-        f"The stream app's memory-bound rule held for {detect.alert_windows} or more windows "
-        "in a row in the last 5 minutes (see the job drill-down dashboard).",
+        f"The stream app's memory-bound rule held for {m.MEMORY_BOUND_ALERT_WINDOWS} or more "
+        "windows in a row in the last 5 minutes (see the job drill-down dashboard).",
         severity="warning")
     anomaly_groups = f'GROUP BY "{Tags.HOST}", "{Tags.JOB}", "{Tags.KIND}", "{Tags.DIRECTION}"'
     anomaly = rule(

@@ -13,10 +13,19 @@ from producer.errors import SetupError
 log = logging.getLogger(__name__)
 
 TRACEFS = Path("/sys/kernel/tracing")
+#: Machines whose calling convention the probes decode (bpf/cudart.bpf.c reads arguments past
+#: the sixth, and the return address, from the x86-64 stack).
+SUPPORTED_MACHINES = frozenset({"x86_64"})
 
 
-def check_can_probe(modules_root: Path = Path("/lib/modules")) -> None:
-    """Raise SetupError unless root, bcc and kernel headers are all there."""
+def check_can_probe(modules_root: Path = Path("/lib/modules"), machine: str | None = None) -> None:
+    """Raise SetupError unless an x86-64 machine, root, bcc and kernel headers are all there."""
+    machine = machine or os.uname().machine
+    if machine not in SUPPORTED_MACHINES:
+        raise SetupError(
+            f"gpuflight probes x86-64 only, and this machine is {machine}: its probes read "
+            "arguments at x86-64 stack offsets and would decode wrong values here"
+        )
     if os.geteuid() != 0:
         raise SetupError(
             "gpuflight needs root to attach eBPF uprobes (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN); "

@@ -89,42 +89,6 @@ def load_config(path: Path | None, environ: Mapping[str, str] = os.environ) -> d
     return config
 
 
-def topic_configs(topics: wire.Topics) -> dict[str, dict[str, str]]:
-    return {
-        topics.events: {"retention.ms": "-1"},  # kept for postmortem replay
-        topics.processes: {"cleanup.policy": "compact"},
-        topics.metrics: {"retention.ms": str(30 * 24 * 3600 * 1000)},
-        topics.nvml: {"retention.ms": "-1"},
-    }
-
-
-def ensure_topics(
-    admin: Any,
-    wanted: Mapping[str, Mapping[str, str]],
-    partitions: int,
-    timeout_s: float = 10.0,
-) -> bool:
-    """Create the topics if missing; False if the broker could not be asked."""
-    from confluent_kafka import KafkaError
-    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
-
-    # Replication: the broker's default.replication.factor.
-    new = [NewTopic(name, partitions, -1, config=dict(config)) for name, config in wanted.items()]
-    try:
-        futures = admin.create_topics(new, request_timeout=timeout_s)
-        for future in futures.values():
-            try:
-                future.result(timeout=timeout_s)
-            except Exception as exc:
-                error = exc.args[0] if exc.args else None
-                if getattr(error, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
-    except Exception as exc:
-        log.warning("cannot create Kafka topics yet (%s); retrying in the background", exc)
-        return False
-    return True
-
-
 class KafkaSink:
     """An EventSink publishing enriched events to PREFIX.events.v1."""
 
@@ -157,7 +121,7 @@ class KafkaSink:
         admin_config = {k: v for k, v in config.items() if k.startswith(("bootstrap", "security",
                                                                           "sasl", "ssl"))}
         self._admin = AdminClient(admin_config, logger=logging.getLogger("producer.librdkafka"))
-        self._wanted_topics = topic_configs(self._topics) if create_topics else {}
+        self._wanted_topics = wire.topic_configs(self._topics) if create_topics else {}
         self._topics_ready = self.ensure_topics(self._wanted_topics)
         self._next_topic_try = time.monotonic() + 10
         self._pending: dict[int, list[npt.NDArray[np.void]]] = {}
@@ -228,7 +192,7 @@ class KafkaSink:
     def ensure_topics(
         self, wanted: Mapping[str, Mapping[str, str]], timeout_s: float = 10.0
     ) -> bool:
-        return not wanted or ensure_topics(self._admin, wanted, self.settings.partitions,
+        return not wanted or wire.ensure_topics(self._admin, wanted, self.settings.partitions,
                                            timeout_s)
 
     def produce_batch(self, topic: str, batch: wire.EventBatch) -> None:

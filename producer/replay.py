@@ -14,7 +14,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from producer import wire
@@ -27,29 +26,6 @@ log = logging.getLogger(__name__)
 
 #: How far before `from` to start reading (a batch spans at most a flush interval).
 DEFAULT_SLACK_S = 10.0
-
-
-_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
-
-
-def parse_time(text: str) -> int:
-    """Wall-clock ns from ISO 8601 (naive = UTC), or a time since the epoch: seconds,
-    or an integer with a unit (`1796225714176683439ns`, `1796225714176ms`) — exact."""
-    for unit, factor in sorted(_UNITS.items(), key=lambda u: -len(u[0])):
-        number = text.removesuffix(unit)
-        if number != text and number.isdigit():
-            return int(number) * factor
-    try:
-        return int(float(text) * 1e9)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"not a time: {text!r} (ISO 8601 or seconds since the epoch)") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1e9)
 
 
 @dataclass

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: The BPF sources live at the top of the repository, loaded by path.
-DEFAULT_BPF_DIR = Path(
-    os.environ.get("GPUFLIGHT_BPF_DIR", Path(__file__).resolve().parent.parent / "bpf")
-)
+
+def _default_bpf_dir() -> Path:
+    """Where the BPF sources are: $GPUFLIGHT_BPF_DIR, else the package data `producer.bpf`
+    (the repository's bpf/, installed with the package)."""
+    override = os.environ.get("GPUFLIGHT_BPF_DIR")
+    if override:
+        return Path(override)
+    return Path(str(importlib.resources.files("producer.bpf")))
+
+
+DEFAULT_BPF_DIR = _default_bpf_dir()
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 from tabulate import tabulate
 
+from producer.counting import CopyStats
 from producer.records import (
     ALLOC_KINDS,
     API_NAMES,
@@ -24,30 +25,6 @@ from producer.records import (
 )
 
 Shape = tuple[tuple[int, int, int], tuple[int, int, int]]
-
-
-@dataclass
-class CopyStats:
-    count: int = 0
-    bytes: int = 0
-    sync_count: int = 0
-    sync_bytes: int = 0
-    sync_ns: int = 0
-
-    @property
-    def sync_bandwidth(self) -> float | None:
-        """Achieved bandwidth of synchronous copies, bytes per second."""
-        return self.sync_bytes * 1e9 / self.sync_ns if self.sync_ns else None
-
-    def add(self, other: CopyStats) -> None:
-        self.count += other.count
-        self.bytes += other.bytes
-        self.sync_count += other.sync_count
-        self.sync_bytes += other.sync_bytes
-        self.sync_ns += other.sync_ns
-
-    def as_list(self) -> list[int]:
-        return [self.count, self.bytes, self.sync_count, self.sync_bytes, self.sync_ns]
 
 
 @dataclass

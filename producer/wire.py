@@ -35,6 +35,7 @@ records, hence exactly the events `--output` writes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
@@ -45,6 +46,8 @@ import orjson
 
 from producer.errors import GpuflightError
 from producer.records import EVENT_DTYPE
+
+log = logging.getLogger(__name__)
 
 VERSION: Final = 1
 EVENTS_SCHEMA: Final = "gpuflight.events"
@@ -218,3 +221,41 @@ def decode_record(value: bytes | None, schema: str) -> dict[str, Any]:
     message = _load(value, schema)
     del message["schema"], message["v"]
     return message
+
+
+# -- topics ----------------------------------------------------------------------------------
+
+def topic_configs(topics: Topics) -> dict[str, dict[str, str]]:
+    return {
+        topics.events: {"retention.ms": "-1"},  # kept for postmortem replay
+        topics.processes: {"cleanup.policy": "compact"},
+        topics.metrics: {"retention.ms": str(30 * 24 * 3600 * 1000)},
+        topics.nvml: {"retention.ms": "-1"},
+    }
+
+
+def ensure_topics(
+    admin: Any,
+    wanted: Mapping[str, Mapping[str, str]],
+    partitions: int,
+    timeout_s: float = 10.0,
+) -> bool:
+    """Create the topics if missing; False if the broker could not be asked."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    # Replication: the broker's default.replication.factor.
+    new = [NewTopic(name, partitions, -1, config=dict(config)) for name, config in wanted.items()]
+    try:
+        futures = admin.create_topics(new, request_timeout=timeout_s)
+        for future in futures.values():
+            try:
+                future.result(timeout=timeout_s)
+            except Exception as exc:
+                error = exc.args[0] if exc.args else None
+                if getattr(error, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+    except Exception as exc:
+        log.warning("cannot create Kafka topics yet (%s); retrying in the background", exc)
+        return False
+    return True

@@ -58,6 +58,7 @@ from typing import Any, Final, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from producer.counting import CopyStats
 from producer.records import (
     API_NAMES,
     COPY_KINDS,
@@ -70,7 +71,6 @@ from producer.records import (
     EventType,
     layer_of,
 )
-from producer.summary import CopyStats
 from streams import measurements as m
 from streams.measurements import Fields, FieldValue, Point, Tags
 

@@ -39,7 +39,7 @@ from typing import Any, Final
 import orjson
 
 from producer import wire
-from producer.publish import ensure_topics, topic_configs
+from producer.wire import ensure_topics, topic_configs
 from streams import measurements as m
 from streams.aggregate import gpu_points, lost_points, pipeline_point
 from streams.identities import UNKNOWN_JOB_FORMAT, Directory, DirectoryReader

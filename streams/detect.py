@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from producer.summary import CopyStats
+from producer.counting import CopyStats
 from streams import measurements as m
 from streams.aggregate import WindowAggregate, blocked_share
 from streams.measurements import Fields, Point, Tags
@@ -78,7 +78,7 @@ class DetectSettings:
     bytes_per_launch_min: float = float(1 << 20)
     gpu_utilization_max_pct: float = 50.0
     copy_share_min: float = 0.2
-    alert_windows: int = 3
+    alert_windows: int = m.MEMORY_BOUND_ALERT_WINDOWS
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_history <= self.history_windows:

@@ -148,6 +148,10 @@ UNKNOWN_API: Final = "unknown"
 LOW_BANDWIDTH: Final = "low_bandwidth"
 HIGH_BYTES: Final = "high_bytes"
 DIRECTIONS: Final[tuple[str, ...]] = (LOW_BANDWIDTH, HIGH_BYTES)
+#: The stream app's default tumbling window, seconds (Grafana's minimum interval).
+DEFAULT_WINDOW_S: Final = 10.0
+#: Consecutive memory-bound windows before the alert fires (the alert rule says so).
+MEMORY_BOUND_ALERT_WINDOWS: Final = 3
 #: Buckets of the log2 histograms: bucket i holds [2^i, 2^(i+1)) (bucket 0 also holds 0).
 HISTOGRAM_BUCKETS: Final = 64
 

@@ -12,8 +12,6 @@ Grid and block sizes are percentiles of the summed log2 histograms (streams/aggr
 from __future__ import annotations
 
 import json
-import re
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,27 +23,12 @@ import orjson
 from tabulate import tabulate
 
 from producer.errors import ServiceError, UsageError
-from producer.replay import parse_time
 from streams import measurements as m
 from streams.aggregate import percentile
 from streams.measurements import Fields, Tags
 from streams.settings import InfluxSettings
 
-_DURATION: Final = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
-_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DIRECT: Final = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def time_range(since: str, until: str | None, now_ns: int | None = None) -> tuple[int, int]:
-    """[since, until) in ns: `since` a duration back from now (90s, 30m, 6h, 7d, 2w) or a
-    time as `replay` takes it; `until` a time (default now)."""
-    now = time.time_ns() if now_ns is None else now_ns
-    end = parse_time(until) if until else now
-    match = _DURATION.match(since)
-    start = now - int(float(match[1]) * _SECONDS[match[2]] * 1e9) if match else parse_time(since)
-    if start >= end:
-        raise UsageError(f"empty time range: since {since} is not before until {until or 'now'}")
-    return start, end
 
 
 def _quote(value: str) -> str:

@@ -29,6 +29,7 @@ import numpy.typing as npt
 import orjson
 
 from streams import aggregate as agg_math
+from streams import measurements as m
 from streams.aggregate import MemoryLedger, WindowAggregate
 from streams.detect import (
     BandwidthAnomaly,
@@ -49,7 +50,7 @@ GpuUtilization = Callable[[str, str, int, int], float | None]
 
 @dataclass(frozen=True)
 class WindowSettings:
-    window_s: float = 10.0
+    window_s: float = m.DEFAULT_WINDOW_S
     #: How long after a window's end its events may still arrive and count.
     grace_s: float = 5.0
     top_kernels: int = agg_math.DEFAULT_TOP_KERNELS

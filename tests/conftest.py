@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 # Registered here, before any test module imports it (test_kafka does).
-pytest_plugins = ["tests.kafka_fixture", "tests.influx_fixture", "tests.pipeline_fixture"]
+pytest_plugins = [
+    "tests.support.kafka_fixture",
+    "tests.support.influx_fixture",
+    "tests.support.pipeline_fixture",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}

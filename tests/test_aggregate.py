@@ -12,6 +12,7 @@ import numpy.typing as npt
 import orjson
 import pytest
 
+from producer.counting import CopyStats
 from producer.records import (
     API_IDS,
     EVENT_DTYPE,
@@ -21,7 +22,6 @@ from producer.records import (
     F_HAS_RESULT,
     EventType,
 )
-from producer.summary import CopyStats
 from streams import measurements as m
 from streams.aggregate import (
     MAX_PIDS,

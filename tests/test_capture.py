@@ -30,7 +30,7 @@ from tests.workloads import build, expected
 
 pytestmark = pytest.mark.bpf
 
-GPUFLIGHT = [sys.executable, "-m", "producer"]
+GPUFLIGHT = [sys.executable, "-m", "gpuflight"]
 TIMEOUT_S = 180
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from producer import cli, environment
+from gpuflight import cli
+from producer import environment
 from producer.errors import SetupError
 
 
@@ -35,6 +36,17 @@ def test_missing_headers_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     with pytest.raises(SetupError, match=r"linux-headers-.*scripts/setup"):
         environment.check_can_probe(modules_root=tmp_path)
+
+
+def test_arm64_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = os.uname()
+    arm = os.uname_result((real.sysname, real.nodename, real.release, real.version, "aarch64"))
+    monkeypatch.setattr(os, "uname", lambda: arm)
+    assert cli.main(["trace", "--", "true"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[0]] and "x86-64 only, and this machine is aarch64" in err[0]
 
 
 def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -79,7 +91,7 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_report_without_influxdb_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from producer import stack
+    from gpuflight import stack
 
     url = f"http://127.0.0.1:{stack.free_port()}"
     assert cli.main(["report", "--job", "j", "--influx", url]) == 4

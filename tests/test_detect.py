@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from producer.summary import CopyStats
+from producer.counting import CopyStats
 from streams import measurements as m
 from streams.aggregate import WindowAggregate
 from streams.detect import (

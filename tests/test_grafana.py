@@ -26,7 +26,7 @@ from streams import measurements as m
 from streams.aggregate import bucket_of
 from streams.measurements import Fields, Tags
 from tests.conftest import REPO
-from tests.grafana_eval import (
+from tests.support.grafana_eval import (
     Labels,
     Series,
     contract_problems,
@@ -35,8 +35,8 @@ from tests.grafana_eval import (
     interpolate,
     render,
 )
-from tests.grafana_scenarios import COPIER, HOST, WINDOW_S, events, write_points
-from tests.pipeline_fixture import PipelineRun
+from tests.support.grafana_scenarios import COPIER, HOST, WINDOW_S, events, write_points
+from tests.support.pipeline_fixture import PipelineRun
 
 GRAFANA = REPO / "grafana"
 DASHBOARD_FILES = sorted((GRAFANA / "dashboards").glob("*.json"))

@@ -19,18 +19,19 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from producer import stack, wire
+from gpuflight import stack
+from producer import wire
 from producer.decode import to_events
 from producer.kernels import KernelNames
 from tests.conftest import bpf_unavailable_reason, require
-from tests.kafka_fixture import kafka_unavailable_reason
+from tests.support.kafka_fixture import kafka_unavailable_reason
 from tests.test_capture import Producer as NodeProducer
 from tests.test_capture import read_events, wait_for_probe_releases
 from tests.workloads import build, expected
 
 pytestmark = pytest.mark.bpf
 
-GPUFLIGHT = [sys.executable, "-m", "producer"]
+GPUFLIGHT = [sys.executable, "-m", "gpuflight"]
 
 
 @pytest.fixture(scope="module")

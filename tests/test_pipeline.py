@@ -3,8 +3,8 @@ is what the workloads did, exactly."""
 
 from __future__ import annotations
 
-from tests.pipeline_fixture import PipelineRun
-from tests.streams_support import rows
+from tests.support.pipeline_fixture import PipelineRun
+from tests.support.streams_support import rows
 
 
 def _sum(run: PipelineRun, query: str) -> int:

@@ -1,4 +1,4 @@
-"""The local stack (producer/stack.py) against a real Kafka 4 broker started from the Maven jars."""
+"""The local stack (gpuflight/stack/) against a real Kafka 4 broker started from the Maven jars."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from producer import stack
+from gpuflight import stack
 from tests.conftest import one_line
 
 MESSAGES = 1000

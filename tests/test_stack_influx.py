@@ -1,4 +1,4 @@
-"""The stack's InfluxDB (producer/stack.py) against a real influxd 1.8 (scripts/setup-influxdb).
+"""The stack's InfluxDB (gpuflight/stack/) against a real influxd 1.8 (scripts/setup-influxdb).
 
 Points go in the way the stream app writes them (influxdb-client, v2 write API) and come back
 the way Grafana reads them (InfluxQL over HTTP).
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from producer import stack
+from gpuflight import stack
 from tests.conftest import one_line, require
-from tests.influx_fixture import BUCKET, DATABASE, influx_unavailable_reason
-from tests.streams_support import influxql
+from tests.support.influx_fixture import BUCKET, DATABASE, influx_unavailable_reason
+from tests.support.streams_support import influxql
 
 DB = DATABASE
 T0 = 1_700_000_000_000_000_000  # ns

@@ -22,7 +22,7 @@ from producer.records import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
 from streams import aggregate
 from streams import measurements as m
 from streams.windows import JobState, WindowSettings
-from tests.streams_support import (
+from tests.support.streams_support import (
     Feed,
     StreamWorker,
     copies,
@@ -451,9 +451,9 @@ def test_influxdb_away_then_back_loses_nothing(kafka_bootstrap: str, names: str,
                                                tmp_path: Path) -> None:
     """InfluxDB is down when the worker starts: it retries with backoff, holds at most a few
     points, stops taking messages, and once InfluxDB is up everything arrives exactly."""
-    from producer import stack
+    from gpuflight import stack
     from tests.conftest import require
-    from tests.influx_fixture import DATABASE, influx_unavailable_reason
+    from tests.support.influx_fixture import DATABASE, influx_unavailable_reason
 
     require(influx_unavailable_reason())
     port = stack.free_port()

@@ -7,7 +7,7 @@ import pytest
 
 from streams import measurements as m
 from streams.windows import JobState, WindowSettings
-from tests.streams_support import copies, launches
+from tests.support.streams_support import copies, launches
 
 W = 1_000_000_000
 T0 = 1_796_000_000 * W

@@ -170,7 +170,7 @@ def test_identity_of_slurm_and_plain_processes(tmp_path: Path) -> None:
 
 
 def test_replay_times() -> None:
-    from producer.replay import parse_time
+    from producer.timeparse import parse_time
 
     assert parse_time("1796225714176683439ns") == 1796225714176683439
     assert parse_time("1796225714176ms") == 1796225714176 * 10**6

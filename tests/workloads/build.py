@@ -10,7 +10,7 @@ Runtimes: "stub" (our simulated GPU), "cu12" / "cu13" (NVIDIA's libcudart.so.12 
 .so.13 from the pip wheels nvidia-cuda-runtime-cu12 / nvidia-cuda-runtime, with a
 run path to the wheel's lib dir), "static12" / "static13" (libcudart_static.a of
 the same wheels linked into the executable, which then holds the runtime itself).
-Builds reuse up-to-date outputs (see producer.demo.build.compile_c).
+Builds reuse up-to-date outputs (see gpuflight.demo.build.compile_c).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import importlib.util
 from pathlib import Path
 from typing import Literal, get_args
 
-from producer.demo.build import SIMGPU_SONAME, build_simgpu, compile_c, link_args
+from gpuflight.demo.build import SIMGPU_SONAME, build_simgpu, compile_c, link_args
 from producer.errors import SetupError
 
 __all__ = [

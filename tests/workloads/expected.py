@@ -1,6 +1,6 @@
 """The oracle: which CUDA runtime events the C workloads cause, written from their sources.
 
-Written from capture.c, dlopen.c and producer/demo/fusion.c (their header
+Written from capture.c, dlopen.c and gpuflight/demo/fusion.c (their header
 comments), never from producer code. Events are compared as an unordered
 multiset, in the JSON schema of gpuflight's records, keeping only the keys named
 in KEYS (no ts_ns, pid, tid, pointer values, results or durations):
@@ -292,7 +292,7 @@ def dlopen_events(iters: int) -> list[Event]:
     return events
 
 
-# ---- producer/demo/fusion.c -----------------------------------------------------
+# ---- gpuflight/demo/fusion.c -----------------------------------------------------
 
 FUSION_MODES: tuple[str, ...] = ("unfused", "fused")
 FUSION_DEFAULT_STEPS = 10000

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from producer import stack
+from gpuflight import stack
 from producer.records import API_IDS, COPY_KINDS, EVENT_DTYPE, F_HAS_RESULT, EventType
 from streams import measurements as m
 from streams.measurements import Point

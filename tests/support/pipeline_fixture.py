@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from producer.demo.build import build_demo
-from streams.demo import warm_up
+from gpuflight.demo.build import build_demo
+from gpuflight.demo.pipeline import warm_up
 from tests.conftest import bpf_unavailable_reason, require
-from tests.influx_fixture import DATABASE
-from tests.streams_support import StreamWorker, rows, wait_for
+from tests.support.influx_fixture import DATABASE
+from tests.support.streams_support import StreamWorker, rows, wait_for
 
 WINDOW_S = 1.0
 GRACE_S = 1.0
@@ -99,7 +99,7 @@ class _Producer:
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "producer", "-v", "producer", "--kafka", bootstrap,
+                [sys.executable, "-m", "gpuflight", "-v", "producer", "--kafka", bootstrap,
                  "--topic-prefix", prefix],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )

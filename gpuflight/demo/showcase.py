@@ -1,6 +1,6 @@
 """`gpuflight demo`: the same computation unfused and fused, traced side by side.
 
-Runs on a simulated GPU (producer/demo/simgpu.c, a CUDA runtime with the real
+Runs on a simulated GPU (gpuflight/demo/simgpu.c, a CUDA runtime with the real
 ABI that models launch overhead, kernel time and copy bandwidth), so it works on
 any machine. gpuflight sees it exactly as it sees the real runtime: through
 uprobes on libcudart.so.12.
@@ -17,8 +17,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from gpuflight.demo.build import build_demo
 from producer import trace
-from producer.demo.build import build_demo
 from producer.summary import Summary
 
 MODES = ("unfused", "fused")

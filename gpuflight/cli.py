@@ -222,12 +222,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         kafka = _kafka_settings(args, args.buffer_mb) if args.kafka else None
         return node.run(settings, args.output, kafka)
     if args.command == "replay":
-        from producer import replay
+        from producer import replay, timeparse
 
         stats = replay.replay(
             _kafka_settings(args),
-            from_ns=replay.parse_time(args.from_time),
-            to_ns=replay.parse_time(args.to_time),
+            from_ns=timeparse.parse_time(args.from_time),
+            to_ns=timeparse.parse_time(args.to_time),
             host=args.host,
             pid=args.pid,
             output=args.output,
@@ -237,7 +237,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                  stats.events, stats.messages, stats.skipped_malformed)
         return 0
     if args.command == "stack":
-        from producer import stack
+        from gpuflight import stack
 
         data_dir = args.dir or stack.default_data_dir()
         if args.action == "up":
@@ -271,11 +271,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         stream_app.run(stream_settings, loglevel="DEBUG" if args.verbose else "WARNING")
         return 0
     if args.command in ("report", "compare"):
+        from producer import timeparse
         from streams import report
         from streams.settings import InfluxSettings
 
         influx = InfluxSettings.from_environment(args.influx, args.bucket)
-        since_ns, until_ns = report.time_range(args.since, args.until)
+        since_ns, until_ns = timeparse.time_range(args.since, args.until)
         if args.command == "report":
             summary = report.job_summary(influx, args.job, since_ns, until_ns, args.host)
             print(report.render_json([summary]) if args.json else report.render_job(summary))
@@ -286,10 +287,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "demo":
         if args.pipeline:
-            from streams import demo as pipeline_demo
+            from gpuflight.demo import pipeline as pipeline_demo
 
             return pipeline_demo.run(steps=args.steps)
-        from producer.demo import showcase
+        from gpuflight.demo import showcase
 
         return int(showcase.run(steps=args.steps))
     raise UsageError(f"unknown command {args.command}")

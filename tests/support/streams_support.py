@@ -22,8 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 from producer import wire
-from producer.publish import ensure_topics, topic_configs
 from producer.records import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
+from producer.wire import ensure_topics, topic_configs
 
 Events = npt.NDArray[np.void]
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -175,7 +175,7 @@ class StreamWorker:
     def start(self, name: str = "w1") -> None:
         self.log = self.data_dir / f"{name}.log"
         command = [
-            sys.executable, "-m", "producer", "streams", "--kafka", self.bootstrap,
+            sys.executable, "-m", "gpuflight", "streams", "--kafka", self.bootstrap,
             "--topic-prefix", self.prefix, "--influx", self.influx_url,
             "--bucket", "gpuflight/autogen", "--window", str(self.window_s),
             "--grace", str(self.grace_s), "--app-id", self.app_id, "--worker", name,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from producer import stack
+from gpuflight import stack
 from tests.conftest import require
 
 DATABASE = "gpuflight"

@@ -20,15 +20,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from producer import stack
-from producer.demo.build import DemoBuild, build_demo
+from gpuflight import stack
+from gpuflight.demo.build import DemoBuild, build_demo
 from producer.errors import GpuflightError, ServiceError
 from streams import report
 from streams.settings import InfluxSettings
 
 WINDOW_S = 1.0
 DEFAULT_STEPS = 10_000
-_COMMAND = [sys.executable, "-m", "producer"]
+_COMMAND = [sys.executable, "-m", "gpuflight"]
 
 
 def _say(text: str) -> None:

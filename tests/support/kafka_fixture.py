@@ -1,6 +1,6 @@
 """A real single-node Kafka broker for tests: `kafka_bootstrap` ("127.0.0.1:PORT"), one per session.
 
-Use it with `pytest_plugins = ["tests.kafka_fixture"]`. Without Java 17+ or the jars of
+Use it with `pytest_plugins = ["tests.support.kafka_fixture"]`. Without Java 17+ or the jars of
 scripts/setup-kafka the tests that ask for it skip locally, and fail under CI=true.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from producer import stack
+from gpuflight import stack
 from tests.conftest import require
 
 

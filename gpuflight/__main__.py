@@ -1,0 +1,5 @@
+import sys
+
+from gpuflight.cli import main
+
+sys.exit(main())
