@@ -22,7 +22,7 @@ from elftools.elf.sections import SymbolTableSection
 from producer import discover, elfsyms
 from producer.errors import SetupError
 from tests.conftest import bpf_unavailable_reason, require
-from tests.test_capture import Producer, wait_for_probe_releases
+from tests.support.capture import Producer, wait_for_probe_releases
 from tests.workloads import build, expected
 
 pytestmark = pytest.mark.bpf

@@ -24,9 +24,9 @@ from producer import wire
 from producer.decode import to_events
 from producer.kernels import KernelNames
 from tests.conftest import bpf_unavailable_reason, require
+from tests.support.capture import Producer as NodeProducer
+from tests.support.capture import read_events, wait_for_probe_releases
 from tests.support.kafka_fixture import kafka_unavailable_reason
-from tests.test_capture import Producer as NodeProducer
-from tests.test_capture import read_events, wait_for_probe_releases
 from tests.workloads import build, expected
 
 pytestmark = pytest.mark.bpf

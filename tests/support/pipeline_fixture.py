@@ -121,7 +121,7 @@ class _Producer:
 def pipeline(kafka_bootstrap: str, influx_url: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[PipelineRun]:
     require(bpf_unavailable_reason())
-    from tests.test_capture import wait_for_probe_releases
+    from tests.support.capture import wait_for_probe_releases
 
     work = tmp_path_factory.mktemp("pipeline")
     demo = build_demo(work / "demo")
