@@ -63,7 +63,7 @@ def _add_kafka_options(parser: argparse.ArgumentParser, required: bool) -> None:
 def _positive(text: str) -> float:
     value = float(text)
     if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        raise argparse.ArgumentTypeError(f"must be positive (and finite), got {text}")
     return value
 
 
