@@ -235,7 +235,10 @@ static struct counters {
 	unsigned long long events_recorded, host_funcs;
 	unsigned long long refused;
 	char refused_by[256];
+	unsigned long long launch_calls[3]; /* cuLaunchKernel, cuLaunchKernelEx, cooperative */
 } g_cnt;
+
+enum { LC_KERNEL, LC_EX, LC_COOP };
 
 static struct kstat *g_kstats[1024];
 static unsigned long long g_stub_calls[SIM_MAX_STUBS];
@@ -689,6 +692,9 @@ static void counts_render(struct sbuf *b)
 	sb_printf(b, ",\"modules_loaded\":%llu,\"functions\":%llu,\"events_recorded\":%llu,"
 		     "\"host_funcs\":%llu",
 		  g_cnt.modules, g_cnt.functions, g_cnt.events_recorded, g_cnt.host_funcs);
+	sb_printf(b, ",\"launch_calls\":{\"cuLaunchKernel\":%llu,\"cuLaunchKernelEx\":%llu,"
+		     "\"cuLaunchCooperativeKernel\":%llu}",
+		  g_cnt.launch_calls[LC_KERNEL], g_cnt.launch_calls[LC_EX], g_cnt.launch_calls[LC_COOP]);
 	sb_printf(b, ",\"refused\":{\"count\":%llu,\"last_caller\":", g_cnt.refused);
 	sb_json_str(b, g_cnt.refused_by);
 	sb_printf(b, "},\"unimplemented\":{");
@@ -909,13 +915,14 @@ static void count_launch(struct sim_func *f, int device, int captured)
 
 static CUresult launch_common(CUfunction hf, unsigned int gx, unsigned int gy, unsigned int gz,
 			      unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
-			      CUstream hs)
+			      CUstream hs, int api)
 {
 	struct sim_stream *s = get_stream(hs);
 	struct sim_func *f = get_func(hf);
 	uint64_t threads;
 
 	g_initialized = 1;
+	__atomic_add_fetch(&g_cnt.launch_calls[api], 1, __ATOMIC_RELAXED);
 	if (!f)
 		return CUDA_ERROR_INVALID_HANDLE;
 	if (!s)

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="import-not-found"
 """Workload (a): elementwise and reduction ops, forward and backward, on cuda:0.
 
 Prints one JSON line: the loss (a host copy of a device scalar) and the grad shapes.

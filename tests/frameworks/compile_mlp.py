@@ -1,8 +1,12 @@
+# mypy: disable-error-code="import-not-found"
 """Workload (c): torch.compile (Inductor -> Triton) of a small MLP-like function.
 
 The matmuls go through Inductor's Triton templates (max-autotune, Triton as the only
 GEMM backend), never cuBLAS; the elementwise epilogue and the reduction are fused
-Triton kernels. Run with a fresh TORCHINDUCTOR_CACHE_DIR. Prints one JSON line.
+Triton kernels. Kernels launch through Triton's own launcher (cuModuleLoadData,
+cuModuleGetFunction, cuLaunchKernelEx), not Inductor's static launcher (which calls
+cuLaunchKernel). Usage: compile_mlp.py [max-autotune|default]; run with a fresh
+TORCHINDUCTOR_CACHE_DIR. Prints one JSON line.
 """
 
 import json
@@ -22,6 +26,7 @@ def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "max-autotune"
     inductor_config.max_autotune_gemm_backends = "TRITON"
     inductor_config.compile_threads = 1
+    inductor_config.use_static_cuda_launcher = False
     x = torch.randn(64, 64, device="cuda")
     w1 = torch.randn(64, 64, device="cuda")
     b1 = torch.randn(64, device="cuda")

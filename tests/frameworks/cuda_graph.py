@@ -1,3 +1,4 @@
+# mypy: disable-error-code="import-not-found"
 """Workload (b): a CUDA graph captured once with torch.cuda.CUDAGraph, replayed N times.
 
 Usage: cuda_graph.py N. Prints one JSON line with N.

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="import-not-found"
 """Workload (e): tensors on cuda:0 and cuda:1 and a copy between them (GF_SIM_DEVICES=2).
 
 Prints one JSON line: the device count and the copied values.
