@@ -41,7 +41,9 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> SimGpu:
 def python() -> Path:
     path = frameworks_python()
     require(
-        None if path else "no frameworks venv (run scripts/setup-frameworks, or set "
+        None
+        if path
+        else "no frameworks venv (run scripts/setup-frameworks, or set "
         "GF_FRAMEWORKS_PYTHON to a python with torch 2.15)"
     )
     assert path is not None
@@ -65,7 +67,11 @@ def run_workload(
     run_env.setdefault("TRITON_CACHE_DIR", str(tmp / "triton"))
     proc = subprocess.run(
         [str(python), str(FRAMEWORKS / f"{script}.py"), *args],
-        capture_output=True, text=True, env=run_env, timeout=TIMEOUT_S, check=False,
+        capture_output=True,
+        text=True,
+        env=run_env,
+        timeout=TIMEOUT_S,
+        check=False,
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stderr[-4000:]}"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -108,11 +114,13 @@ def test_exported_functions_have_distinct_bodies(sim: SimGpu) -> None:
 def test_runtime_soname_and_symbol_versions(sim: SimGpu) -> None:
     for major in (13, 12):
         lib = sim.runtime(major)
-        dyn = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
-                             check=True).stdout
+        dyn = subprocess.run(
+            ["readelf", "-d", str(lib)], capture_output=True, text=True, check=True
+        ).stdout
         assert f"[libcudart.so.{major}]" in dyn
-        syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
-                              text=True, check=True).stdout
+        syms = subprocess.run(
+            ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
+        ).stdout
         assert f"cudaLaunchKernel@@libcudart.so.{major}" in syms
         assert f"__cudaRegisterFatBinary@@libcudart.so.{major}" in syms
 
@@ -120,8 +128,13 @@ def test_runtime_soname_and_symbol_versions(sim: SimGpu) -> None:
 def test_get_proc_address_resolves_versions(sim: SimGpu) -> None:
     lib = ctypes.CDLL(str(sim.driver))
     proc = lib.cuGetProcAddress_v2
-    proc.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                     ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+    proc.argtypes = [
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int,
+        ctypes.c_uint64,
+        ctypes.POINTER(ctypes.c_int),
+    ]
 
     def lookup(name: str, version: int, flags: int = 0) -> tuple[int, int | None, int]:
         fn = ctypes.c_void_p()
@@ -172,8 +185,12 @@ assert cu.cuPointerGetAttribute(ctypes.byref(dev), 9, ctypes.c_uint64(ctypes.add
 """
     counts = tmp_path / "c.json"
     proc = subprocess.run(
-        ["python3", "-c", code], env=sim.env(devices=2, counts=counts, base={}),
-        capture_output=True, text=True, timeout=60, check=False,
+        ["python3", "-c", code],
+        env=sim.env(devices=2, counts=counts, base={}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [*range(8), 0xAB, 0xAB, 0xAB, 0xAB, 12, 13, 14, 15]
@@ -189,17 +206,30 @@ assert cu.cuPointerGetAttribute(ctypes.byref(dev), 9, ctypes.c_uint64(ctypes.add
 
 
 def test_torch_imports_only_what_the_runtime_exports(sim: SimGpu, python: Path) -> None:
-    torch_lib = Path(subprocess.run(
-        [str(python), "-c", "import os, torch; print(os.path.dirname(torch.__file__))"],
-        capture_output=True, text=True, check=True, env=sim.env(),
-    ).stdout.strip()) / "lib"
+    torch_lib = (
+        Path(
+            subprocess.run(
+                [str(python), "-c", "import os, torch; print(os.path.dirname(torch.__file__))"],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=sim.env(),
+            ).stdout.strip()
+        )
+        / "lib"
+    )
     needed: set[str] = set()
     for lib in torch_lib.glob("*.so"):
-        out = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            ["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True, check=True
+        ).stdout
         needed |= {ln.split()[-1].split("@")[0] for ln in out.splitlines() if "@libcudart" in ln}
-    ours = subprocess.run(["nm", "-D", "--defined-only", str(sim.runtime(13))],
-                          capture_output=True, text=True, check=True).stdout
+    ours = subprocess.run(
+        ["nm", "-D", "--defined-only", str(sim.runtime(13))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     exported = {ln.split()[-1].split("@")[0] for ln in ours.splitlines()}
     assert needed, "torch imports nothing from libcudart?"
     assert needed <= exported, sorted(needed - exported)
@@ -209,13 +239,19 @@ def test_autograd_elementwise_and_reductions(sim: SimGpu, python: Path, tmp_path
     (tmp_path / "1").mkdir()
     (tmp_path / "2").mkdir()
     out1, c1 = run_workload(python, sim, tmp_path / "1", "autograd")
-    out2, c2 = run_workload(python, sim, tmp_path / "2", "autograd")
+    _, c2 = run_workload(python, sim, tmp_path / "2", "autograd")
     assert out1["x_grad"] == [64, 128] and out1["w_grad"] == [128]
     runs = launches(c1)
     assert runs == launches(c2), "counts differ between two identical runs"
     assert all(n > 0 for n in runs.values())
-    for part in ("tanh_kernel_cuda", "tanh_backward_kernel_cuda", "exp_kernel_cuda",
-                 "reduce_kernel", "MeanOps", "FillFunctor"):
+    for part in (
+        "tanh_kernel_cuda",
+        "tanh_backward_kernel_cuda",
+        "exp_kernel_cuda",
+        "reduce_kernel",
+        "MeanOps",
+        "FillFunctor",
+    ):
         assert any(part in name for name in runs), f"no {part} kernel in {sorted(runs)}"
     # forward and backward: at least one kernel per op of the graph
     assert sum(runs.values()) >= 15
@@ -247,8 +283,13 @@ def test_cuda_graph_capture_and_replay(sim: SimGpu, python: Path, tmp_path: Path
 
 
 def test_torch_compile_with_triton_matmul(sim: SimGpu, python: Path, tmp_path: Path) -> None:
-    out, c = run_workload(python, sim, tmp_path, "compile_mlp",
-                          env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "fresh-inductor")})
+    out, c = run_workload(
+        python,
+        sim,
+        tmp_path,
+        "compile_mlp",
+        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "fresh-inductor")},
+    )
     assert out["shape"] == [64]
     runs = launches(c)
     triton = {k: n for k, n in runs.items() if k.startswith("triton_")}

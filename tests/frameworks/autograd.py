@@ -18,8 +18,11 @@ def main() -> None:
     loss.backward()
     torch.cuda.synchronize()
     assert x.grad is not None and w.grad is not None
-    print(json.dumps({"loss": float(loss.item()), "x_grad": list(x.grad.shape),
-                      "w_grad": list(w.grad.shape)}))
+    print(
+        json.dumps(
+            {"loss": float(loss.item()), "x_grad": list(x.grad.shape), "w_grad": list(w.grad.shape)}
+        )
+    )
 
 
 if __name__ == "__main__":

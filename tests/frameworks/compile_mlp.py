@@ -38,7 +38,9 @@ def main() -> None:
     out = fn(x, w1, b1, w2)
     out = fn(x, w1, b1, w2)
     torch.cuda.synchronize()
-    print(json.dumps({"shape": list(out.shape), "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
+    print(
+        json.dumps({"shape": list(out.shape), "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")})
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,16 @@ def main() -> None:
     plant()
     masked = x[x > 0]
     torch.cuda.synchronize()
-    print(json.dumps({"roundtrip": back == values, "planted": PLANTED,
-                      "nonzero": list(nz.shape), "masked": list(masked.shape)}))
+    print(
+        json.dumps(
+            {
+                "roundtrip": back == values,
+                "planted": PLANTED,
+                "nonzero": list(nz.shape),
+                "masked": list(masked.shape),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@ def main() -> None:
     d = a + 1.0  # a kernel on device 0
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
-    print(json.dumps({"devices": n, "copied": a2.cpu().tolist(), "c": list(c.shape),
-                      "d": str(d.device)}))
+    print(
+        json.dumps(
+            {"devices": n, "copied": a2.cpu().tolist(), "c": list(c.shape), "d": str(d.device)}
+        )
+    )
 
 
 if __name__ == "__main__":
