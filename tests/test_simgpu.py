@@ -331,3 +331,38 @@ def test_two_devices(sim: SimGpu, python: Path, tmp_path: Path) -> None:
     assert per_dev[neg] == [0, 1]
     assert per_dev[add] == [1, 0]
     assert c["copies"]["peer"] == {"count": 1, "bytes": 64}
+
+
+def test_timing_model_runs_the_fusion_demo(sim: SimGpu, tmp_path: Path) -> None:
+    # The earlier demo stub's timing model lives in the driver: the demo's fusion
+    # workload, built against our libcudart.so.12, is launch-bound unfused and keeps
+    # the GPU busy fused (producer/demo/fusion.c is read, not changed).
+    demo = REPO / "producer" / "demo"
+    fusion = tmp_path / "fusion"
+    subprocess.run(
+        [
+            "cc",
+            "-std=gnu11",
+            "-O2",
+            f"-I{demo}",
+            str(demo / "fusion.c"),
+            f"-L{sim.lib_dir}",
+            "-l:libcudart.so.12",
+            f"-Wl,-rpath,{sim.lib_dir}",
+            "-o",
+            str(fusion),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    report = tmp_path / "report.jsonl"
+    env = {"PATH": os.environ.get("PATH", ""), "GF_SIM_REPORT": str(report)}
+    for mode in ("unfused", "fused"):
+        subprocess.run(
+            [str(fusion), "--mode", mode, "--steps", "3000"], env=env, check=True, timeout=60
+        )
+    unfused, fused = (json.loads(line) for line in report.read_text().splitlines())
+    assert unfused["kernels"] == 8 * 3000 and fused["kernels"] == 3000
+    assert unfused["utilization"] < 0.8
+    assert fused["utilization"] > 0.85
+    assert fused["utilization"] > unfused["utilization"] + 0.15
