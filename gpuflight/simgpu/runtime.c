@@ -303,8 +303,8 @@ API void __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char
 		  NULL);
 }
 
-API void __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAddress,
-			   const char *deviceName, int ext, size_t size, int constant, int global)
+IMPL void register_var(void **fatCubinHandle, char *hostVar, char *deviceAddress,
+			const char *deviceName, int ext, size_t size, int constant, int global)
 {
 	struct var *v = calloc(1, sizeof(*v));
 
@@ -320,12 +320,18 @@ API void __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAdd
 	pthread_mutex_unlock(&g_rt_lock);
 }
 
+API void __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAddress,
+			   const char *deviceName, int ext, size_t size, int constant, int global)
+{
+	register_var(fatCubinHandle, hostVar, deviceAddress, deviceName, ext, size, constant, global);
+}
+
 API void __cudaRegisterManagedVar(void **fatCubinHandle, void **hostVarPtrAddress,
 				  char *deviceAddress, const char *deviceName, int ext, size_t size,
 				  int constant, int global)
 {
-	__cudaRegisterVar(fatCubinHandle, (char *)hostVarPtrAddress, deviceAddress, deviceName, ext,
-			  size, constant, global);
+	register_var(fatCubinHandle, (char *)hostVarPtrAddress, deviceAddress, deviceName, ext, size,
+		     constant, global);
 }
 
 API char __cudaInitModule(void **fatCubinHandle)
