@@ -336,8 +336,8 @@ def test_two_devices(sim: SimGpu, python: Path, tmp_path: Path) -> None:
 def test_timing_model_runs_the_fusion_demo(sim: SimGpu, tmp_path: Path) -> None:
     # The earlier demo stub's timing model lives in the driver: the demo's fusion
     # workload, built against our libcudart.so.12, is launch-bound unfused and keeps
-    # the GPU busy fused (producer/demo/fusion.c is read, not changed).
-    demo = REPO / "producer" / "demo"
+    # the GPU busy fused (gpuflight/demo/fusion.c is read, not changed).
+    demo = REPO / "gpuflight" / "demo"
     fusion = tmp_path / "fusion"
     subprocess.run(
         [

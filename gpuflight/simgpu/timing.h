@@ -6,7 +6,7 @@
  *                      and events stamp that clock: elapsed times are small,
  *                      positive and deterministic.
  *   real-time          when any of the variables below is set: the model of the
- *                      earlier demo stub (producer/demo/simgpu.c), on the wall clock.
+ *                      earlier demo stub (gpuflight/demo/simgpu.c), on the wall clock.
  *                      A launch enqueues its kernel at call entry, then busy-spins
  *                      GF_SIM_LAUNCH_NS; synchronous copies and memsets wait for the
  *                      timeline and take bytes / bandwidth; syncs wait for it.
