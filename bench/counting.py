@@ -12,10 +12,11 @@ InfluxDB, no BPF. Three workloads:
                     and frees, syncs, 2 % failed calls)
   trace mixed       `Summary.add` on batches of 65,536 of the same mix (the capture loop's batch)
 
-Each round times each workload 3 times in a fresh interpreter and keeps the best (timeit's
-rule); the table gives the median over rounds. With `--baseline REV`, the same workloads run
-against a `git archive` of REV too, in separate interpreters, interleaved round by round, and
-the table gives the ratio of the medians (this tree / REV): measured side by side in one run.
+Each round times each workload 3 times in a fresh interpreter, in CPU time of its thread,
+and keeps the best (timeit's rule); the table gives the median over rounds. With
+`--baseline REV`, the same workloads run against a `git archive` of REV too, in separate
+interpreters, interleaved round by round (alternating which goes first), and the table gives
+the ratio of the medians (this tree / REV): measured side by side in one run.
 """
 
 from __future__ import annotations
@@ -102,12 +103,13 @@ def _events(n: int, mixed: bool) -> Any:
 
 
 def _best(repeat: int, run: Any) -> float:
-    """The shortest of `repeat` timings of run() (timeit's rule: the others were disturbed)."""
+    """The shortest of `repeat` timings of run() (timeit's rule: the others were disturbed),
+    in CPU time of this thread: the machine is shared, and counting is one thread's work."""
     times = []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started = time.thread_time()
         run()
-        times.append(time.perf_counter() - started)
+        times.append(time.thread_time() - started)
     return min(times)
 
 
@@ -166,8 +168,8 @@ def main() -> int:
             trees[args.baseline] = base
         results: dict[str, dict[str, list[float]]] = {t: {w: [] for w in WORKLOADS}
                                                       for t in trees}
-        for _ in range(args.rounds):
-            for label, tree in trees.items():
+        for i in range(args.rounds):
+            for label, tree in list(trees.items())[:: 1 if i % 2 == 0 else -1]:
                 out = subprocess.run(
                     [sys.executable, __file__, "--events", str(args.events),
                      "--inner", str(tree)], check=True, capture_output=True, text=True).stdout
