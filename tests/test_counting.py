@@ -4,87 +4,54 @@ graphs, failures, syncs and copies, and on real captures of CUDA-graph workloads
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 
+from gpuflight.demo import showcase
+from grafana import generate
 from producer import counting
 from producer.counting import CopyStats, Counts
 from producer.records import (
     API_IDS,
-    EVENT_DTYPE,
-    F_ASYNC,
-    F_BYTES_KNOWN,
     F_CAPTURED,
     F_HAS_RESULT,
     EventType,
 )
 from producer.summary import Summary, render
 from streams import measurements as m
+from streams import report
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import GPUFLIGHT, read_events
 from tests.support.counting import (
+    SYNTHETIC_CAPTURED,
+    SYNTHETIC_FAILED,
+    SYNTHETIC_GRAPH_KERNEL_NODES,
+    SYNTHETIC_GRAPH_LAUNCHES,
+    SYNTHETIC_KERNEL_LAUNCHES,
+    T0,
+    S,
+    alloc,
+    copy,
     events_from_json,
     figures_of_points,
     figures_of_summary,
     figures_of_text,
+    free,
+    graph,
+    launch,
+    make,
     stream_points,
+    sync,
+    synthetic_events,
     text_figures_of_summary,
 )
 from tests.workloads import build, expected
-
-Events = npt.NDArray[np.void]
-T0 = 1_796_000_000_000_000_000
-S = 1_000_000_000
-OK = {"flags": F_HAS_RESULT, "result": 0}
-
-
-def make(rows: list[dict[str, Any]]) -> Events:
-    events = np.zeros(len(rows), dtype=EVENT_DTYPE)
-    for i, row in enumerate(rows):
-        for key, value in {"ts_ns": T0 + i, "pid": 10, "tid": 11, **row}.items():
-            events[i][key] = value
-    return events
-
-
-def launch(grid: int = 8, block: int = 32, api: str = "cudaLaunchKernel", **kw: Any
-           ) -> dict[str, Any]:
-    return {"type": EventType.LAUNCH, "api": API_IDS[api], "handle": 0xA0,
-            "dim": [grid, 1, 1, block, 1, 1], **kw}
-
-
-def graph(nodes: int, api: str = "cudaGraphLaunch", **kw: Any) -> dict[str, Any]:
-    return {"type": EventType.GRAPH_LAUNCH, "api": API_IDS[api], "handle": 0xE0,
-            "dim": [nodes, 0, 0, 0, 0, 0], **kw}
-
-
-def copy(kind: int, nbytes: int, ns: int, api: str = "cudaMemcpy", **kw: Any
-         ) -> dict[str, Any]:
-    timed = {"duration_ns": ns, **OK} if "Async" not in api else {"flags": F_ASYNC}
-    return {"type": EventType.MEMCPY, "api": API_IDS[api], "bytes": nbytes,
-            "dim": [kind, 0, 0, 0, 0, 0], **timed, **kw}
-
-
-def alloc(ptr: int, nbytes: int, **kw: Any) -> dict[str, Any]:
-    return {"type": EventType.ALLOC, "api": API_IDS["cudaMalloc"], "handle": ptr,
-            "bytes": nbytes, "dim": [1, 0, 0, 0, 0, 0], "duration_ns": 10, **OK, **kw}
-
-
-def free(ptr: int, nbytes: int | None, **kw: Any) -> dict[str, Any]:
-    known = {} if nbytes is None else {"bytes": nbytes, "flags": F_HAS_RESULT | F_BYTES_KNOWN}
-    return {"type": EventType.FREE, "api": API_IDS["cudaFree"], "handle": ptr,
-            "duration_ns": 10, **OK, **known, **kw}
-
-
-def sync(scope: int, ns: int, **kw: Any) -> dict[str, Any]:
-    api = {1: "cudaStreamSynchronize", 2: "cudaDeviceSynchronize", 3: "cudaEventSynchronize"}
-    return {"type": EventType.SYNC, "api": API_IDS[api[scope]], "duration_ns": ns,
-            "dim": [scope, 0, 0, 0, 0, 0], **OK, **kw}
 
 
 def counted(rows: list[dict[str, Any]]) -> Counts:
@@ -181,47 +148,8 @@ def test_names_are_the_influxdb_contracts() -> None:
 # -- one stream, both paths ------------------------------------------------------------------
 
 
-def synthetic() -> Events:
-    """Two processes over three seconds: kernel launches (some captured), a capture and its
-    graph launches (nodes known and not), copies of every sort, failed allocations, copies
-    and syncs, memsets, frees known, unknown and of null. Memory events are all one
-    process's (a job's live bytes are its processes' together, in time order)."""
-    rng = np.random.default_rng(17)
-    rows: list[dict[str, Any]] = []
-    for i in range(600):
-        pid = 100 + i % 2
-        rows.append(launch(grid=int(rng.choice([8, 64, 4096])), block=int(rng.choice([32, 256])),
-                           api=str(rng.choice(["cudaLaunchKernel", "cuLaunchKernel"])),
-                           handle=0xA0 + 0x10 * int(rng.integers(0, 5)), pid=pid))
-        if i % 25 == 0:
-            rows.append(launch(grid=16, flags=F_CAPTURED, pid=pid))
-        if i % 10 == 0:
-            rows.append(graph(3 if i % 20 else 0, pid=pid))
-        if i % 7 == 0:
-            rows.append(copy(int(rng.integers(0, 6)), int(rng.integers(1, 1 << 20)),
-                             int(rng.integers(1, 10**6)), pid=pid,
-                             result=700 if i % 49 == 0 else 0))
-        if i % 9 == 0:
-            rows.append(copy(2, 4096, 0, api="cudaMemcpyAsync", pid=pid))
-        if i % 11 == 0:
-            rows.append(sync(int(rng.integers(1, 4)), int(rng.integers(1, 10**6)), pid=pid,
-                             result=4 if i % 33 == 0 else 0))
-        if i % 13 == 0:
-            rows.append({"type": EventType.MEMSET, "api": API_IDS["cudaMemsetAsync"],
-                         "bytes": 256, "flags": F_ASYNC, "pid": pid})
-        if i % 30 == 0:
-            ptr = 0x1000 + i
-            rows.append(alloc(ptr, 1 << 20, pid=100))
-            rows.append(alloc(0, 1 << 40, result=2, pid=100))
-            rows.append(free(ptr - 30 if i else 0, (1 << 20) if i else None, pid=100))
-            rows.append(free(0x9, None, pid=100))  # allocated before the trace
-    events = make(rows)
-    events["ts_ns"] = T0 + np.arange(len(events), dtype=np.uint64) * (3 * S // len(events))
-    return events
-
-
 def test_the_trace_summary_and_the_stream_app_agree_on_every_shared_figure() -> None:
-    events = synthetic()
+    events = synthetic_events(T0)
     summary = Summary()
     for part in np.array_split(events, 7):  # batches as the capture loop hands them
         summary.add(part)
@@ -229,9 +157,11 @@ def test_the_trace_summary_and_the_stream_app_agree_on_every_shared_figure() -> 
     trace = figures_of_summary(summary)
     assert trace == streams
     # Both are right, not just equal (the synthetic script's own numbers).
-    assert trace["kernel launches"] == 600 and trace["captured into graphs"] == 24
-    assert trace["graph launches"] == 60 and trace["graph kernel nodes run"] == 30 * 3
-    failed = {"allocations": 20, "copies": len(range(0, 600, 49)), "syncs": len(range(0, 600, 33))}
+    assert trace["kernel launches"] == SYNTHETIC_KERNEL_LAUNCHES
+    assert trace["captured into graphs"] == SYNTHETIC_CAPTURED == 24
+    assert trace["graph launches"] == SYNTHETIC_GRAPH_LAUNCHES == 60
+    assert trace["graph kernel nodes run"] == SYNTHETIC_GRAPH_KERNEL_NODES == 90
+    failed = SYNTHETIC_FAILED
     assert sum(trace["failed calls"].values()) == summary.failed_calls == sum(failed.values())
     assert trace["failed calls"]["cudaMalloc"] == 20 and trace["allocations, frees"][0] == 20
     # The failed syncs still count as syncs, the failed copies as nothing but failures.
@@ -243,6 +173,40 @@ def test_the_trace_summary_and_the_stream_app_agree_on_every_shared_figure() -> 
     text = render(summary, "synthetic", wall_s=3.0, drops=0)
     assert figures_of_text(text) == text_figures_of_summary(summary)
     assert "CPU blocked on the GPU" in text and "in synchronous copies" in text
+
+
+# -- one term, one meaning -------------------------------------------------------------------
+
+
+TERMS = ("kernel launches", "captured into graphs", "graph launches", "graph kernel nodes run",
+         "failed calls", "CPU blocked on the GPU", "in syncs", "in synchronous copies")
+
+
+def test_the_trace_the_demo_the_report_and_grafana_use_the_same_words() -> None:
+    summary = Summary()
+    summary.add(synthetic_events(T0))
+    trace = render(summary, "synthetic", wall_s=3.0, drops=0)
+    job = report.JobSummary("train:1", 0, 1, window_s=1.0, active_windows=3, launches=600,
+                            captured_launches=24, graph_launches=60, graph_kernel_nodes=90,
+                            sync_ns=2 * S, copy_ns=S // 2, errors=52)
+    shown = report.render_job(job)
+    compared = report.render_compare(job, job)
+    for term in TERMS:
+        assert term in trace and term in shown and term in compared, term
+    assert "CPU blocked on the GPU (% of active time)" in shown
+    assert re.search(r"CPU blocked on the GPU \(% of active time\)\s+83\.3%", shown)  # 2.5/3
+    assert re.search(r"^CPU blocked on the GPU in synchronous copies\s+0\.500 s$", shown,
+                     re.MULTILINE)
+    assert re.search(r"^graph kernel nodes run\s+90$", shown, re.MULTILINE)
+    demo = showcase.comparison({mode: {**summary.as_dict(3.0), "top_grid": "-", "gpu_util": None}
+                                for mode in showcase.MODES})
+    assert "CPU blocked on the GPU (% of wall)" in demo
+    share = f"{100 * summary.blocked_share(3.0):.1f}% of wall"
+    assert share in trace and f"{100 * summary.blocked_share(3.0):.1f}%" in demo
+    titles = [p["title"] for board in (generate.fleet(), generate.job())
+              for p in board["panels"]]
+    assert sum(generate.BLOCKED_TERM in t for t in titles) == 2
+    assert generate.BLOCKED_TERM == "CPU blocked on the GPU"
 
 
 # -- a real capture of CUDA graphs, both paths -----------------------------------------------

@@ -37,6 +37,7 @@ from producer.records import (
     GRAPH_KERNEL_NODES,
     SYNC_SCOPES,
     TYPE_NAMES,
+    EventType,
 )
 from producer.summary import Summary
 from streams import measurements as m
@@ -49,6 +50,108 @@ Figures = dict[str, Any]
 _TYPE_IDS = {name: value for value, name in TYPE_NAMES.items()}
 _ALLOC_KIND_IDS = {name: value for value, name in ALLOC_KINDS.items()}
 _SCOPE_IDS = {name: value for value, name in SYNC_SCOPES.items()}
+
+
+# -- hand-made events ------------------------------------------------------------------------
+
+T0 = 1_796_000_000_000_000_000
+S = 1_000_000_000
+OK = {"flags": F_HAS_RESULT, "result": 0}
+
+
+def make(rows: list[dict[str, Any]]) -> Events:
+    """Records of `rows` (fields by name; ts_ns T0 + index, pid 10 unless given)."""
+    events = np.zeros(len(rows), dtype=EVENT_DTYPE)
+    for i, row in enumerate(rows):
+        for key, value in {"ts_ns": T0 + i, "pid": 10, "tid": 11, **row}.items():
+            events[i][key] = value
+    return events
+
+
+def launch(grid: int = 8, block: int = 32, api: str = "cudaLaunchKernel", **kw: Any
+           ) -> dict[str, Any]:
+    return {"type": EventType.LAUNCH, "api": API_IDS[api], "handle": 0xA0,
+            "dim": [grid, 1, 1, block, 1, 1], **kw}
+
+
+def graph(nodes: int, api: str = "cudaGraphLaunch", **kw: Any) -> dict[str, Any]:
+    return {"type": EventType.GRAPH_LAUNCH, "api": API_IDS[api], "handle": 0xE0,
+            "dim": [nodes, 0, 0, 0, 0, 0], **kw}
+
+
+def copy(kind: int, nbytes: int, ns: int, api: str = "cudaMemcpy", **kw: Any
+         ) -> dict[str, Any]:
+    timed = {"duration_ns": ns, **OK} if "Async" not in api else {"flags": F_ASYNC}
+    return {"type": EventType.MEMCPY, "api": API_IDS[api], "bytes": nbytes,
+            "dim": [kind, 0, 0, 0, 0, 0], **timed, **kw}
+
+
+def alloc(ptr: int, nbytes: int, **kw: Any) -> dict[str, Any]:
+    return {"type": EventType.ALLOC, "api": API_IDS["cudaMalloc"], "handle": ptr,
+            "bytes": nbytes, "dim": [1, 0, 0, 0, 0, 0], "duration_ns": 10, **OK, **kw}
+
+
+def free(ptr: int, nbytes: int | None, **kw: Any) -> dict[str, Any]:
+    known = {} if nbytes is None else {"bytes": nbytes, "flags": F_HAS_RESULT | F_BYTES_KNOWN}
+    return {"type": EventType.FREE, "api": API_IDS["cudaFree"], "handle": ptr,
+            "duration_ns": 10, **OK, **known, **kw}
+
+
+def sync(scope: int, ns: int, **kw: Any) -> dict[str, Any]:
+    api = {1: "cudaStreamSynchronize", 2: "cudaDeviceSynchronize", 3: "cudaEventSynchronize"}
+    return {"type": EventType.SYNC, "api": API_IDS[api[scope]], "duration_ns": ns,
+            "dim": [scope, 0, 0, 0, 0, 0], **OK, **kw}
+
+
+#: What `synthetic_events` holds, by its script.
+SYNTHETIC_KERNEL_LAUNCHES = 600
+SYNTHETIC_CAPTURED = len(range(0, 600, 25))
+SYNTHETIC_GRAPH_LAUNCHES = len(range(0, 600, 10))
+SYNTHETIC_GRAPH_KERNEL_NODES = 3 * len(range(10, 600, 20))
+SYNTHETIC_FAILED = {"allocations": len(range(0, 600, 30)), "copies": len(range(0, 600, 49)),
+                    "syncs": len(range(0, 600, 33))}
+SYNTHETIC_PIDS = (100, 101)
+
+
+def synthetic_events(t0: int) -> Events:
+    """Two processes over three seconds from `t0`: kernel launches (some captured into a
+    graph), graph launches (kernel nodes known and not), copies of every kind (synchronous,
+    async, failed, of an unknown kind), failed allocations and syncs, memsets, frees known,
+    unknown and of null. Memory events are all one process's (a job's live bytes are its
+    processes' together, in time order)."""
+    rng = np.random.default_rng(17)
+    rows: list[dict[str, Any]] = []
+    for i in range(SYNTHETIC_KERNEL_LAUNCHES):
+        pid = SYNTHETIC_PIDS[i % 2]
+        rows.append(launch(grid=int(rng.choice([8, 64, 4096])), block=int(rng.choice([32, 256])),
+                           api=str(rng.choice(["cudaLaunchKernel", "cuLaunchKernel"])),
+                           handle=0xA0 + 0x10 * int(rng.integers(0, 5)), pid=pid))
+        if i % 25 == 0:
+            rows.append(launch(grid=16, flags=F_CAPTURED, pid=pid))
+        if i % 10 == 0:
+            rows.append(graph(3 if i % 20 else 0, pid=pid))
+        if i % 7 == 0:
+            rows.append(copy(int(rng.integers(0, 6)), int(rng.integers(1, 1 << 20)),
+                             int(rng.integers(1, 10**6)), pid=pid,
+                             result=700 if i % 49 == 0 else 0))
+        if i % 9 == 0:
+            rows.append(copy(2, 4096, 0, api="cudaMemcpyAsync", pid=pid))
+        if i % 11 == 0:
+            rows.append(sync(int(rng.integers(1, 4)), int(rng.integers(1, 10**6)), pid=pid,
+                             result=4 if i % 33 == 0 else 0))
+        if i % 13 == 0:
+            rows.append({"type": EventType.MEMSET, "api": API_IDS["cudaMemsetAsync"],
+                         "bytes": 256, "flags": F_ASYNC, "pid": pid})
+        if i % 30 == 0:
+            owner = SYNTHETIC_PIDS[0]
+            ptr = 0x1000 + i
+            rows.append(alloc(ptr, 1 << 20, pid=owner))
+            rows.append(alloc(0, 1 << 40, result=2, pid=owner))
+            rows.append(free(ptr - 30 if i else 0, (1 << 20) if i else None, pid=owner))
+            rows.append(free(0x9, None, pid=owner))  # allocated before the trace
+    events = make(rows)
+    events["ts_ns"] = t0 + np.arange(len(events), dtype=np.uint64) * (3 * S // len(events))
+    return events
 
 
 # -- --output lines → records ----------------------------------------------------------------
