@@ -1,4 +1,5 @@
-"""The `perf stat`-like summary of a trace, aggregated batch by batch with numpy."""
+"""The `perf stat`-like summary of a trace: a view of the counting core (producer/counting.py,
+the same counts as the stream windows), added batch by batch."""
 
 from __future__ import annotations
 

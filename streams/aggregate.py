@@ -50,6 +50,7 @@ from producer.counting import (
     MAX_PIDS,
     CopyStats,
     Counts,
+    api_name,
     bucket_of,
     kernel_key,
     percentile,
@@ -61,7 +62,7 @@ from streams.measurements import Fields, FieldValue, Point, Tags
 # reach them here.
 __all__ = [
     "DEFAULT_MAX_KERNELS", "DEFAULT_TOP_KERNELS", "MAX_PIDS", "MemoryLedger", "MemoryLevel",
-    "StaleWindowError", "WindowAggregate", "add_events", "blocked_share", "bucket_of",
+    "StaleWindowError", "WindowAggregate", "add_events", "api_name", "blocked_share", "bucket_of",
     "gpu_points", "kernel_key", "lost_points", "merge", "percentile", "pipeline_point",
     "split_windows", "to_points", "top_kernels",
 ]
