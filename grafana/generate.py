@@ -53,6 +53,10 @@ GRAFANA_UNITS: Final[Mapping[str, str]] = {
 }
 
 # -- alert thresholds ------------------------------------------------------------------------
+#: The one term for the CPU waiting on the GPU (producer/counting.py, README "What is counted").
+BLOCKED_TERM: Final = "CPU blocked on the GPU"
+BLOCKED_SHARE_TITLE: Final = f"{BLOCKED_TERM}: share per process, by job"
+BLOCKED_PARTS_TITLE: Final = f"{BLOCKED_TERM}: in syncs and in synchronous copies"
 #: Kernel launches per second of one job that make a launch storm.
 LAUNCH_STORM_PER_S: Final = 100_000
 #: A producer that sent no metrics for this long is silent (it sends them every 5 s).
@@ -278,23 +282,26 @@ def fleet() -> dict[str, Any]:
     lay = Layout()
     jobs_filter = where(HOST, JOB)
     panels = [
-        timeseries(lay, "Kernel launches/s by host", [target(
+        timeseries(lay, "Launches/s by host", [target(
             "A", f'SELECT {per_second(Fields.COUNT)} AS "launches" FROM "{m.LAUNCHES.name}" '
                  f'{jobs_filter} {EVERY}{tags(Tags.HOST)} fill(0)', alias="$tag_host")],
             unit(m.LAUNCHES, Fields.RATE_PER_S),
-            description="Kernel and graph launches of the selected jobs, per host."),
+            description="Kernel launches that ran and graph launches (each once) of the "
+                        "selected jobs, per host; launches captured into graphs ran nothing "
+                        "and are not here."),
         timeseries(lay, "Copy bandwidth by direction", [target(
             "A", f'SELECT {per_second(Fields.BYTES)} AS "bytes" FROM "{m.COPIES.name}" '
                  f'{jobs_filter} {EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind")],
             unit(m.COPIES, Fields.BYTES_PER_S),
             description="Bytes copied per second by cudaMemcpyKind (H2D, D2H, D2D, ...)."),
-        timeseries(lay, "CPU-blocked share by job", [target(
+        timeseries(lay, BLOCKED_SHARE_TITLE, [target(
             "A", f'SELECT mean("{Fields.BLOCKED_SHARE}") AS "blocked" FROM "{m.CPU_BLOCKED.name}" '
                  f'{jobs_filter} {EVERY}{tags(Tags.HOST, Tags.JOB)}',
             alias="$tag_job @ $tag_host")],
             unit(m.CPU_BLOCKED, Fields.BLOCKED_SHARE),
-            description="Share of the window each process waited in syncs and synchronous "
-                        "copies."),
+            description=f"{BLOCKED_TERM}, as a share per process: (time in syncs + time in "
+                        "synchronous copies) / (window · the job's processes). Summed over "
+                        "threads, so it can pass 100 % when several wait at once."),
         timeseries(lay, "GPU utilization by host", [target(
             "A", f'SELECT mean("{Fields.UTILIZATION_GPU_PCT}") AS "utilization" '
                  f'FROM "{m.GPU.name}" {where(HOST, GPU)} {EVERY}{tags(Tags.HOST, Tags.GPU)}',
@@ -394,12 +401,18 @@ def job() -> dict[str, Any]:
             "A", f'SELECT {per_second(Fields.COUNT)} AS "syncs" FROM "{m.SYNCS.name}" {f} '
                  f'{EVERY}{tags(Tags.SCOPE)} fill(0)', alias="$tag_scope")],
             unit(m.LAUNCHES, Fields.RATE_PER_S)),
-        timeseries(lay, "CPU time waiting in syncs", [target(
-            "A", f'SELECT sum("{Fields.SYNC_NS}") / $__interval_ms / 1000000 AS "waiting" '
-                 f'FROM "{m.SYNCS.name}" {f} {EVERY}{tags(Tags.SCOPE)} fill(0)',
-            alias="$tag_scope")],
-            unit(m.CPU_BLOCKED, Fields.BLOCKED_SHARE),
-            description="Seconds waited per second (over 1: several threads waited)."),
+        timeseries(lay, BLOCKED_PARTS_TITLE, [
+            target("A", f'SELECT sum("{Fields.SYNC_NS}") / $__interval_ms / 1000000 AS "waiting" '
+                        f'FROM "{m.SYNCS.name}" {f} {EVERY}{tags(Tags.SCOPE)} fill(0)',
+                   alias="in syncs: $tag_scope"),
+            target("B", f'SELECT sum("{Fields.COPY_NS}") / $__interval_ms / 1000000 '
+                        f'AS "in_synchronous_copies" FROM "{m.CPU_BLOCKED.name}" {f} {EVERY} '
+                        'fill(0)',
+                   alias="in synchronous copies"),
+        ], unit(m.CPU_BLOCKED, Fields.BLOCKED_SHARE),
+            description=f"{BLOCKED_TERM}, by part: seconds per second in syncs (by scope) and "
+                        "in synchronous copies, summed over the job's processes and threads "
+                        "(over 1: several waited at once)."),
         timeseries(lay, "GPU utilization (NVML)", [
             target("A", f'SELECT mean("{Fields.UTILIZATION_GPU_PCT}") AS "gpu" FROM "{m.GPU.name}" '
                         f'{where(HOST, GPU)} {EVERY}{tags(Tags.GPU)}', alias="GPU $tag_gpu"),
@@ -619,8 +632,8 @@ def alert_rules() -> list[dict[str, Any]]:
             threshold("FIRING", "ALERTING", "gt", 0),
         ],
         "{{ $labels.job }} on {{ $labels.host }} is memory-bound: the verdict held "
-        "{{ $values.WINDOWS.Value }} consecutive windows, the CPU waited "
-        "{{ humanizePercentage $values.BLOCKED.Value }} of the time with "
+        "{{ $values.WINDOWS.Value }} consecutive windows, the CPU was blocked on the GPU "
+        "{{ humanizePercentage $values.BLOCKED.Value }} of the time (per process) with "
         "{{ humanize1024 $values.BYTES_PER_LAUNCH.Value }}B copied per kernel launch.",
         f"The stream app's memory-bound rule held for {m.MEMORY_BOUND_ALERT_WINDOWS} or more "
         "windows in a row in the last 5 minutes (see the job drill-down dashboard).",

@@ -1,4 +1,5 @@
-"""The `perf stat`-like summary of a trace, aggregated batch by batch with numpy."""
+"""The `perf stat`-like summary of a trace: a view of the counting core (producer/counting.py,
+the same counts as the stream windows), added batch by batch."""
 
 from __future__ import annotations
 
@@ -10,158 +11,142 @@ import numpy as np
 import numpy.typing as npt
 from tabulate import tabulate
 
-from producer.counting import CopyStats
-from producer.records import (
-    ALLOC_KINDS,
-    API_NAMES,
-    COPY_KINDS,
-    F_ASYNC,
-    F_BYTES_KNOWN,
-    F_CAPTURED,
-    F_HAS_RESULT,
-    GRAPH_KERNEL_NODES,
-    SYNC_SCOPES,
-    EventType,
-)
+from producer.counting import CopyStats, Counts, Shape
+from producer.records import COPY_KINDS
 
-Shape = tuple[tuple[int, int, int], tuple[int, int, int]]
+
+def _trace_counts() -> Counts:
+    # A trace keeps every pid and the exact launch shapes (for the top-shapes table).
+    return Counts(shapes=Counter(), max_pids=None)
 
 
 @dataclass
 class Summary:
-    """Everything the trace summary prints; `add` takes one batch of enriched events."""
+    """Everything the trace summary prints: a view of the counting core's `Counts` (the same
+    rule as the stream windows); `add` takes one batch of enriched events."""
 
-    events: int = 0
-    launches_by_api: Counter[str] = field(default_factory=Counter)
-    shapes: Counter[Shape] = field(default_factory=Counter)
-    blocks_total: int = 0
-    threads_total: int = 0
-    copies: dict[str, CopyStats] = field(default_factory=dict)
-    memset_count: int = 0
-    memset_bytes: int = 0
-    alloc_count: int = 0
-    alloc_bytes: int = 0
-    alloc_by_kind: Counter[str] = field(default_factory=Counter)
-    free_count: int = 0
-    live_bytes: int = 0
-    peak_live_bytes: int = 0
-    sync_count: Counter[str] = field(default_factory=Counter)
-    sync_ns: Counter[str] = field(default_factory=Counter)
-    graph_launches: int = 0
-    #: Kernel nodes of the graph launches whose exec was instantiated while observed.
-    graph_kernels: int = 0
-    #: Launches recorded into a graph being captured (F_CAPTURED): they ran nothing.
-    captured_launches: int = 0
-    failed_calls: int = 0
-    first_ts_ns: int | None = None
-    last_ts_ns: int | None = None
-    pids: set[int] = field(default_factory=set)
+    counts: Counts = field(default_factory=_trace_counts)
 
     def add(self, ev: npt.NDArray[np.void]) -> None:
-        if len(ev) == 0:
-            return
-        self.events += len(ev)
-        ts = ev["ts_ns"]
-        lo, hi = int(ts.min()), int(ts.max())
-        self.first_ts_ns = lo if self.first_ts_ns is None else min(self.first_ts_ns, lo)
-        self.last_ts_ns = hi if self.last_ts_ns is None else max(self.last_ts_ns, hi)
-        self.pids.update(np.unique(ev["pid"]).tolist())
-        types = ev["type"]
-        has_result = (ev["flags"] & F_HAS_RESULT) != 0
-        self.failed_calls += int(np.count_nonzero(has_result & (ev["result"] != 0)))
-        self._add_launches(ev[types == EventType.LAUNCH])
-        self._add_copies(ev[types == EventType.MEMCPY])
-        memsets = ev[types == EventType.MEMSET]
-        self.memset_count += len(memsets)
-        self.memset_bytes += int(memsets["bytes"].sum())
-        self._add_memory(ev[(types == EventType.ALLOC) | (types == EventType.FREE)])
-        self._add_syncs(ev[types == EventType.SYNC])
-        graphs = ev[types == EventType.GRAPH_LAUNCH]
-        self.graph_launches += len(graphs)
-        self.graph_kernels += int(graphs["dim"][:, GRAPH_KERNEL_NODES].astype(np.int64).sum())
+        self.counts.add(ev)
 
-    def _add_launches(self, launches: npt.NDArray[np.void]) -> None:
-        if len(launches) == 0:
-            return
-        self.captured_launches += int(np.count_nonzero(launches["flags"] & F_CAPTURED))
-        apis, counts = np.unique(launches["api"], return_counts=True)
-        for api, n in zip(apis.tolist(), counts.tolist(), strict=True):
-            self.launches_by_api[API_NAMES.get(api, str(api))] += n
-        dims = launches["dim"].astype(np.int64)
-        blocks = dims[:, 0] * dims[:, 1] * dims[:, 2]
-        threads = dims[:, 3] * dims[:, 4] * dims[:, 5]
-        self.blocks_total += int(blocks.sum())
-        self.threads_total += int((blocks * threads).sum())
-        shapes, counts = np.unique(dims, axis=0, return_counts=True)
-        for row, n in zip(shapes.tolist(), counts.tolist(), strict=True):
-            self.shapes[((row[0], row[1], row[2]), (row[3], row[4], row[5]))] += n
+    # -- views ---------------------------------------------------------------------------------
 
-    def _add_copies(self, copies: npt.NDArray[np.void]) -> None:
-        if len(copies) == 0:
-            return
-        kinds = copies["dim"][:, 0]
-        sync = (copies["flags"] & F_ASYNC) == 0
-        done = (copies["flags"] & F_HAS_RESULT) != 0
-        for kind in np.unique(kinds).tolist():
-            name = COPY_KINDS[kind] if kind < len(COPY_KINDS) else f"unknown_{kind}"
-            stats = self.copies.setdefault(name, CopyStats())
-            mine = kinds == kind
-            stats.count += int(np.count_nonzero(mine))
-            stats.bytes += int(copies["bytes"][mine].sum())
-            timed = mine & sync & done & (copies["result"] == 0)
-            stats.sync_count += int(np.count_nonzero(timed))
-            stats.sync_bytes += int(copies["bytes"][timed].sum())
-            stats.sync_ns += int(copies["duration_ns"][timed].sum())
-
-    def _add_memory(self, events: npt.NDArray[np.void]) -> None:
-        # Rare events; order matters for the peak, so walk them one by one.
-        for e in events[np.argsort(events["ts_ns"], kind="stable")].tolist():
-            _ts, _pid, _tid, _api, etype, flags, result, _d, _handle, _s, nbytes, dim = e
-            ok = bool(flags & F_HAS_RESULT) and result == 0
-            if etype == EventType.ALLOC:
-                self.alloc_count += 1
-                if ok:
-                    self.alloc_bytes += nbytes
-                    self.alloc_by_kind[ALLOC_KINDS.get(dim[0], "unknown")] += nbytes
-                    self.live_bytes += nbytes
-                    self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
-            else:
-                self.free_count += 1
-                if ok and flags & F_BYTES_KNOWN:  # the enricher knew its allocation
-                    self.live_bytes -= nbytes
-
-    def _add_syncs(self, syncs: npt.NDArray[np.void]) -> None:
-        for scope in np.unique(syncs["dim"][:, 0]).tolist():
-            mine = syncs["dim"][:, 0] == scope
-            name = SYNC_SCOPES.get(scope, "unknown")
-            self.sync_count[name] += int(np.count_nonzero(mine))
-            self.sync_ns[name] += int(syncs["duration_ns"][mine].sum())
-
-    # -- views -------------------------------------------------------------
+    @property
+    def events(self) -> int:
+        return self.counts.events
 
     @property
     def launches(self) -> int:
-        return sum(self.launches_by_api.values())
+        """Kernel launches that ran (not those captured into graphs)."""
+        return self.counts.kernel_launches
 
-    def copy_blocked_ns(self) -> int:
-        return sum(s.sync_ns for s in self.copies.values())
+    @property
+    def launches_by_api(self) -> dict[str, int]:
+        return self.counts.launches_by_api()
+
+    @property
+    def captured_launches(self) -> int:
+        return self.counts.captured
+
+    @property
+    def graph_launches(self) -> int:
+        return self.counts.graph_launches
+
+    @property
+    def graph_kernels(self) -> int:
+        """Kernel nodes the graph launches ran, where their exec was instantiated while traced."""
+        return self.counts.graph_kernels
+
+    @property
+    def kernels_run(self) -> int:
+        return self.counts.kernels_run
+
+    @property
+    def shapes(self) -> Counter[Shape]:
+        return self.counts.shapes if self.counts.shapes is not None else Counter()
+
+    @property
+    def blocks_total(self) -> int:
+        return sum(g[0] * g[1] * g[2] * n for (g, _b), n in self.shapes.items())
+
+    @property
+    def threads_total(self) -> int:
+        return self.counts.threads_launched
+
+    @property
+    def copies(self) -> dict[str, CopyStats]:
+        return self.counts.copies
+
+    @property
+    def memset_count(self) -> int:
+        return self.counts.memset_count
+
+    @property
+    def memset_bytes(self) -> int:
+        return self.counts.memset_bytes
+
+    @property
+    def alloc_count(self) -> int:
+        return self.counts.alloc_count
+
+    @property
+    def alloc_bytes(self) -> int:
+        return self.counts.alloc_bytes
+
+    @property
+    def free_count(self) -> int:
+        return self.counts.free_count
+
+    @property
+    def live_bytes(self) -> int:
+        """Allocated and not freed (known frees) since the trace began."""
+        return self.counts.memory_net_bytes
+
+    @property
+    def peak_live_bytes(self) -> int:
+        return self.counts.memory_peak_rise_bytes
+
+    @property
+    def sync_count(self) -> dict[str, int]:
+        return self.counts.sync_count
+
+    @property
+    def sync_ns(self) -> dict[str, int]:
+        return self.counts.sync_ns
+
+    @property
+    def failed_calls(self) -> int:
+        return self.counts.failed_calls
+
+    @property
+    def pids(self) -> set[int]:
+        return self.counts.pids
+
+    def blocked_share(self, wall_s: float) -> float:
+        """CPU blocked on the GPU (in syncs and synchronous copies) over the wall time of the
+        traced command: summed over its threads, so it can pass 1 when several wait at once."""
+        return self.counts.blocked_ns / 1e9 / wall_s if wall_s else 0.0
 
     def as_dict(self, wall_s: float) -> dict[str, Any]:
         """The summary as data (the demo compares two of these)."""
+        c = self.counts
         return {
             "wall_s": wall_s,
             "launches": self.launches,
             "launch_rate": self.launches / wall_s if wall_s else 0.0,
+            "captured_launches": c.captured,
+            "graph_launches": c.graph_launches,
+            "graph_kernels": c.graph_kernels,
             "mean_grid_blocks": self.blocks_total / self.launches if self.launches else 0.0,
-            "threads_launched": self.threads_total,
-            "copies": sum(s.count for s in self.copies.values()),
-            "copy_bytes": sum(s.bytes for s in self.copies.values()),
-            "sync_s": sum(self.sync_ns.values()) / 1e9,
-            "blocked_share": (
-                (sum(self.sync_ns.values()) + self.copy_blocked_ns()) / 1e9 / wall_s
-                if wall_s
-                else 0.0
-            ),
+            "threads_launched": c.threads_launched,
+            "copies": sum(s.count for s in c.copies.values()),
+            "copy_bytes": sum(s.bytes for s in c.copies.values()),
+            "sync_s": c.total_sync_ns / 1e9,
+            "copy_sync_s": c.copy_sync_ns / 1e9,
+            "blocked_s": c.blocked_ns / 1e9,
+            "blocked_share": self.blocked_share(wall_s),
+            "failed_calls": c.failed_calls,
             "peak_live_bytes": self.peak_live_bytes,
         }
 
@@ -185,24 +170,32 @@ def _dim(d: tuple[int, int, int]) -> str:
 
 
 def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5) -> str:
-    """Human summary, in the spirit of `perf stat`."""
+    """Human summary, in the spirit of `perf stat`; its words are the counting core's terms,
+    as `gpuflight report` uses them (README "What is counted")."""
+    c = summary.counts
     lines = [f" gpuflight trace of '{title}' ({wall_s:.3f} s, {len(summary.pids)} process(es),"
              f" {summary.events:,} events):", ""]
     rate = summary.launches / wall_s if wall_s else 0.0
     lines.append(f"  {summary.launches:>14,}  kernel launches   # {_si(rate, '/s')}")
-    for api, n in summary.launches_by_api.most_common():
+    for api, n in summary.launches_by_api.items():
         lines.append(f"  {n:>14,}    {api}")
     if summary.launches:
         threads_rate = summary.threads_total / wall_s if wall_s else 0.0
         lines.append(f"  {summary.blocks_total / summary.launches:>14,.1f}  blocks per launch"
                      f" (mean)   # {_si(threads_rate, 'threads/s')}")
     if summary.captured_launches:
-        lines.append(f"  {summary.captured_launches:>14,}    of them captured into graphs"
-                     " (recorded, not run)")
+        lines.append(f"  {summary.captured_launches:>14,}  captured into graphs"
+                     "   # launches recorded as graph nodes, not run")
     if summary.graph_launches:
-        kernels = (f"   # {summary.graph_kernels:,} kernels in graphs instantiated while traced"
-                   if summary.graph_kernels else "")
-        lines.append(f"  {summary.graph_launches:>14,}  graph launches{kernels}")
+        lines.append(f"  {summary.graph_launches:>14,}  graph launches")
+        for api, n in c.launches_by_api(graphs=True).items():
+            lines.append(f"  {n:>14,}    {api}")
+        if summary.graph_kernels:
+            lines.append(f"  {summary.graph_kernels:>14,}  graph kernel nodes run"
+                         "   # of the execs instantiated while traced")
+        else:
+            lines.append(f"  {'-':>14}  graph kernel nodes run"
+                         "   # not known: the execs were instantiated before the trace")
     if summary.shapes:
         rows = [
             [_dim(g), _dim(b), f"{n:,}", f"{100 * n / summary.launches:.1f}%"]
@@ -229,17 +222,22 @@ def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5
         lines.append(f"  memsets: {summary.memset_count:,} calls, {_bytes(summary.memset_bytes)}")
     lines += ["", f"  allocations: {summary.alloc_count:,} ({_bytes(summary.alloc_bytes)}),"
                   f" frees: {summary.free_count:,}, peak live: {_bytes(summary.peak_live_bytes)}"]
+    if c.sync_count or c.copy_sync_ns:
+        share = 100 * summary.blocked_share(wall_s)
+        lines.append(f"  CPU blocked on the GPU: {c.blocked_ns / 1e6:.3f} ms ({share:.1f}% of"
+                     f" wall) — in syncs {c.total_sync_ns / 1e6:.3f} ms, in synchronous"
+                     f" copies {c.copy_sync_ns / 1e6:.3f} ms")
     if summary.sync_count:
-        blocked = sum(summary.sync_ns.values()) / 1e9
-        share = 100 * blocked / wall_s if wall_s else 0.0
         parts = ", ".join(
             f"{scope} {summary.sync_count[scope]:,} ({summary.sync_ns[scope] / 1e6:.3f} ms)"
             for scope in sorted(summary.sync_count)
         )
-        lines.append(
-            f"  CPU blocked in syncs: {blocked * 1e3:.3f} ms ({share:.1f}% of wall) — {parts}"
-        )
+        lines.append(f"    syncs: {parts}")
     if summary.failed_calls:
-        lines.append(f"  failed calls (non-zero cudaError_t): {summary.failed_calls:,}")
+        worst = sorted(c.errors.items(), key=lambda kv: (-kv[1], kv[0]))
+        apis = ", ".join(f"{api} {n:,}" for api, n in worst[:top])
+        more = f", {len(worst) - top} more apis" if len(worst) > top else ""
+        lines.append(f"  failed calls: {summary.failed_calls:,} ({apis}{more})"
+                     "   # non-zero cudaError_t/CUresult")
     lines.append(f"  events dropped: {drops:,}")
     return "\n".join(lines)

@@ -6,33 +6,20 @@
     merge(a, b)                                                  # partitions, workers
     points = to_points(agg, window_s, memory=ledger.close(agg))  # once the window is closed
 
-A `WindowAggregate` is small whatever the window holds (counts, sums, two fixed 64-bucket
-histograms, at most `max_kernels` kernel keys, at most MAX_PIDS pids), and round-trips through
-plain dicts (`to_dict`/`from_dict`) for a Faust table and its changelog.
+A `WindowAggregate` is the counts of one (window, host, job): what is counted, and how, is the
+counting core's (`producer.counting.Counts`, the same the trace summary is made of: one rule
+for captured launches, graph launches, failed calls and the CPU blocked on the GPU). It is
+small whatever the window holds (counts, sums, two fixed 64-bucket histograms, at most
+`max_kernels` kernel keys, at most MAX_PIDS pids), and round-trips through plain dicts
+(`to_dict`/`from_dict`) for a Faust table and its changelog.
 
-What is counted, per (window, host, job):
-
-- launches by (layer, api): kernel launches and graph launches (`cudaGraphLaunch*` is its own
-  api, so a panel can leave it out), and for graph launches the kernel nodes they ran where
-  the graph was instantiated while observed (`graph_kernel_nodes`); launches made while their
-  stream was captured into a graph (F_CAPTURED) ran nothing and count only as `captured`;
-  kernels by name when the caller knows it (`kernel_names`), else
-  "function@0x<host stub address>"; log2 histograms of grid blocks (x·y·z) and block threads
-  (x·y·z), threads launched (Σ blocks·threads).
-- copies by kind: count and bytes of every copy; `sync_*` for synchronous copies that completed
-  (not async, a result of 0): their bytes and CPU-side duration, whence achieved bandwidth.
-- memsets; allocations and frees that succeeded (a free of a null pointer is not one); free
-  bytes are known only where the node saw the allocation (F_BYTES_KNOWN); the net change of
-  live bytes and the highest point the running change reached within the window, which
-  `MemoryLedger` turns into live and peak bytes across windows.
-- syncs by scope: count and CPU-side duration (failed ones too: the CPU waited all the same).
-- failed calls by api (a result other than 0), and the distinct pids seen.
-
-Histogram buckets: bucket i holds values in [2^i, 2^(i+1)); 0 (an invalid launch) shares
-bucket 0 with 1; values of 2^63 and beyond are all in bucket 63. `percentile` interpolates
-log-linearly inside a bucket (values taken as spread evenly in log2 within it) and never
-leaves the bucket: its error is under a factor 2, and for values all equal to a power of two
-2^i the median reads 2^(i+0.5), about 1.41·2^i.
+Kernels are keyed by name when the caller knows it (`kernel_names`), else
+"function@0x<host stub address>". Sums are exact ints (uint64 where nothing can overflow, else
+Python ints). Histogram buckets: bucket i holds values in [2^i, 2^(i+1)); 0 (an invalid
+launch) shares bucket 0 with 1; values of 2^63 and beyond are all in bucket 63. `percentile`
+interpolates log-linearly inside a bucket (values taken as spread evenly in log2 within it)
+and never leaves the bucket: its error is under a factor 2, and for values all equal to a
+power of two 2^i the median reads 2^(i+0.5), about 1.41·2^i.
 
 Kernel keys are bounded without losing associativity: when a window meets more than
 `max_kernels` distinct keys, it keeps those with the smallest CRC-32 (ties by name) and folds
@@ -44,42 +31,45 @@ order of events or how they were split, so `merge` stays exact; `to_points` repo
 which b's events are taken to follow a's (exact for successive parts of one stream; for parts
 that ran at the same time it may miss an overlap of their peaks). Aggregating a time-ordered
 stream in parts and merging equals aggregating it at once.
+
+The CPU blocked on the GPU (syncs + synchronous copies) is written as `cpu_blocked`, its share
+per process of the window: (Σ sync ns + Σ sync-copy ns) / (window · processes).
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-import zlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from producer.counting import CopyStats
-from producer.records import (
-    API_NAMES,
-    COPY_KINDS,
-    F_ASYNC,
-    F_BYTES_KNOWN,
-    F_CAPTURED,
-    F_HAS_RESULT,
-    GRAPH_KERNEL_NODES,
-    SYNC_SCOPES,
-    EventType,
-    layer_of,
+from producer.counting import (
+    DEFAULT_MAX_KERNELS,
+    MAX_PIDS,
+    CopyStats,
+    Counts,
+    api_name,
+    bucket_of,
+    kernel_key,
+    percentile,
 )
 from streams import measurements as m
 from streams.measurements import Fields, FieldValue, Point, Tags
 
+# The histogram and kernel-key helpers are the counting core's; the stream app's callers
+# reach them here.
+__all__ = [
+    "DEFAULT_MAX_KERNELS", "DEFAULT_TOP_KERNELS", "MAX_PIDS", "MemoryLedger", "MemoryLevel",
+    "StaleWindowError", "WindowAggregate", "add_events", "api_name", "blocked_share", "bucket_of",
+    "gpu_points", "kernel_key", "lost_points", "merge", "percentile", "pipeline_point",
+    "split_windows", "to_points", "top_kernels",
+]
+
 #: Version of the `to_dict` layout (bump the Faust app version with it).
 DICT_VERSION: Final = 1
-DEFAULT_MAX_KERNELS: Final = 256
 DEFAULT_TOP_KERNELS: Final = 20
-#: Distinct pids remembered per window (the smallest ones when there are more).
-MAX_PIDS: Final = 4096
 #: Copy kinds the stream app distinguishes; kind values beyond COPY_KINDS are UNKNOWN_KIND.
 COPY_KIND_NAMES: Final = m.COPY_KIND_VALUES
 #: Copies whose bytes cross PCIe (or may: "default" is inferred from the pointers).
@@ -91,76 +81,19 @@ PERCENTILES: Final[tuple[tuple[float, str, str], ...]] = (
 )
 
 _BUCKETS: Final = m.HISTOGRAM_BUCKETS
-_EXACT_LIMIT: Final = float(1 << 62)  # below it, uint64 products and sums cannot overflow
-_FLOAT_EXACT: Final = 1 << 53
-
-# Plain ints: an IntEnum member costs an attribute lookup per use.
-_LAUNCH: Final = int(EventType.LAUNCH)
-_GRAPH_LAUNCH: Final = int(EventType.GRAPH_LAUNCH)
-_MEMCPY: Final = int(EventType.MEMCPY)
-_MEMSET: Final = int(EventType.MEMSET)
-_ALLOC: Final = int(EventType.ALLOC)
-_FREE: Final = int(EventType.FREE)
-_SYNC: Final = int(EventType.SYNC)
 
 Events = npt.NDArray[np.void]
-K = TypeVar("K")
-
-
-def kernel_key(function: int, kernel_names: Mapping[int, str] | None = None) -> str:
-    """A kernel's key: its name when known, else the address of its host stub."""
-    name = kernel_names.get(function) if kernel_names else None
-    return name if name else f"function@0x{function:x}"
-
-
-def api_name(api: int) -> str:
-    return API_NAMES.get(api, m.UNKNOWN_API)
-
-
-def _zeros() -> list[int]:
-    return [0] * _BUCKETS
 
 
 @dataclass
-class WindowAggregate:
-    """The events of one (window start, host, job), summed. Mutable: `add_events` adds."""
+class WindowAggregate(Counts):
+    """The events of one (window start, host, job), counted by the counting core
+    (`producer.counting.Counts`: its fields and views). Mutable: `add_events` adds."""
 
     window_start_ns: int
     host: str
     job: str
     max_kernels: int = DEFAULT_MAX_KERNELS
-    events: int = 0
-    #: (layer, api name) → kernel and graph launches.
-    launches: dict[tuple[str, str], int] = field(default_factory=dict)
-    #: (layer, api name) of graph launches → kernel nodes those launches ran (where known).
-    graph_kernel_nodes: dict[tuple[str, str], int] = field(default_factory=dict)
-    #: Kernel launches recorded into a graph under stream capture (not run).
-    captured: int = 0
-    kernels: dict[str, int] = field(default_factory=dict)
-    #: Launches of kernels folded away (beyond `max_kernels` distinct keys).
-    kernels_other: int = 0
-    grid_blocks: list[int] = field(default_factory=_zeros)
-    block_threads: list[int] = field(default_factory=_zeros)
-    threads_launched: int = 0
-    #: Times of the window's first and last kernel launch (ns; 0: none yet).
-    first_launch_ns: int = 0
-    last_launch_ns: int = 0
-    copies: dict[str, CopyStats] = field(default_factory=dict)
-    memset_count: int = 0
-    memset_bytes: int = 0
-    alloc_count: int = 0
-    alloc_bytes: int = 0
-    free_count: int = 0
-    free_bytes: int = 0
-    #: Allocated minus freed (known) bytes over the window.
-    memory_net_bytes: int = 0
-    #: The highest the running net change reached within the window (≥ 0: the window's start).
-    memory_peak_rise_bytes: int = 0
-    sync_count: dict[str, int] = field(default_factory=dict)
-    sync_ns: dict[str, int] = field(default_factory=dict)
-    #: api name → calls that returned an error.
-    errors: dict[str, int] = field(default_factory=dict)
-    pids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.max_kernels < 1:
@@ -169,30 +102,8 @@ class WindowAggregate:
     # -- views ---------------------------------------------------------------------------------
 
     @property
-    def kernel_launches(self) -> int:
-        return sum(self.kernels.values()) + self.kernels_other
-
-    @property
-    def all_launches(self) -> int:
-        """Kernel and graph launches."""
-        return sum(self.launches.values())
-
-    @property
-    def copy_sync_ns(self) -> int:
-        """CPU time spent in synchronous copies that completed."""
-        return sum(c.sync_ns for c in self.copies.values())
-
-    @property
-    def total_sync_ns(self) -> int:
-        return sum(self.sync_ns.values())
-
-    @property
     def host_device_bytes(self) -> int:
         return sum(c.bytes for k, c in self.copies.items() if k in HOST_DEVICE_KINDS)
-
-    @property
-    def processes(self) -> int:
-        return len(self.pids)
 
     # -- plain dicts ---------------------------------------------------------------------------
 
@@ -336,224 +247,7 @@ def add_events(
     agg's window (see `split_windows`). `kernel_names` maps a launch's host-stub address
     (`handle`) to the kernel's name, for the batch's process.
     """
-    n = len(events)
-    if n == 0:
-        return
-    agg.events += n
-    types = np.ascontiguousarray(events["type"])
-    failed = ((events["flags"] & F_HAS_RESULT) != 0) & (events["result"] != 0)
-    if failed.any():
-        _add_counts(agg.errors, events["api"][failed], api_name)
-    pid = events["pid"]
-    lo, hi = int(pid.min()), int(pid.max())
-    _add_pids(agg, [lo] if lo == hi else np.unique(pid).tolist())
-
-    # take() on a structured array is an order of magnitude faster than a boolean index.
-    is_launch = types == _LAUNCH
-    captured = is_launch & ((events["flags"] & F_CAPTURED) != 0)
-    if captured.any():
-        agg.captured += int(np.count_nonzero(captured))
-        is_launch &= ~captured
-    kernels = events.take(np.flatnonzero(is_launch))
-    graphs = events.take(np.flatnonzero(types == _GRAPH_LAUNCH))
-    for launches in (kernels, graphs):
-        if len(launches):
-            apis, counts = _bincount(launches["api"])
-            for a, c in zip(apis, counts, strict=True):
-                key = (layer_of(a), api_name(a))
-                agg.launches[key] = agg.launches.get(key, 0) + c
-    if len(graphs):
-        nodes = graphs["dim"][:, GRAPH_KERNEL_NODES].astype(np.int64)
-        for a in np.unique(graphs["api"]).tolist():
-            n = int(nodes[graphs["api"] == a].sum())
-            if n:
-                key = (layer_of(a), api_name(a))
-                agg.graph_kernel_nodes[key] = agg.graph_kernel_nodes.get(key, 0) + n
-    if len(kernels):
-        _add_kernels(agg, kernels["handle"], kernel_names)
-        _add_shapes(agg, kernels["dim"])
-        ts = kernels["ts_ns"]
-        first, last = int(ts.min()), int(ts.max())
-        agg.first_launch_ns = min(agg.first_launch_ns, first) if agg.first_launch_ns else first
-        agg.last_launch_ns = max(agg.last_launch_ns, last)
-    copies = events.take(np.flatnonzero(types == _MEMCPY))
-    if len(copies):
-        _add_copies(agg, copies)
-    memsets = events.take(np.flatnonzero(types == _MEMSET))
-    if len(memsets):
-        agg.memset_count += len(memsets)
-        agg.memset_bytes += _exact_sum(memsets["bytes"])
-    memory = events.take(np.flatnonzero((types == _ALLOC) | (types == _FREE)))
-    if len(memory):
-        _add_memory(agg, memory)
-    syncs = events.take(np.flatnonzero(types == _SYNC))
-    if len(syncs):
-        _add_syncs(agg, syncs)
-
-
-def _bincount(values: npt.NDArray[Any]) -> tuple[list[int], list[int]]:
-    counts = np.bincount(values)
-    present = np.flatnonzero(counts)
-    return present.tolist(), counts[present].tolist()
-
-
-def _add_counts(
-    into: dict[str, int], values: npt.NDArray[Any], name: Callable[[int], str]
-) -> None:
-    for value, count in zip(*_bincount(values), strict=True):
-        key = name(value)
-        into[key] = into.get(key, 0) + count
-
-
-def _add_pids(agg: WindowAggregate, pids: Iterable[int]) -> None:
-    agg.pids.update(pids)
-    if len(agg.pids) > MAX_PIDS:
-        agg.pids = set(sorted(agg.pids)[:MAX_PIDS])
-
-
-def _exact_sum(values: npt.NDArray[Any]) -> int:
-    """Σ values as an exact int (uint64 when it cannot overflow, else Python ints)."""
-    if values.size == 0:
-        return 0
-    if float(values.max()) * values.size < _EXACT_LIMIT:
-        return int(values.sum(dtype=np.uint64))
-    return sum(values.tolist())
-
-
-def _add_kernels(
-    agg: WindowAggregate, handles: npt.NDArray[np.uint64], names: Mapping[int, str] | None
-) -> None:
-    first, last = handles[0], handles[-1]
-    if first == last and bool((handles == first).all()):
-        functions, counts = [int(first)], [len(handles)]
-    else:
-        uniq, cnt = np.unique(handles, return_counts=True)
-        functions, counts = uniq.tolist(), cnt.tolist()
-    kernels = agg.kernels
-    for function, count in zip(functions, counts, strict=True):
-        key = kernel_key(function, names)
-        kernels[key] = kernels.get(key, 0) + count
-    if len(kernels) > agg.max_kernels:
-        _fold_kernels(agg)
-
-
-def _kernel_rank(key: str) -> tuple[int, str]:
-    return zlib.crc32(key.encode()), key
-
-
-def _fold_kernels(agg: WindowAggregate) -> None:
-    kept = heapq.nsmallest(agg.max_kernels, agg.kernels, key=_kernel_rank)
-    folded = sum(agg.kernels.values()) - sum(agg.kernels[k] for k in kept)
-    agg.kernels = {k: agg.kernels[k] for k in kept}
-    agg.kernels_other += folded
-
-
-def _add_shapes(agg: WindowAggregate, dims: npt.NDArray[np.uint32]) -> None:
-    d = dims.astype(np.uint64)  # contiguous (n, 6): grid x y z, block x y z
-    top = [int(v) for v in d.max(axis=0).tolist()]
-    grid_max, block_max = top[0] * top[1] * top[2], top[3] * top[4] * top[5]
-    if grid_max * block_max * len(d) < _EXACT_LIMIT:  # no product nor sum can overflow
-        blocks = d[:, 0] * d[:, 1] * d[:, 2]
-        threads = d[:, 3] * d[:, 4] * d[:, 5]
-        _add_histogram(agg.grid_blocks, _floor_log2(blocks))
-        _add_histogram(agg.block_threads, _floor_log2(threads))
-        agg.threads_launched += int((blocks * threads).sum(dtype=np.uint64))
-        return
-    # Products near or beyond 2^62 (invalid launches): exact in Python ints.
-    for g0, g1, g2, b0, b1, b2 in d.tolist():
-        nblocks, nthreads = g0 * g1 * g2, b0 * b1 * b2
-        agg.grid_blocks[bucket_of(nblocks)] += 1
-        agg.block_threads[bucket_of(nthreads)] += 1
-        agg.threads_launched += nblocks * nthreads
-
-
-def _floor_log2(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
-    """floor(log2(v)) for v ≥ 1, 0 for v = 0, exactly (v < 2^62)."""
-    exponent = np.frexp(values.astype(np.float64))[1].astype(np.int64)  # v = m·2^e, m in [½, 1)
-    if int(values.max()) >= _FLOAT_EXACT:
-        # The float may have rounded up to the next power of two.
-        shift = np.maximum(exponent - 1, 0).astype(np.uint64)
-        rounded_up = (values < np.left_shift(np.uint64(1), shift)) & (exponent > 0)
-        exponent -= rounded_up.astype(np.int64)
-    return np.maximum(exponent - 1, 0)
-
-
-def _add_histogram(counts: list[int], buckets: npt.NDArray[np.int64]) -> None:
-    added = np.bincount(buckets, minlength=_BUCKETS)
-    for i in np.flatnonzero(added).tolist():
-        counts[i] += int(added[i])
-
-
-def _copy_kind(kind: int) -> str:
-    return COPY_KINDS[kind] if kind < len(COPY_KINDS) else m.UNKNOWN_KIND
-
-
-def _add_copies(agg: WindowAggregate, copies: Events) -> None:
-    kinds = np.minimum(copies["dim"][:, 0], len(COPY_KINDS))
-    flags = copies["flags"]
-    nbytes = copies["bytes"]
-    timed = ((flags & F_ASYNC) == 0) & ((flags & F_HAS_RESULT) != 0) & (copies["result"] == 0)
-    durations = copies["duration_ns"]
-    first = int(kinds[0])
-    present = [first] if bool((kinds == first).all()) else np.unique(kinds).tolist()
-    for kind in present:
-        mine = kinds == kind if len(present) > 1 else np.ones(len(copies), dtype=bool)
-        mine_timed = mine & timed
-        totals = CopyStats(
-            count=int(np.count_nonzero(mine)),
-            bytes=_exact_sum(nbytes[mine]),
-            sync_count=int(np.count_nonzero(mine_timed)),
-            sync_bytes=_exact_sum(nbytes[mine_timed]),
-            sync_ns=_exact_sum(durations[mine_timed]),
-        )
-        agg.copies.setdefault(_copy_kind(kind), CopyStats()).add(totals)
-
-
-def _add_memory(agg: WindowAggregate, events: Events) -> None:
-    events = events.take(np.argsort(events["ts_ns"], kind="stable"))
-    flags = events["flags"]
-    ok = ((flags & F_HAS_RESULT) != 0) & (events["result"] == 0)
-    is_alloc = events["type"] == _ALLOC
-    allocs = ok & is_alloc
-    frees = ok & ~is_alloc & (events["handle"] != 0)
-    known = frees & ((flags & F_BYTES_KNOWN) != 0)
-    nbytes = events["bytes"]
-    agg.alloc_count += int(np.count_nonzero(allocs))
-    agg.free_count += int(np.count_nonzero(frees))
-    alloc_bytes = _exact_sum(nbytes[allocs])
-    free_bytes = _exact_sum(nbytes[known])
-    agg.alloc_bytes += alloc_bytes
-    agg.free_bytes += free_bytes
-    changes = allocs | known
-    if not changes.any():
-        return
-    if max(alloc_bytes, free_bytes) < _EXACT_LIMIT:
-        delta = nbytes[changes].astype(np.int64)
-        delta[~allocs[changes]] *= -1
-        rise = max(int(np.cumsum(delta).max()), 0)
-    else:
-        level = rise = 0
-        for size, up in zip(nbytes[changes].tolist(), allocs[changes].tolist(), strict=True):
-            level += size if up else -size
-            rise = max(rise, level)
-    net = alloc_bytes - free_bytes
-    agg.memory_peak_rise_bytes = max(agg.memory_peak_rise_bytes, agg.memory_net_bytes + rise)
-    agg.memory_net_bytes += net
-
-
-def _sync_scope(scope: int) -> str:
-    return SYNC_SCOPES.get(scope, m.UNKNOWN_SCOPE)
-
-
-def _add_syncs(agg: WindowAggregate, syncs: Events) -> None:
-    scopes = syncs["dim"][:, 0]
-    timed = (syncs["flags"] & F_HAS_RESULT) != 0
-    durations = syncs["duration_ns"]
-    for scope in np.unique(scopes).tolist():
-        mine = scopes == scope
-        name = _sync_scope(scope)
-        agg.sync_count[name] = agg.sync_count.get(name, 0) + int(np.count_nonzero(mine))
-        agg.sync_ns[name] = agg.sync_ns.get(name, 0) + _exact_sum(durations[mine & timed])
+    agg.add(events, kernel_names)
 
 
 # -- merging ---------------------------------------------------------------------------------
@@ -566,75 +260,8 @@ def merge(a: WindowAggregate, b: WindowAggregate) -> WindowAggregate:
     if key_a != key_b:
         raise ValueError(f"cannot merge aggregates of {key_a} and {key_b}")
     out = WindowAggregate.from_dict(a.to_dict())
-    out.events += b.events
-    _merge_counts(out.launches, b.launches)
-    _merge_counts(out.graph_kernel_nodes, b.graph_kernel_nodes)
-    out.captured += b.captured
-    _merge_counts(out.kernels, b.kernels)
-    out.kernels_other += b.kernels_other
-    if len(out.kernels) > out.max_kernels:
-        _fold_kernels(out)
-    out.grid_blocks = [x + y for x, y in zip(out.grid_blocks, b.grid_blocks, strict=True)]
-    out.block_threads = [x + y for x, y in zip(out.block_threads, b.block_threads, strict=True)]
-    out.threads_launched += b.threads_launched
-    if b.first_launch_ns:
-        out.first_launch_ns = (min(out.first_launch_ns, b.first_launch_ns)
-                               if out.first_launch_ns else b.first_launch_ns)
-        out.last_launch_ns = max(out.last_launch_ns, b.last_launch_ns)
-    for kind, totals in b.copies.items():
-        out.copies.setdefault(kind, CopyStats()).add(totals)
-    out.memset_count += b.memset_count
-    out.memset_bytes += b.memset_bytes
-    out.alloc_count += b.alloc_count
-    out.alloc_bytes += b.alloc_bytes
-    out.free_count += b.free_count
-    out.free_bytes += b.free_bytes
-    out.memory_peak_rise_bytes = max(
-        a.memory_peak_rise_bytes, a.memory_net_bytes + b.memory_peak_rise_bytes
-    )
-    out.memory_net_bytes += b.memory_net_bytes
-    _merge_counts(out.sync_count, b.sync_count)
-    _merge_counts(out.sync_ns, b.sync_ns)
-    _merge_counts(out.errors, b.errors)
-    _add_pids(out, b.pids)
+    out.merge_from(b)
     return out
-
-
-def _merge_counts(into: dict[K, int], other: Mapping[K, int]) -> None:
-    for key, n in other.items():
-        into[key] = into.get(key, 0) + n
-
-
-# -- percentiles -----------------------------------------------------------------------------
-
-
-def bucket_of(value: int) -> int:
-    """The log2 bucket of `value` (0 and 1 → 0; 2^63 and beyond → 63)."""
-    if value < 0:
-        raise ValueError(f"no bucket for {value}")
-    return min(max(value.bit_length() - 1, 0), _BUCKETS - 1)
-
-
-def percentile(counts: list[int], q: float) -> float | None:
-    """The q-quantile (0 ≤ q ≤ 1) of a log2 histogram; None when it is empty.
-
-    The bucket i holding rank q·n is found; the fraction f of that bucket's values below the
-    rank gives 2^(i+f) (log-linear interpolation), kept within the bucket's integers
-    [2^i, 2^(i+1) - 1].
-    """
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile {q} is outside [0, 1]")
-    total = sum(counts)
-    if total == 0:
-        return None
-    rank = q * total
-    below = 0
-    for i, count in enumerate(counts):
-        if count and below + count >= rank:
-            fraction = (rank - below) / count
-            return min(math.exp2(i + fraction), float((1 << (i + 1)) - 1))
-        below += count
-    raise AssertionError("unreachable: the rank is within the total")
 
 
 # -- points ----------------------------------------------------------------------------------
@@ -754,12 +381,13 @@ def _value(value: float | None) -> float:
 
 
 def blocked_share(agg: WindowAggregate, window_s: float) -> float:
-    """Mean share of the window each of the job's processes spent blocked in syncs and
-    synchronous copies: (Σ sync ns + Σ sync-copy ns) / (window · processes).
+    """The CPU blocked on the GPU as a share per process of the window: the mean share of the
+    window each of the job's processes spent in syncs and synchronous copies,
+    (Σ sync ns + Σ sync-copy ns) / (window · processes).
 
     Several threads of one process blocked at once count twice, so it can exceed 1.
     """
-    return (agg.total_sync_ns + agg.copy_sync_ns) / (window_s * 1e9 * max(agg.processes, 1))
+    return agg.blocked_ns / (window_s * 1e9 * max(agg.processes, 1))
 
 
 # -- memory across windows -------------------------------------------------------------------

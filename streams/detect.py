@@ -26,7 +26,8 @@ point): an alert for a step change lasts about history_windows / 2 windows.
 
 A memory-bound window (the rule, with the thresholds of `DetectSettings`):
 
-  blocked_share    = (Σ sync ns + Σ synchronous-copy ns) / (window · processes)
+  blocked_share    = the CPU blocked on the GPU, per process of the window (aggregate.py):
+                     (Σ sync ns + Σ synchronous-copy ns) / (window · processes)
   copy_sync_share  = Σ synchronous-copy ns / (window · processes)
   bytes_per_launch = bytes copied host↔device (H2D, D2H, default) / max(launches, 1),
                      launches counting kernel and graph launches

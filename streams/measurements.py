@@ -14,7 +14,7 @@ dashboards and alert rules may name only what `ALL` lists (a test checks them ag
   memset             host job                             events (cudaMemset*)
   memory             host job                             events + the memory ledger
   syncs              host job scope                       events (cudaStream/Device/EventSync)
-  cpu_blocked        host job                             events (time the CPU waited)
+  cpu_blocked        host job                             events (CPU blocked on the GPU)
   errors             host job api                         events (calls whose result was not 0)
   gpu                host gpu                             NVML samples
   gpu_process        host gpu job                         NVML samples, processes by job

@@ -7,6 +7,10 @@ launched in, times the window length (which the points carry: count / rate_per_s
 idle start of its first window and the idle end of its last (before its first launch and
 after its last: the job started and ended inside them).
 Grid and block sizes are percentiles of the summed log2 histograms (streams/aggregate.py).
+The words are the counting core's (producer/counting.py), as the trace summary uses them:
+kernel launches (that ran), captured into graphs, graph launches, graph kernel nodes run,
+failed calls, and the CPU blocked on the GPU (in syncs and in synchronous copies), here as a
+share of the job's active time.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Final
 import orjson
 from tabulate import tabulate
 
+from producer.counting import GRAPH_LAUNCH_APIS
 from producer.errors import ServiceError, UsageError
 from streams import measurements as m
 from streams.aggregate import percentile
@@ -88,8 +93,13 @@ class JobSummary:
     active_windows: int = 0
     #: Idle parts of the first and last windows (before the first, after the last launch).
     idle_edges_s: float = 0.0
+    #: Kernel launches that ran (not those captured into graphs).
     launches: int = 0
+    #: "layer/api" → kernel launches and graph launches.
     launches_by_api: dict[str, int] = field(default_factory=dict)
+    #: Launches recorded into graphs under stream capture (they ran nothing).
+    captured_launches: int = 0
+    graph_launches: int = 0
     graph_kernel_nodes: int = 0
     top_kernels: list[tuple[str, int]] = field(default_factory=list)
     grid_blocks_p50: float | None = None
@@ -136,7 +146,8 @@ class JobSummary:
 
     @property
     def blocked_share(self) -> float | None:
-        """CPU time blocked (syncs and synchronous copies) over the job's active time."""
+        """CPU blocked on the GPU (in syncs and synchronous copies) over the job's active
+        time (summed over its processes' threads)."""
         return (self.sync_ns + self.copy_ns) / (self.active_s * 1e9) if self.active_s else None
 
 
@@ -151,8 +162,9 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
     launches = db.rows(f"SELECT sum({Fields.COUNT}) AS n, sum({Fields.GRAPH_KERNEL_NODES}) AS g"
                        f" FROM {m.LAUNCHES.name} {where} GROUP BY {Tags.LAYER}, {Tags.API},"
                        f" {Tags.HOST}")
-    shape = db.rows(f"SELECT {Fields.LAUNCHES}, {Fields.FIRST_LAUNCH_OFFSET_NS},"
-                    f" {Fields.LAST_LAUNCH_OFFSET_NS} FROM {m.LAUNCH_SHAPE.name} {where}")
+    shape = db.rows(f"SELECT {Fields.LAUNCHES}, {Fields.CAPTURED_LAUNCHES},"
+                    f" {Fields.FIRST_LAUNCH_OFFSET_NS}, {Fields.LAST_LAUNCH_OFFSET_NS}"
+                    f" FROM {m.LAUNCH_SHAPE.name} {where}")
     if not launches and not any(db.rows(f"SELECT * FROM {spec.name} {where} LIMIT 1")
                                 for spec in (m.CPU_BLOCKED, m.EVENTS_LOST)):
         seen = sorted({r.get(Tags.JOB, "") for r in db.rows(
@@ -165,7 +177,10 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
         key = f"{r[Tags.LAYER]}/{r[Tags.API]}"
         summary.launches_by_api[key] = summary.launches_by_api.get(key, 0) + int(r["n"])
         summary.graph_kernel_nodes += int(r["g"] or 0)
+        if r[Tags.API] in GRAPH_LAUNCH_APIS:
+            summary.graph_launches += int(r["n"])
     summary.launches = sum(int(r[Fields.LAUNCHES]) for r in shape)
+    summary.captured_launches = sum(int(r[Fields.CAPTURED_LAUNCHES] or 0) for r in shape)
     summary.active_windows = len(shape)
     one = db.rows(f"SELECT {Fields.COUNT}, {Fields.RATE_PER_S} FROM {m.LAUNCHES.name} {where}"
                   " LIMIT 1")
@@ -301,6 +316,9 @@ def _rows(s: JobSummary) -> list[tuple[str, str, float | None]]:
         ("active time", _n(s.active_s, " s", 1), s.active_s),
         ("kernel launches", _n(s.launches), s.launches),
         ("launch rate (/s)", _n(s.launch_rate), s.launch_rate),
+        ("captured into graphs", _n(s.captured_launches), s.captured_launches),
+        ("graph launches", _n(s.graph_launches), s.graph_launches),
+        ("graph kernel nodes run", _n(s.graph_kernel_nodes), s.graph_kernel_nodes),
         ("grid blocks p50", _bucket(s.grid_blocks_p50), s.grid_blocks_p50),
         ("grid blocks p90", _bucket(s.grid_blocks_p90), s.grid_blocks_p90),
         ("block threads p50", _bucket(s.block_threads_p50), s.block_threads_p50),
@@ -308,11 +326,15 @@ def _rows(s: JobSummary) -> list[tuple[str, str, float | None]]:
         ("D2H bytes", _bytes(d2h), d2h),
         ("H2D bandwidth (sync)", _rate(s.bandwidth("H2D")), s.bandwidth("H2D")),
         ("D2H bandwidth (sync)", _rate(s.bandwidth("D2H")), s.bandwidth("D2H")),
-        ("CPU blocked on GPU", _pct(s.blocked_share), s.blocked_share),
+        ("CPU blocked on the GPU (% of active time)", _pct(s.blocked_share), s.blocked_share),
+        ("CPU blocked on the GPU in syncs", _n(s.sync_ns / 1e9, " s", 3), s.sync_ns),
+        ("CPU blocked on the GPU in synchronous copies", _n(s.copy_ns / 1e9, " s", 3),
+         s.copy_ns),
         ("GPU utilization", _n(s.gpu_utilization_pct, "%", 1), s.gpu_utilization_pct),
         ("peak live bytes", _bytes(s.peak_live_bytes), s.peak_live_bytes),
         ("memory-bound windows", f"{s.memory_bound_windows}/{s.judged_windows}",
          s.memory_bound_windows),
+        ("failed calls", _n(s.errors), s.errors),
         ("events lost by the producer", _n(s.events_lost), s.events_lost),
     ]
 

@@ -504,9 +504,9 @@ UNFUSED, FUSED = "unfused", "fused"
 
 #: (dashboard, panel title, refId) → its check. Every target must have one.
 CHECKS: dict[tuple[str, str, str], Check] = {
-    ("fleet", "Kernel launches/s by host", "A"): check_launches_by_host,
+    ("fleet", "Launches/s by host", "A"): check_launches_by_host,
     ("fleet", "Copy bandwidth by direction", "A"): check_bytes_by_kind("bytes"),
-    ("fleet", "CPU-blocked share by job", "A"): check_per_job("blocked", 0, 64),
+    ("fleet", generate.BLOCKED_SHARE_TITLE, "A"): check_per_job("blocked", 0, 64),
     ("fleet", "GPU utilization by host", "A"): check_gpu("utilization", {Tags.HOST, Tags.GPU}),
     ("fleet", "Jobs ranked", "A"): check_ranked("launches", lambda e: e.launches),
     ("fleet", "Jobs ranked", "B"): check_ranked("bytes_moved",
@@ -526,7 +526,9 @@ CHECKS: dict[tuple[str, str, str], Check] = {
     ("job", "Allocations and frees", "A"): check_columns_non_negative("allocated", "freed"),
     ("job", "Live device memory", "A"): check_live_memory,
     ("job", "Syncs/s by scope", "A"): check_scopes("syncs"),
-    ("job", "CPU time waiting in syncs", "A"): check_scopes("waiting"),
+    ("job", generate.BLOCKED_PARTS_TITLE, "A"): check_scopes("waiting"),
+    ("job", generate.BLOCKED_PARTS_TITLE, "B"):
+        check_columns_non_negative("in_synchronous_copies"),
     ("job", "GPU utilization (NVML)", "A"): check_gpu("gpu", {Tags.GPU}),
     ("job", "GPU utilization (NVML)", "B"): check_gpu("job_sm", {Tags.GPU}, of_view_jobs=True),
     ("job", "Memory-bound verdict", "A"): check_verdict,

@@ -8,6 +8,7 @@ is its host's latest event time), and each test's hosts, topics and app id are i
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +20,11 @@ import pytest
 from producer import wire
 from producer.errors import UsageError
 from producer.records import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
+from producer.summary import Summary
 from streams import aggregate
 from streams import measurements as m
 from streams.windows import JobState, WindowSettings
+from tests.support.counting import SYNTHETIC_KERNEL_LAUNCHES, SYNTHETIC_PIDS, synthetic_events
 from tests.support.streams_support import (
     Feed,
     StreamWorker,
@@ -303,6 +306,59 @@ def test_report_and_compare_read_back_a_job(kafka_bootstrap: str, influx_url: st
     assert orjson.loads(report.render_json([a]))[0]["launches"] == 3200
     with pytest.raises(UsageError, match="no data for job 'nobody'"):
         report.job_summary(influx, "nobody", since, until)
+
+
+def test_the_report_counts_what_the_trace_summary_counts(kafka_bootstrap: str, influx_url: str,
+                                                         names: str,
+                                                         worker: StreamWorker) -> None:
+    """One stream with captured launches, graph launches, failed calls, syncs and copies,
+    published as the producer does: what `gpuflight report` reads back from InfluxDB is what
+    the trace summary (the same counting core) counts of the same events."""
+    from streams import report
+    from streams.settings import InfluxSettings
+
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-c"
+    t0 = past_window(30)
+    events = synthetic_events(t0)  # three windows
+    job = "graphs:100"
+    for pid in SYNTHETIC_PIDS:
+        feed.process(host, pid, 1, job)
+    slices = events["ts_ns"] // np.uint64(W // 4)
+    for piece in np.unique(slices).tolist():  # a message per process and quarter second
+        mine = events[slices == piece]
+        for pid in np.unique(mine["pid"]).tolist():
+            feed.events(host, pid, 1, mine[mine["pid"] == pid])
+    feed.events(host, 100, 1, launches([t0 + 10 * W], 100, 1, 1))  # the others close
+    feed.flush()
+    worker.start()
+    trace = Summary()
+    trace.add(events)
+    influx = InfluxSettings(url=influx_url)
+
+    def read() -> report.JobSummary | None:
+        try:
+            got = report.job_summary(influx, job, t0, t0 + 5 * W)
+        except UsageError:  # nothing of the job written yet
+            return None
+        done = (got.launches, got.errors) == (trace.launches, trace.failed_calls)
+        return got if done and got.peak_live_bytes is not None else None
+
+    got = wait_for(read, 90, "the job's windows", worker)
+    assert got.launches == trace.launches == SYNTHETIC_KERNEL_LAUNCHES
+    assert got.captured_launches == trace.captured_launches > 0
+    assert got.graph_launches == trace.graph_launches > 0
+    assert got.graph_kernel_nodes == trace.graph_kernels > 0
+    assert got.errors == trace.failed_calls > 0
+    assert got.launches_by_api == {f"{layer}/{api}": n
+                                   for (layer, api), n in trace.counts.launches.items()}
+    assert (got.sync_ns, got.copy_ns) == (trace.counts.total_sync_ns, trace.counts.copy_sync_ns)
+    assert got.copies == {kind: {"count": c.count, "bytes": c.bytes, "sync_bytes": c.sync_bytes,
+                                 "sync_ns": c.sync_ns} for kind, c in trace.copies.items()}
+    assert (got.alloc_bytes, got.peak_live_bytes) == (trace.alloc_bytes, trace.peak_live_bytes)
+    shown = report.render_job(got)
+    assert re.search(rf"^captured into graphs\s+{trace.captured_launches}$", shown, re.MULTILINE)
+    assert re.search(rf"^failed calls\s+{trace.failed_calls}$", shown, re.MULTILINE)
 
 
 def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx_url: str,

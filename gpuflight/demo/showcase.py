@@ -56,7 +56,7 @@ def comparison(results: dict[str, dict[str, Any]]) -> str:
         ["top grid", u["top_grid"], f["top_grid"], ""],
         ["bytes copied", f"{u['copy_bytes']:,}", f"{f['copy_bytes']:,}",
          _ratio(u["copy_bytes"], f["copy_bytes"])],
-        ["CPU blocked (share of wall)", f"{100 * u['blocked_share']:.1f}%",
+        ["CPU blocked on the GPU (% of wall)", f"{100 * u['blocked_share']:.1f}%",
          f"{100 * f['blocked_share']:.1f}%", ""],
         ["GPU utilization (simulated GPU)",
          f"{100 * u['gpu_util']:.0f}%" if u["gpu_util"] is not None else "-",
