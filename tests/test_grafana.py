@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from grafana import generate
+from producer import wire
 from producer.records import API_IDS, LAYER_DRIVER, LAYER_RUNTIME
 from streams import aggregate, detect
 from streams import measurements as m
@@ -788,16 +789,13 @@ def test_scenarios_fire_with_their_evidence(influx_url: str) -> None:
     lossy = "lossy-node"
     for i, (captured, dropped_kernel, dropped_user) in enumerate(
             [(100, 0, 0), (5000, 500, 0), (9000, 1200, 30), (50, 10, 0)]):  # then a restart
-        point = aggregate.pipeline_point({
-            "host": lossy, "ts_ns": T1 + i * 5 * 10**9, "captured": captured,
-            "published": captured, "dropped_kernel": dropped_kernel,
-            "dropped_user": dropped_user, "queue_messages": 7})
-        assert point is not None
-        points.append(point)
-        points += aggregate.lost_points({
-            "host": lossy, "ts_ns": T1 + i * 5 * 10**9,
-            "dropped_kernel_by_pid": {"41": dropped_kernel},
-            "dropped_user_by_pid": {"41": dropped_user}}, lambda pid: f"lossy-job:{pid}")
+        record = wire.MetricsRecord(
+            host=lossy, ts_ns=T1 + i * 5 * 10**9, uptime_s=5.0 * i, captured=captured,
+            produced=captured, published=captured, dropped_kernel=dropped_kernel,
+            dropped_kernel_by_pid={41: dropped_kernel}, dropped_user=dropped_user,
+            dropped_user_by_pid={41: dropped_user}, queue_messages=7, libraries_attached=1)
+        points.append(aggregate.pipeline_point(record))
+        points += aggregate.lost_points(record, lambda pid: f"lossy-job:{pid}")
     write_points(url, SCENARIOS, points)
     now = T1 + 12 * window_ns
 

@@ -82,10 +82,10 @@ class Feed:
         self.event_partitions: dict[str, set[int]] = {}
 
     def process(self, host: str, pid: int, start_time: int, job: str) -> None:
-        record = {"host": host, "pid": pid, "start_time": start_time, "job": job,
-                  "comm": job.split(":", maxsplit=1)[0]}
+        record = wire.ProcessRecord(host, pid, start_time, None, job.split(":", maxsplit=1)[0],
+                                    (), None, None, None, None, None, None, job)
         self._producer.produce(self.topics.processes, key=wire.process_key(host, pid, start_time),
-                               value=wire.encode_record(wire.PROCESS_SCHEMA, record))
+                               value=wire.encode_process(record))
 
     def events(self, host: str, pid: int, start_time: int, events: Events,
                kernels: dict[int, wire.KernelName] | None = None) -> None:
@@ -99,9 +99,15 @@ class Feed:
         self._producer.produce(topic, key=wire.host_key(host), value=value)
 
     def nvml(self, host: str, ts_ns: int, utilization: int) -> None:
-        record = {"host": host, "ts_ns": ts_ns,
-                  "gpus": [{"gpu": 0, "utilization_gpu_pct": utilization}]}
-        self.raw(self.topics.nvml, host, wire.encode_record(wire.NVML_SCHEMA, record))
+        gpu = wire.GpuSample(0, None, None, utilization, *[None] * 9)
+        self.raw(self.topics.nvml, host, wire.encode_nvml(wire.NvmlRecord(host, ts_ns, (gpu,))))
+
+    def metrics(self, host: str, ts_ns: int, kernel: dict[int, int],
+                user: dict[int, int]) -> None:
+        """A producer's counters, with what it lost by pid (the rest of its counters made up)."""
+        record = wire.MetricsRecord(host, ts_ns, 1.0, 1, 1, 1, sum(kernel.values()), kernel,
+                                    sum(user.values()), user, 0, 1)
+        self.raw(self.topics.metrics, host, wire.encode_metrics(record))
 
     def _delivered(self, error: Any, message: Any) -> None:
         if error is not None:
