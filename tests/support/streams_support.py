@@ -4,14 +4,11 @@ a worker run as the `gpuflight streams` command, and InfluxQL reads of what it w
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,9 +21,9 @@ import numpy.typing as npt
 from producer import wire
 from producer.records import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
 from producer.wire import ensure_topics, topic_configs
+from streams.influxql import InfluxQL, Series
 
 Events = npt.NDArray[np.void]
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def launches(ts_ns: Sequence[int], pid: int, grid: int, block: int,
@@ -212,24 +209,14 @@ class StreamWorker:
         return self.log.read_text(errors="replace") if self.log else ""
 
 
-def influxql(url: str, query: str, database: str = "gpuflight") -> list[dict[str, Any]]:
-    params = urllib.parse.urlencode({"db": database, "q": query, "epoch": "ns"})
-    with _DIRECT.open(f"{url}/query?{params}", timeout=30) as response:
-        answer = json.loads(response.read())
-    (result,) = answer["results"]
-    assert "error" not in result, result["error"]
-    series: list[dict[str, Any]] = result.get("series", [])
-    return series
+def influxql(url: str, query: str, database: str = "gpuflight") -> list[Series]:
+    """The series of `query` (times in ns), through the product's InfluxQL client."""
+    return InfluxQL(url, database).series(query)
 
 
 def rows(url: str, query: str) -> list[dict[str, Any]]:
     """The rows of a query as dicts (tags of GROUP BY included)."""
-    out: list[dict[str, Any]] = []
-    for series in influxql(url, query):
-        tags = series.get("tags", {})
-        for values in series["values"]:
-            out.append({**tags, **dict(zip(series["columns"], values, strict=True))})
-    return out
+    return [dict(row) for row in InfluxQL(url, "gpuflight").rows(query)]
 
 
 def wait_for(check: Callable[[], Any], timeout_s: float, what: str,
