@@ -330,3 +330,22 @@ def test_a_missing_database_is_said_once_and_written_once_created(
     assert sink.stats.retries >= 10 and sink.stats.written_points == 1
     (row,) = InfluxQL.from_settings(settings).rows("SELECT messages FROM streams")
     assert row.integer("messages") == 5
+
+
+def test_report_on_the_command_line_with_credentials(
+        influx_auth: AuthInflux, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuflight import cli
+
+    monkeypatch.delenv("GPUFLIGHT_INFLUX_TOKEN", raising=False)
+    monkeypatch.setenv("GPUFLIGHT_INFLUX_USERNAME", influx_auth.username)
+    monkeypatch.setenv("GPUFLIGHT_INFLUX_PASSWORD", "wrong")
+    assert cli.main(["report", "--job", "j", "--influx", influx_auth.url]) == 4
+    assert "refused the credentials (HTTP 401: authorization failed)" in capsys.readouterr().err
+    monkeypatch.setenv("GPUFLIGHT_INFLUX_PASSWORD", influx_auth.password)
+    assert cli.main(["report", "--job", "j", "--influx", influx_auth.url]) == 2
+    assert "no data for job 'j' in the time range" in capsys.readouterr().err
+    monkeypatch.setenv("GPUFLIGHT_INFLUX_TOKEN", "tok")
+    assert cli.main(["report", "--job", "j", "--influx", influx_auth.url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "not both" in err
