@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import math
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,8 +38,20 @@ def _add_capture_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _bootstrap(text: str) -> str:
+    """HOST:PORT[,HOST:PORT...] with every port in 1..65535 (IPv6 hosts in brackets)."""
+    servers = [part.strip() for part in text.split(",")]
+    for server in servers:
+        host, sep, port = server.rpartition(":")
+        if not sep or not host or host in ("[", "[]"):
+            raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {server!r}")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise argparse.ArgumentTypeError(f"port must be 1-65535 in {server!r}")
+    return ",".join(servers)
+
+
 def _add_kafka_options(parser: argparse.ArgumentParser, required: bool) -> None:
-    parser.add_argument("--kafka", required=required, metavar="HOST:PORT",
+    parser.add_argument("--kafka", required=required, metavar="HOST:PORT", type=_bootstrap,
                         help="Kafka bootstrap servers")
     parser.add_argument("--topic-prefix", default=wire.DEFAULT_PREFIX,
                         help="topics are PREFIX.events.v1 etc. (default %(default)s)")
@@ -46,14 +62,24 @@ def _add_kafka_options(parser: argparse.ArgumentParser, required: bool) -> None:
 
 def _positive(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be positive (and finite), got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
     return value
 
 
 def _non_negative(text: str) -> float:
     value = float(text)
-    if not value >= 0:
+    if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
 
@@ -107,14 +133,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_kafka_options(producer, required=False)
     producer.add_argument(
         "--buffer-mb",
-        type=int,
+        type=_positive_int,
         default=256,
         help="bound of the Kafka publish queue; beyond it batches are dropped and counted "
         "(default %(default)s)",
     )
     producer.add_argument(
         "--kafka-close-timeout",
-        type=float,
+        type=_non_negative,
         default=30.0,
         metavar="S",
         help="at shutdown, how long to wait for Kafka to take what is queued (default 30)",
@@ -149,6 +175,7 @@ def _parser() -> argparse.ArgumentParser:
         "streams", help="a stream worker: Kafka → windowed aggregates → InfluxDB (Faust)"
     )
     streams.add_argument("--kafka", default="127.0.0.1:9092", metavar="HOST:PORT",
+                         type=_bootstrap,
                          help="Kafka bootstrap servers (default %(default)s)")
     streams.add_argument("--topic-prefix", default=wire.DEFAULT_PREFIX,
                          help="topics are PREFIX.events.v1 etc. (default %(default)s)")
@@ -219,7 +246,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         settings = CaptureSettings(
             proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages
         )
-        kafka = _kafka_settings(args, args.buffer_mb) if args.kafka else None
+        kafka = _kafka_settings(args, args.buffer_mb) if args.kafka is not None else None
         return node.run(settings, args.output, kafka)
     if args.command == "replay":
         from producer import replay, timeparse
@@ -297,6 +324,15 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `gpuflight report | head`: the reader has what it wanted
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
     try:
@@ -308,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # a bug: one line unless -v
         if args.verbose:
             raise

@@ -20,7 +20,7 @@ from producer.decode import Enricher
 from producer.environment import ensure_tracefs
 from producer.probes import DropCounts, Probes
 from producer.settings import CaptureSettings
-from producer.sinks import EventSink
+from producer.sinks import EventSink, Guarded
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,8 @@ class Capture:
         if (settings.follow_forks or settings.watch_exec) and not ensure_tracefs():
             settings = replace(settings, follow_forks=False, watch_exec=False)
         self.settings = settings
-        self._sinks = list(sinks)
+        #: Each sink guarded: one that fails is switched off, and the others go on.
+        self.sinks = [Guarded(s, getattr(s, "name", type(s).__name__)) for s in sinks]
         #: Called with each pid seen mapping a probed runtime, while it is alive
         #: (identity is read then: a short-lived process may be gone at publish time).
         self.process_observers: list[Callable[[int], None]] = []
@@ -154,7 +155,7 @@ class Capture:
             self.rescan()
             self._next_rescan = now + self.settings.rescan_interval_s
         self.drain()
-        for sink in self._sinks:
+        for sink in self.sinks:
             sink.tick()
 
     def _release(self, pid: int) -> None:
@@ -175,7 +176,7 @@ class Capture:
             if len(events) == 0:
                 break
             self.enricher.enrich(events)
-            for sink in self._sinks:
+            for sink in self.sinks:
                 sink.write(events)
             total += len(events)
             self.stats.batches += 1
@@ -187,6 +188,10 @@ class Capture:
     def drops(self) -> DropCounts:
         return self.probes.drops()
 
+    def failed_sinks(self) -> list[Guarded]:
+        """The outputs that failed (and were switched off), with why and what they lost."""
+        return [s for s in self.sinks if s.failure is not None]
+
     def close(self) -> DropCounts:
         """Final drain; returns the drop counts; closes sinks and probes."""
         # A loader notification may still hold a process: release it first.
@@ -195,7 +200,11 @@ class Capture:
                 self._release(note.pid)
         self.drain(until_empty=True)
         drops = self.probes.drops()
-        for sink in self._sinks:
+        for sink in self.sinks:
             sink.close()
-        self.probes.close()
+        try:
+            self.probes.close()
+        except Exception as exc:  # the kernel releases them when this process exits
+            log.warning("detaching the probes failed (%s): they go when gpuflight exits", exc)
+            log.debug("the detach failure", exc_info=exc)
         return drops

@@ -18,7 +18,8 @@ file's .symtab/.dynsym (nvcc 13 keeps host stubs only in .symtab), else "MODULE+
 dropped for want of a name. Names are demangled with cxxfilt, which wraps libstdc++'s
 __cxa_demangle (the reference implementation GCC and c++filt use; pure-Python demanglers lag
 behind it on CUDA's templates); the short form drops template arguments, parameter lists and
-return types, so that a dashboard's kernel tag stays bounded.
+return types, so that a dashboard's kernel tag stays bounded, but keeps what a generic kernel
+runs: `at::native::vectorized_elementwise_kernel<launch_clamp_scalar>` (`operation`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from producer.wire import KernelName
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KernelNames", "demangle", "short_name"]
+__all__ = ["KernelNames", "demangle", "operation", "short_name"]
 
 #: Processes whose names are kept (the least recently named are forgotten beyond it).
 MAX_PROCESSES = 4096
@@ -72,9 +73,16 @@ def demangle(symbol: str) -> KernelName:
 
 
 def short_name(full: str) -> str:
-    """A demangled name without template arguments, parameter lists or return type:
-    "void at::native::vectorized_elementwise_kernel<4, Add>(int, Add)" →
-    "at::native::vectorized_elementwise_kernel"."""
+    """A demangled name without template arguments, parameter lists or return type, and with
+    the operation it runs where its template arguments say so (see `operation`):
+    "void at::native::vectorized_elementwise_kernel<4, at::native::AbsFunctor<float>, …>(…)"
+    → "at::native::vectorized_elementwise_kernel<AbsFunctor>"."""
+    base = _base_name(full)
+    op = operation(full)
+    return f"{base}<{op}>" if op else base
+
+
+def _base_name(full: str) -> str:
     text = full.replace(_ANONYMOUS, _ANONYMOUS_MARK)
     out: list[str] = []
     depth = 0
@@ -88,6 +96,121 @@ def short_name(full: str) -> str:
     # What is left before the name proper (a return type) ends at the last top-level space.
     kept = "".join(out).strip().rsplit(" ", 1)[-1]
     return kept.replace(_ANONYMOUS_MARK, _ANONYMOUS)
+
+
+#: Generic kernels are told apart by what they run: a functor named like one, or the function
+#: a lambda was written in (PyTorch's `launch_clamp_scalar(…)::{lambda(float)#1}`).
+_FUNCTOR = re.compile(r"(?:Functor|_functor|Ops|_op|_kernel_cuda|_kernel_impl|_kernel)\w*$|"
+                      r"^(?:CUDAFunctor|Functor)")
+#: Templates that only wrap the operation: looked through, never named.
+_WRAPPERS = frozenset({
+    "BinaryFunctor", "BUnaryFunctor", "UnaryFunctor", "OpaqueFunctor", "func_wrapper_t",
+    "ReduceOp", "gpu_kernel_impl", "gpu_kernel_impl_nocast", "gpu_kernel", "gpu_kernel_nocast",
+    "launch_vectorized_kernel", "launch_legacy_kernel", "launch_unrolled_kernel",
+    "opmath_gpu_kernel_with_scalars", "gpu_kernel_with_scalars", "jitted_gpu_kernel",
+    "elementwise_kernel_helper", "AUnaryFunctor",
+})
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+#: Longer template argument lists are not searched (a bound on the work per name).
+_MAX_SEARCHED = 16384
+
+
+def operation(full: str) -> str | None:
+    """What a generic (templated) kernel runs, from its template arguments: the function its
+    lambda was written in (looking through helpers such as gpu_kernel_impl_nocast, and naming
+    the class of an `operator()`), else the first functor named like one (…Functor, …_functor,
+    …Ops) that is not a wrapper (BinaryFunctor<…, MulFunctor> → MulFunctor); None when the
+    arguments name no operation (plain types, sizes). Identifiers of the program's own code:
+    the set of values stays bounded."""
+    args = _template_args(full)
+    if not args:
+        return None
+    return _operation_in(args[:_MAX_SEARCHED], depth=0)
+
+
+def _operation_in(text: str, depth: int) -> str | None:
+    if depth > 4:
+        return None
+    lambda_at = text.find("{lambda")
+    if lambda_at > 0:
+        found = _enclosing_function(text[:lambda_at], depth)
+        if found:
+            return found
+    for match in _IDENTIFIER.finditer(text):
+        name = match.group(0)
+        if name not in _WRAPPERS and _FUNCTOR.search(name):
+            return name
+    return None
+
+
+def _enclosing_function(prefix: str, depth: int) -> str | None:
+    """The function whose body `prefix` (the text before '{lambda', ending in '::') ends in."""
+    end = len(prefix)
+    if not prefix.endswith("::"):
+        return None
+    end -= 2
+    if prefix[:end].endswith(" const"):
+        end -= len(" const")
+    if end == 0 or prefix[end - 1] != ")":
+        return None
+    start = _group_start(prefix, end - 1, "(", ")")
+    if start is None:
+        return None
+    end = start
+    if prefix[:end].endswith("operator()"):  # a method: name its class
+        end -= len("operator()")
+        if not prefix[:end].endswith("::"):
+            return None
+        end -= 2
+    template: str | None = None
+    if end and prefix[end - 1] == ">":
+        open_at = _group_start(prefix, end - 1, "<", ">")
+        if open_at is None:
+            return None
+        template = prefix[open_at + 1 : end - 1]
+        end = open_at
+    begin = end
+    while begin and (prefix[begin - 1].isalnum() or prefix[begin - 1] == "_"):
+        begin -= 1
+    name = prefix[begin:end]
+    if not name:
+        return None
+    if name in _WRAPPERS:
+        return _operation_in(template, depth + 1) if template else None
+    return name
+
+
+def _group_start(text: str, close_at: int, opening: str, closing: str) -> int | None:
+    """Index of the bracket that `text[close_at]` (a closing one) matches."""
+    level = 0
+    for i in range(close_at, -1, -1):
+        ch = text[i]
+        if ch == closing:
+            level += 1
+        elif ch == opening:
+            level -= 1
+            if level == 0:
+                return i
+    return None
+
+
+def _template_args(full: str) -> str | None:
+    """The template argument text of the kernel itself (the top-level name's first <…>)."""
+    text = full.replace(_ANONYMOUS, _ANONYMOUS_MARK)
+    depth = 0
+    open_at = -1
+    for i, ch in enumerate(text):
+        if ch == "(" and depth == 0:
+            break  # the parameter list: the name had no template arguments
+        if ch == "<":
+            if depth == 0:
+                open_at = i
+            depth += 1
+        elif ch == ">" and depth:
+            depth -= 1
+            if depth == 0 and open_at >= 0:
+                return text[open_at + 1 : i].replace(_ANONYMOUS_MARK, _ANONYMOUS)
+    return None
 
 
 def _kernel_of_handle_static(symbol: str) -> str | None:

@@ -26,6 +26,8 @@ from producer.sinks import EventSink, JsonLinesSink
 
 log = logging.getLogger(__name__)
 
+#: The exit code when an output failed while capturing (sysexits' EX_IOERR); the others went on.
+EXIT_OUTPUT_INCOMPLETE = 74
 #: How often the producer logs its counters when it has no Kafka to publish them to.
 LOG_INTERVAL_S = 30.0
 NVML_INTERVAL_S = 1.0
@@ -135,7 +137,11 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
         f" (by pid: {drops.by_pid})" if drops.by_pid else "",
         f", {kafka_sink.dropped_events} beyond the Kafka buffer" if kafka_sink else "",
     )
-    return 0
+    failed = capture.failed_sinks()
+    for sink in failed:
+        log.error("%s is incomplete: %s (%d events not written)", sink.name, sink.failure,
+                  sink.lost)
+    return EXIT_OUTPUT_INCOMPLETE if failed else 0
 
 
 def _report(

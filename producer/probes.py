@@ -99,11 +99,11 @@ class Probes:
         self.failed: dict[tuple[int, int], str] = {}
         self._loader_events: list[LoaderEvent] = []
         self._names: list[bytes] = []
-        self._bpf["loader_events"].open_ring_buffer(self._on_loader_event)
-        self._bpf["names"].open_ring_buffer(self._on_name)
-        self._runtime_text = self._bpf["runtime_text"]
-        self.ring = RingBufferReader(self._bpf["events"].map_fd, settings.ringbuf_bytes)
-        self._scope = self._bpf["scope_pids"]
+        self._bpf[b"loader_events"].open_ring_buffer(self._on_loader_event)
+        self._bpf[b"names"].open_ring_buffer(self._on_name)
+        self._runtime_text = self._bpf[b"runtime_text"]
+        self.ring = RingBufferReader(self._bpf[b"events"].map_fd, settings.ringbuf_bytes)
+        self._scope = self._bpf[b"scope_pids"]
 
     # -- attaching --------------------------------------------------------
 
@@ -202,6 +202,10 @@ class Probes:
     def scope(self) -> set[int]:
         return {int(k.value) for k in self._scope}
 
+    def clear_scope(self) -> None:
+        """No process is in scope any more: the probes record nothing and hold no one."""
+        self._scope.clear()
+
     # -- reading ----------------------------------------------------------
 
     def poll_loader(self, timeout_s: float) -> list[LoaderEvent]:
@@ -231,9 +235,9 @@ class Probes:
         return np.frombuffer(b"".join(good), dtype=NAME_EVENT_DTYPE).copy()
 
     def drops(self) -> DropCounts:
-        table = self._bpf["drops"]
+        table = self._bpf[b"drops"]
         totals = [sum(int(v) for v in table[table.Key(slot)]) for slot in range(DROP_SLOTS)]
-        by_pid = {int(k.value): int(v.value) for k, v in self._bpf["drops_by_pid"].items()}
+        by_pid = {int(k.value): int(v.value) for k, v in self._bpf[b"drops_by_pid"].items()}
         return DropCounts(
             events=totals[DROP_EVENTS],
             loader=totals[DROP_LOADER],

@@ -32,6 +32,49 @@ log = logging.getLogger(__name__)
 
 ENV_PREFIX = "GPUFLIGHT_KAFKA_"
 
+
+class _Deduplicated(logging.Filter):
+    """librdkafka repeats itself while a broker is away (a line per retry, hundreds a
+    minute): each distinct message passes once per `interval_s`."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        # "…|FAIL|rdkafka#producer-1| [thrd:127.0.0.1:9/bootstrap]: …": the client's own name
+        # and thread differ from client to client; the rest is the message.
+        key = text.split("]: ", 1)[-1]
+        now = time.monotonic()
+        if now - self._last.get(key, -self._interval_s) < self._interval_s:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[key] = now
+        return True
+
+
+#: The logger every librdkafka client of gpuflight logs through (`logger` in its settings).
+LIBRDKAFKA_LOG = logging.getLogger("producer.librdkafka")
+LIBRDKAFKA_LOG.addFilter(_Deduplicated())
+
+
+def make_client(kind: Callable[[dict[str, Any]], Any], config: Mapping[str, Any]) -> Any:
+    """A confluent-kafka Producer, Consumer or AdminClient with gpuflight's logger; a setting
+    librdkafka does not know (from --kafka-config or GPUFLIGHT_KAFKA_*) is a UsageError."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return kind({**config, "logger": LIBRDKAFKA_LOG})
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else exc
+        reason = error.str() if hasattr(error, "str") else str(error)
+        raise UsageError(f"Kafka settings: {reason}") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"Kafka settings: {exc}") from None
+
 #: librdkafka settings we rely on; a config file or the environment may override.
 DEFAULT_CONFIG: Mapping[str, Any] = {
     "enable.idempotence": True,
@@ -106,6 +149,7 @@ class KafkaSink:
         from confluent_kafka.admin import AdminClient
 
         self.settings = settings
+        self.name = f"Kafka ({settings.bootstrap})"
         self.host = host or socket.gethostname()
         self._proc_root = proc_root
         self._topics = settings.topics
@@ -115,12 +159,11 @@ class KafkaSink:
             "queue.buffering.max.kbytes": max(1, settings.buffer_bytes // 1024),
             **settings.config,
             "error_cb": self._on_error,
-            "logger": logging.getLogger("producer.librdkafka"),
         }
-        self._producer = (producer_factory or Producer)(config)
+        self._producer = make_client(producer_factory or Producer, config)
         admin_config = {k: v for k, v in config.items() if k.startswith(("bootstrap", "security",
                                                                           "sasl", "ssl"))}
-        self._admin = AdminClient(admin_config, logger=logging.getLogger("producer.librdkafka"))
+        self._admin = make_client(AdminClient, admin_config)
         self._wanted_topics = wire.topic_configs(self._topics) if create_topics else {}
         self._topics_ready = self.ensure_topics(self._wanted_topics)
         self._next_topic_try = time.monotonic() + 10

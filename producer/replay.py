@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from producer import wire
-from producer.errors import UsageError
+from producer.errors import ServiceError, UsageError
 from producer.kernels import KernelNames
-from producer.publish import KafkaSettings, KafkaSink
+from producer.publish import KafkaSettings, KafkaSink, make_client
 from producer.sinks import JsonLinesSink
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def replay(
     if to_ns <= from_ns:
         raise UsageError("--to must be after --from")
     topic = kafka.topics.events
-    consumer = Consumer({
+    consumer = make_client(Consumer, {
         **kafka.config,
         "bootstrap.servers": kafka.bootstrap,
         "group.id": f"gpuflight-replay-{uuid.uuid4()}",
@@ -71,9 +71,11 @@ def replay(
         republisher.ensure_topics({to_topic: {"retention.ms": "-1"}})
     try:
         try:
-            metadata = consumer.list_topics(topic, timeout=timeout_s)
+            metadata = consumer.list_topics(topic, timeout=min(timeout_s, 10.0))
         except KafkaException as exc:
-            raise UsageError(f"cannot reach Kafka at {kafka.bootstrap}: {exc}") from None
+            error = exc.args[0] if exc.args else exc
+            reason = error.str() if hasattr(error, "str") else str(error)
+            raise ServiceError(f"cannot reach Kafka at {kafka.bootstrap}: {reason}") from None
         partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
         if not partitions or metadata.topics[topic].error is not None:
             raise UsageError(f"topic {topic} does not exist on {kafka.bootstrap}")

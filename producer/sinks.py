@@ -1,8 +1,14 @@
-"""Where captured events go: a JSON-lines file, a summary, or memory (tests)."""
+"""Where captured events go: a JSON-lines file, a summary, or memory (tests).
+
+Capture wraps every sink in `Guarded`: a sink that fails (a full disk under --output, say) is
+switched off with one line in the log and its loss counted, and the other sinks go on.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -11,8 +17,11 @@ import numpy.typing as npt
 import orjson
 
 from producer.decode import Event, to_events
+from producer.errors import UsageError
 from producer.kernels import KernelNames
 from producer.summary import Summary
+
+log = logging.getLogger(__name__)
 
 
 class EventSink(Protocol):
@@ -27,13 +36,25 @@ class EventSink(Protocol):
 
 
 class JsonLinesSink:
-    """`--output FILE`: one JSON object per event and line ('-' is stdout)."""
+    """`--output FILE`: one JSON object per event and line ('-' is stdout).
 
-    def __init__(self, path: Path | str, kernels: KernelNames | None = None) -> None:
+    What is written reaches the file (the page cache) within `flush_interval_s`, so a quiet
+    node's events survive a SIGKILL of the agent."""
+
+    def __init__(self, path: Path | str, kernels: KernelNames | None = None,
+                 flush_interval_s: float = 0.2) -> None:
         self._kernels = kernels
         self._own = str(path) != "-"
-        self._file: BinaryIO = open(path, "wb") if self._own else sys.stdout.buffer  # noqa: SIM115
+        self.name = f"--output {path}"
+        try:
+            self._file: BinaryIO = (
+                open(path, "wb") if self._own else sys.stdout.buffer  # noqa: SIM115
+            )
+        except OSError as exc:
+            raise UsageError(f"cannot write --output {path}: {exc.strerror}") from None
         self.written = 0
+        self._flush_interval_s = flush_interval_s
+        self._unflushed_since: float | None = None
 
     def write(self, events: npt.NDArray[np.void]) -> None:
         decoded = to_events(events, self._kernels)
@@ -41,14 +62,21 @@ class JsonLinesSink:
             self._file.write(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)
                                       for e in decoded))
             self.written += len(decoded)
+            if self._unflushed_since is None:
+                self._unflushed_since = time.monotonic()
 
     def tick(self) -> None:
-        pass
+        since = self._unflushed_since
+        if since is not None and time.monotonic() - since >= self._flush_interval_s:
+            self._unflushed_since = None
+            self._file.flush()
 
     def close(self) -> None:
-        self._file.flush()
-        if self._own:
-            self._file.close()
+        try:
+            self._file.flush()
+        finally:
+            if self._own:
+                self._file.close()
 
 
 class SummarySink:
@@ -80,3 +108,54 @@ class MemorySink:
 
     def close(self) -> None:
         pass
+
+
+class Guarded:
+    """A sink whose failure costs only itself: the first exception from write, tick or close
+    is logged in one line, the sink is off from then on, and the events it did not take are
+    counted (`lost`)."""
+
+    def __init__(self, sink: EventSink, name: str) -> None:
+        self.sink = sink
+        self.name = name
+        #: Why the sink stopped (None while it works).
+        self.failure: str | None = None
+        #: Events handed to it after it failed (or in the batch that failed).
+        self.lost = 0
+
+    def write(self, events: npt.NDArray[np.void]) -> None:
+        if self.failure is not None:
+            self.lost += len(events)
+            return
+        try:
+            self.sink.write(events)
+        except Exception as exc:
+            self.lost += len(events)
+            self._fail(exc)
+
+    def tick(self) -> None:
+        if self.failure is None:
+            try:
+                self.sink.tick()
+            except Exception as exc:
+                self._fail(exc)
+
+    def close(self) -> None:
+        if self.failure is None:
+            try:
+                self.sink.close()
+            except Exception as exc:
+                self._fail(exc)
+            return
+        # Release what it holds (a file descriptor); its error is known already.
+        try:
+            self.sink.close()
+        except Exception as exc:
+            log.debug("closing %s after its failure: %s", self.name, exc)
+
+    def _fail(self, exc: Exception) -> None:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        self.failure = f"{type(exc).__name__}: {reason}" if not isinstance(exc, OSError) else reason
+        log.error("%s failed (%s): it is off from here on, the other outputs go on",
+                  self.name, self.failure)
+        log.debug("the failure of %s", self.name, exc_info=exc)

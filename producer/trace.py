@@ -7,6 +7,7 @@ it is held, so not even its first call is missed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -17,10 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from producer import discover
 from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import check_can_probe
 from producer.errors import UsageError
+from producer.probes import DropCounts
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink, SummarySink
 from producer.summary import Summary, render
@@ -35,6 +38,57 @@ class TraceResult:
     summary: Summary
     dropped: int
     events: int
+
+
+#: The exit code of a trace whose command succeeded but whose --output could not be written
+#: in full (sysexits' EX_IOERR); otherwise the command's own exit code is trace's.
+EXIT_OUTPUT_INCOMPLETE = 74
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _close(capture: Capture) -> DropCounts:
+    """Close the capture; a failure to detach or flush is logged, never fatal: the events
+    drained so far are summarised and written all the same."""
+    try:
+        return capture.close()
+    except Exception as exc:
+        log.warning("closing the capture failed (%s); what was captured is kept", _reason(exc))
+        log.debug("the close failure", exc_info=exc)
+        try:
+            return capture.drops()
+        except Exception:
+            return DropCounts(events=0, loader=0)
+
+
+def _untrace(capture: Capture) -> None:
+    """Take every process out of scope, so that no probe holds one while the probes are being
+    released (that takes seconds, and the command goes on meanwhile)."""
+    try:
+        capture.probes.clear_scope()
+    except Exception as exc:
+        log.debug("clearing the scope failed: %s", exc)
+
+
+def _continue_tree(proc_root: Path, pid: int) -> None:
+    """SIGCONT the command and its descendants: none may stay held by a capture that ended."""
+    for member in discover.process_tree(proc_root, pid) or {pid}:
+        with contextlib.suppress(OSError):
+            os.kill(member, signal.SIGCONT)
+
+
+def _wait(pid: int) -> int:
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            return 0
+        except InterruptedError:
+            continue
 
 
 def _exit_code(status: int) -> int:
@@ -90,21 +144,40 @@ def run(
     started = time.monotonic()
     os.write(release, b"x")
     os.close(release)
-    status = 0
+    status: int | None = None
+    ended = started
     try:
-        while True:
-            capture.step()
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
+        while status is None:
+            try:
+                capture.step()
+            except Exception as exc:  # capture broke: the command must not pay for it
+                log.error("capture failed (%s): %s runs on, untraced from here",
+                          _reason(exc), argv[0])
+                log.debug("the capture failure", exc_info=exc)
                 break
+            done, waited = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status, ended = waited, time.monotonic()
     finally:
-        wall_s = time.monotonic() - started
+        if status is None:  # the loop broke: no probe may hold the command from here on
+            _untrace(capture)
+        drops = _close(capture)
+        if status is None:  # wait for the command, released from any hold
+            _continue_tree(settings.proc_root, pid)
+            status, ended = _wait(pid), time.monotonic()
+        wall_s = ended - started
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         signal.signal(signal.SIGTERM, forward)
-        drops = capture.close()
+    exit_code = _exit_code(status)
+    failed = capture.failed_sinks()
+    for sink in failed:
+        log.error("%s is incomplete: %s (%d events not written)", sink.name, sink.failure,
+                  sink.lost)
+    if failed and exit_code == 0:
+        exit_code = EXIT_OUTPUT_INCOMPLETE
     result = TraceResult(
-        exit_code=_exit_code(status),
+        exit_code=exit_code,
         wall_s=wall_s,
         summary=summary_sink.summary,
         dropped=drops.events,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from producer import elfsyms
-from producer.kernels import KernelNames, demangle, short_name
+from producer.kernels import KernelNames, demangle, operation, short_name
 from producer.records import EVENT_DTYPE, NAME_EVENT_DTYPE, EventType, NameKind
 from producer.wire import KernelName
 
@@ -23,7 +23,7 @@ from producer.wire import KernelName
         (
             "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEE"
             "St5arrayIPcLm1EEEEviT0_T1_",
-            "at::native::vectorized_elementwise_kernel",
+            "at::native::vectorized_elementwise_kernel<FillFunctor>",
             "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
             "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, "
             "std::array<char*, 1ul>)",
@@ -47,6 +47,76 @@ def test_demangle(symbol: str, short: str, full: str) -> None:
 def test_short_name_keeps_operators_and_namespaces_readable() -> None:
     assert short_name("void ns::k<(anonymous namespace)::T>(int)") == "ns::k"
     assert short_name("ns::Outer<int>::inner(float)") == "ns::Outer::inner"
+
+
+# Kernels of PyTorch 2.15 (CUDA 13 wheels), demangled, with what their short name keeps: the
+# operation, not only the generic kernel every elementwise op shares.
+_ANON = "(anonymous namespace)"
+_TORCH_KERNELS = [
+    (f"void at::native::vectorized_elementwise_kernel<4, at::native::{_ANON}::launch_clamp_scalar"
+     "(at::TensorIteratorBase&, c10::Scalar, c10::Scalar, at::native::detail::ClampLimits)::"
+     "{lambda()#1}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, "
+     "std::array<char*, 2ul>, false>(int, at::native::(anonymous namespace)::launch_clamp_scalar"
+     "(at::TensorIteratorBase&, c10::Scalar, c10::Scalar, at::native::detail::ClampLimits)::"
+     "{lambda()#1}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, "
+     "std::array<char*, 2ul>)",
+     "at::native::vectorized_elementwise_kernel<launch_clamp_scalar>"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::AbsFunctor<float>, "
+     "std::array<char*, 2ul>, false>(int, at::native::AbsFunctor<float>, std::array<char*, 2ul>)",
+     "at::native::vectorized_elementwise_kernel<AbsFunctor>"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, "
+     "float, at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul>, false>"
+     "(int, at::native::BinaryFunctor<float, float, float, at::native::binary_internal::"
+     "MulFunctor<float> >, std::array<char*, 3ul>)",
+     "at::native::vectorized_elementwise_kernel<MulFunctor>"),
+    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
+     "neg_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#7}::"
+     "operator()() const::{lambda(float)#1}>(at::TensorIteratorBase&, at::native::neg_kernel_cuda"
+     "(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#7}::operator()() "
+     "const::{lambda(float)#1} const&)::{lambda(int)#1}>(int, at::native::gpu_kernel_impl_nocast"
+     "<at::native::neg_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::"
+     "{lambda()#7}::operator()() const::{lambda(float)#1}>(at::TensorIteratorBase&, at::native::"
+     "neg_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#7}::"
+     "operator()() const::{lambda(float)#1} const&)::{lambda(int)#1})",
+     "at::native::elementwise_kernel<neg_kernel_cuda>"),
+    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
+     "BUnaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> > >(at::"
+     "TensorIteratorBase&, at::native::BUnaryFunctor<float, float, float, at::native::"
+     "binary_internal::MulFunctor<float> > const&)::{lambda(int)#1}>(int, at::native::"
+     "gpu_kernel_impl_nocast<at::native::BUnaryFunctor<float, float, float, at::native::"
+     "binary_internal::MulFunctor<float> > >(at::TensorIteratorBase&, at::native::BUnaryFunctor"
+     "<float, float, float, at::native::binary_internal::MulFunctor<float> > const&)::"
+     "{lambda(int)#1})",
+     "at::native::elementwise_kernel<MulFunctor>"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::"
+     "func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::"
+     "TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4, 4> >(at::native::"
+     "ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, "
+     "float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, "
+     "4, 4>)",
+     "at::native::reduce_kernel<sum_functor>"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps"
+     "<float, float, float, float>, unsigned int, float, 4, 4> >(at::native::ReduceOp<float, "
+     "at::native::MeanOps<float, float, float, float>, unsigned int, float, 4, 4>)",
+     "at::native::reduce_kernel<MeanOps>"),
+    ("void at_cuda_detail::cub::detail::scan::DeviceScanInitKernel<at_cuda_detail::cub::"
+     "ScanTileState<float, true> >(at_cuda_detail::cub::ScanTileState<float, true>, int)",
+     "at_cuda_detail::cub::detail::scan::DeviceScanInitKernel"),
+    ("triton_poi_fused_add_mul_relu_0", "triton_poi_fused_add_mul_relu_0"),
+]
+
+
+@pytest.mark.parametrize(("full", "short"), _TORCH_KERNELS)
+def test_short_names_of_generic_kernels_keep_their_operation(full: str, short: str) -> None:
+    assert short_name(full) == short
+
+
+def test_operation_search_is_bounded_and_never_raises() -> None:
+    assert operation("") is None
+    assert operation("k<" + "a<" * 5000 + ">" * 5000 + ">(int)") is None
+    assert operation("k<x::{lambda()#1}>") is None  # no enclosing function
+    assert operation("k<f(::{lambda()#1}>") is None  # unbalanced
+    assert short_name("k<" + "FooFunctor, " * 10000 + ">()") == "k<FooFunctor>"
 
 
 def name_of(kernels: KernelNames, pid: int, handle: int) -> KernelName:

@@ -1,0 +1,553 @@
+"""Build the simulated GPU: our libcuda.so.1 (driver) and libcudart.so.13/.12 (runtime).
+
+    sim = build(outdir)                 compile (or reuse) everything under outdir
+    env = sim.env(devices=2, counts=p)  the environment a command runs on it with
+    counts = read_counts(p)             the counts the processes of such a run wrote
+
+NVIDIA's headers (cuda.h, cudaTypedefs.h, cuda_runtime_api.h) are read at build
+time, from the CUDA wheels of the running interpreter or of the frameworks venv
+(`.cache/frameworks/venv`), or from $GF_SIM_CUDA13_INCLUDE / $GF_SIM_CUDA12_INCLUDE.
+From them the build generates, for each library, stubs for every exported name we
+do not implement (each returns success and counts its calls), and for the driver the
+cuGetProcAddress table (name + CUDA version -> versioned entry point). Outputs are
+rebuilt only when their inputs change (a digest of sources, headers and commands)
+and are written to temporary names then renamed, so concurrent builders are safe.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SIMGPU_DIR = Path(__file__).resolve().parent
+COMPAT_DIR = SIMGPU_DIR / "compat"
+DRIVER_SOURCES = ("driver.c", "driver_api.inc", "simgpu.h", "timing.h")
+RUNTIME_SOURCES = ("runtime.c", "compat/crt/host_defines.h")
+
+DRIVER_SONAME = "libcuda.so.1"
+RUNTIME_SONAMES = {13: "libcudart.so.13", 12: "libcudart.so.12"}
+
+CFLAGS: tuple[str, ...] = (
+    "-std=gnu11",
+    "-O2",
+    "-g",
+    "-fPIC",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+    "-Wno-deprecated-declarations",
+    # Every exported entry point keeps its own body and prologue (uprobe-able):
+    # identical bodies must not be folded into one that jumps into another.
+    "-fno-ipa-icf",
+    "-fno-optimize-sibling-calls",
+    "-fvisibility=hidden",
+)
+
+
+class BuildError(RuntimeError):
+    """The simulated GPU cannot be built (no compiler, no headers, a compile error)."""
+
+
+# ---- headers ---------------------------------------------------------------------------
+
+
+def _site_dirs() -> list[Path]:
+    dirs = [Path(p) for p in sys.path if p.endswith("site-packages")]
+    repo = SIMGPU_DIR.parent.parent
+    for venv in (repo / ".cache" / "frameworks" / "venv",):
+        dirs += [Path(p) for p in glob.glob(str(venv / "lib" / "python3*" / "site-packages"))]
+    return dirs
+
+
+def _cudart_version(include: Path) -> int:
+    try:
+        text = (include / "cuda_runtime_api.h").read_text(errors="replace")
+    except OSError:
+        return 0
+    m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
+    return int(m.group(1)) if m else 0
+
+
+def find_cuda_include(major: int) -> Path:
+    """The include directory of CUDA `major` (13 or 12): cuda.h, cuda_runtime_api.h."""
+    env = os.environ.get(f"GF_SIM_CUDA{major}_INCLUDE")
+    candidates = [Path(env)] if env else []
+    for site in _site_dirs():
+        candidates += [
+            site / "nvidia" / "cu13" / "include",
+            site / "nvidia" / "cuda_runtime" / "include",
+        ]
+    for inc in candidates:
+        if (inc / "cuda.h").is_file() and _cudart_version(inc) // 1000 == major:
+            return inc
+    raise BuildError(
+        f"no CUDA {major} headers (cuda.h, cuda_runtime_api.h): install the "
+        f"nvidia-cuda-runtime{'-cu12' if major == 12 else ''} wheel, or set "
+        f"GF_SIM_CUDA{major}_INCLUDE"
+    )
+
+
+# ---- compiling ----------------------------------------------------------------------------
+
+
+def _cc() -> str:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise BuildError("no C compiler: `cc` is not on PATH (apt-get install gcc)")
+    return cc
+
+
+def _run(cmd: Sequence[str], what: str) -> str:
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise BuildError(f"cannot run {cmd[0]}: {exc.strerror}") from exc
+    if proc.returncode != 0:
+        errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+        detail = "\n".join(errors[:10]) or proc.stderr.strip()[-2000:]
+        raise BuildError(f"{what} failed:\n{detail}")
+    return proc.stdout
+
+
+def _replace(tmp: Path, final: Path) -> None:
+    os.replace(tmp, final)
+
+
+def _write_text(path: Path, text: str) -> Path:
+    try:
+        if path.read_text() == text:
+            return path
+    except OSError:
+        pass
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    _replace(tmp, path)
+    return path
+
+
+def _preprocess(include: Path, text: str, defines: Iterable[str] = ()) -> str:
+    cmd = [_cc(), "-E", "-P", f"-I{COMPAT_DIR}", f"-I{include}", *(f"-D{d}" for d in defines)]
+    cmd += ["-x", "c", "-"]
+    try:
+        proc = subprocess.run(cmd, input=text, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise BuildError(f"cannot run the preprocessor: {exc.strerror}") from exc
+    if proc.returncode != 0:
+        raise BuildError(f"preprocessing CUDA headers in {include} failed: {proc.stderr[-1500:]}")
+    return proc.stdout
+
+
+def _defined_symbols(obj: Path) -> set[str]:
+    out = _run(["nm", "--defined-only", "-g", str(obj)], f"nm {obj.name}")
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+# ---- generators -------------------------------------------------------------------------------
+
+
+def driver_symbols(include: Path) -> set[str]:
+    """Every driver function name cuda.h declares (current, legacy and per-thread forms)."""
+    text = _preprocess(include, "#include <cuda.h>\n", ["__CUDA_API_VERSION_INTERNAL=1"])
+    names = set(re.findall(r"\bCUresult\s+(cu\w+)\s*\(", text))
+    text = _preprocess(include, "#include <cuda.h>\n")
+    names |= set(re.findall(r"\bCUresult\s+(cu\w+)\s*\(", text))
+    return names
+
+
+def runtime_symbols(include: Path) -> set[str]:
+    """Every runtime function name cuda_runtime_api.h declares (also _ptds/_ptsz forms)."""
+    names: set[str] = set()
+    for defines in ((), ("CUDA_API_PER_THREAD_DEFAULT_STREAM=1",)):
+        text = _preprocess(include, "#include <cuda_runtime_api.h>\n", defines)
+        for decl in re.findall(r"extern\s+[^;{}]*?\b(cuda\w+)\s*\(", text):
+            names.add(decl)
+    return names
+
+
+def _macro_targets(include: Path) -> dict[str, str]:
+    text = (include / "cuda.h").read_text(errors="replace")
+    out: dict[str, str] = {}
+    pat = r"^\s*#\s*define\s+(cu\w+)\s+(?:__CUDA_API_PT(?:DS|SZ)\()?\s*(cu\w+)\s*\)?\s*$"
+    for m in re.finditer(pat, text, re.M):
+        name, target = m.group(1), m.group(2)
+        if target.endswith(("_ptds", "_ptsz")) or name in out:
+            continue
+        out[name] = target
+    return out
+
+
+@dataclass(frozen=True)
+class ProcEntry:
+    """One row of the cuGetProcAddress table: from `version` on, `name` is `symbol`
+    (and `per_thread` under CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)."""
+
+    name: str
+    version: int
+    symbol: str
+    per_thread: str
+
+
+def proc_table(include: Path, symbols: set[str]) -> list[ProcEntry]:
+    """The cuGetProcAddress table, from cudaTypedefs.h's PFN_<name>_v<version> typedefs.
+
+    For each name, the newest version is the symbol cuda.h's macro maps the name to
+    (cuMemAlloc -> cuMemAlloc_v2), else the name itself; older versions take the older
+    symbols of the chain name, name_v2, name_v3 ... newest first. The per-thread form
+    of a version is its symbol + _ptds/_ptsz, from the first per-thread typedef on.
+    """
+    text = _preprocess(include, "#include <cudaTypedefs.h>\n", ["__CUDA_API_VERSION_INTERNAL=1"])
+    versions: dict[str, set[int]] = {}
+    pt_versions: dict[str, set[int]] = {}
+    for m in re.finditer(r"\*\s*PFN_(cu\w+?)_v(\d+)(_ptds|_ptsz)?\s*\)", text):
+        base, ver, pt = m.group(1), int(m.group(2)), m.group(3)
+        (pt_versions if pt else versions).setdefault(base, set()).add(ver)
+    macros = _macro_targets(include)
+    entries: list[ProcEntry] = []
+    for base in sorted(set(versions) | set(pt_versions)):
+        vs = sorted(versions.get(base, set()) | pt_versions.get(base, set()))
+        np_vs = sorted(versions.get(base, set())) or vs
+        chain = [s for s in [base] + [f"{base}_v{k}" for k in range(2, 8)] if s in symbols]
+        target = macros.get(base, base)
+        if target == base and chain:
+            target = chain[-1]
+        if target not in symbols:
+            target = base if base in symbols else ""
+        older = chain[: chain.index(target)] if target in chain else chain
+        if not target and not chain:
+            continue
+        sym_of: dict[int, str] = {}
+        for i, ver in enumerate(reversed(np_vs)):
+            if i == 0:
+                sym_of[ver] = target or chain[-1]
+            else:
+                k = len(older) - i
+                sym_of[ver] = older[k] if k >= 0 else (older[0] if older else sym_of[np_vs[-1]])
+        pt_min = min(pt_versions[base]) if base in pt_versions else None
+        for ver in vs:
+            below = [v for v in np_vs if v <= ver]
+            sym = sym_of[max(below)] if below else sym_of[np_vs[0]]
+            pt_sym = sym
+            if pt_min is not None and ver >= pt_min:
+                for suffix in ("_ptds", "_ptsz"):
+                    if sym + suffix in symbols:
+                        pt_sym = sym + suffix
+                        break
+            entries.append(ProcEntry(base, ver, sym, pt_sym))
+    # cuGraphInstantiate became cuGraphInstantiateWithFlags in CUDA 12 (another name).
+    if "cuGraphInstantiateWithFlags" in symbols:
+        entries.append(
+            ProcEntry(
+                "cuGraphInstantiate",
+                12000,
+                "cuGraphInstantiateWithFlags",
+                "cuGraphInstantiateWithFlags",
+            )
+        )
+        entries = [e for e in entries if not (e.name == "cuGraphInstantiate" and e.version < 12000)]
+        entries += [
+            ProcEntry("cuGraphInstantiate", 10000, "cuGraphInstantiate", "cuGraphInstantiate"),
+            ProcEntry(
+                "cuGraphInstantiate", 11000, "cuGraphInstantiate_v2", "cuGraphInstantiate_v2"
+            ),
+        ]
+    # Names exported without a typedef are found at any version.
+    covered = {e.name for e in entries}
+    for sym in sorted(symbols):
+        if sym not in covered and not sym.endswith(("_ptds", "_ptsz")):
+            entries.append(ProcEntry(sym, 0, sym, sym))
+    return sorted(entries, key=lambda e: (e.name, e.version))
+
+
+def _c_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def driver_procs_c(entries: Sequence[ProcEntry]) -> str:
+    """C source of the driver's sim_proc_lookup() over `entries`."""
+    syms = sorted({e.symbol for e in entries} | {e.per_thread for e in entries})
+    lines = ["/* Generated by gpuflight/simgpu/build.py from cudaTypedefs.h: do not edit. */"]
+    lines.append("#include <stddef.h>\n#include <string.h>")
+    lines += [f"extern void {s}(void);" for s in syms]
+    lines.append(
+        "struct proc { const char *name; int version; void (*fn)(void); void (*pt)(void); };"
+    )
+    lines.append("static const struct proc procs[] = {")
+    lines += [
+        f"\t{{{_c_string(e.name)}, {e.version}, {e.symbol}, {e.per_thread}}}," for e in entries
+    ]
+    lines.append("};")
+    lines.append(
+        """
+void *sim_proc_lookup(const char *name, int version, int per_thread, int *status)
+{
+	size_t lo = 0, hi = sizeof(procs) / sizeof(procs[0]), i;
+	const struct proc *best = NULL;
+	int found = 0;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+
+		if (strcmp(procs[mid].name, name) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (i = lo; i < sizeof(procs) / sizeof(procs[0]) && !strcmp(procs[i].name, name); i++) {
+		found = 1;
+		if (procs[i].version <= version)
+			best = &procs[i];
+	}
+	if (!best) {
+		*status = found ? 2 : 1; /* VERSION_NOT_SUFFICIENT : SYMBOL_NOT_FOUND */
+		return NULL;
+	}
+	*status = 0;
+	return (void *)(per_thread ? best->pt : best->fn);
+}
+"""
+    )
+    return "\n".join(lines) + "\n"
+
+
+def stubs_c(names: Sequence[str], hit: str, prefix: str) -> str:
+    """C source of one stub per name: counts its call (`hit(id)`), returns 0 (success)."""
+    lines = [
+        "/* Generated by gpuflight/simgpu/build.py: do not edit. */",
+        f"void {hit}(unsigned int id);",
+        f"const char *const {prefix}_stub_names[] = {{",
+        *(f"\t{_c_string(n)}," for n in names),
+        "\t0,",
+        "};",
+        f"const unsigned int {prefix}_stub_count = {len(names)};",
+    ]
+    for i, n in enumerate(names):
+        lines.append(
+            f'__attribute__((visibility("default"), noinline)) int {n}(void) '
+            f"{{ {hit}({i}u); return 0; }}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ---- the build ---------------------------------------------------------------------------------
+
+
+def _digest(parts: Iterable[str | bytes]) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _header_bytes(include: Path) -> list[bytes]:
+    out = []
+    for name in ("cuda.h", "cudaTypedefs.h", "cuda_runtime_api.h", "driver_types.h"):
+        try:
+            out.append((include / name).read_bytes())
+        except OSError:
+            out.append(b"")
+    return out
+
+
+def _compile(cmd: list[str], output: Path, what: str) -> None:
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        _run([*cmd, "-o", str(tmp)], what)
+        _replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _build_driver(outdir: Path, inc13: Path) -> None:
+    work = outdir / "gen"
+    work.mkdir(parents=True, exist_ok=True)
+    cc = _cc()
+    obj = work / "driver.o"
+    _compile(
+        [cc, *CFLAGS, f"-I{inc13}", f"-I{SIMGPU_DIR}", "-c", str(SIMGPU_DIR / "driver.c")],
+        obj,
+        "compiling driver.c",
+    )
+    symbols = driver_symbols(inc13)
+    defined = _defined_symbols(obj)
+    stubs = sorted(s for s in symbols if s not in defined)
+    entries = proc_table(inc13, symbols)
+    stub_src = _write_text(work / "driver_stubs.c", stubs_c(stubs, "sim_stub_hit", "sim"))
+    proc_src = _write_text(work / "driver_procs.c", driver_procs_c(entries))
+    lib = outdir / DRIVER_SONAME
+    _compile(
+        [
+            cc,
+            *CFLAGS,
+            "-shared",
+            f"-Wl,-soname,{DRIVER_SONAME}",
+            "-Wl,-z,defs",
+            str(obj),
+            str(stub_src),
+            str(proc_src),
+            "-lpthread",
+            "-ldl",
+        ],
+        lib,
+        "linking libcuda.so.1",
+    )
+    for alias in ("libcuda.so",):
+        link = outdir / alias
+        if not link.is_symlink():
+            link.unlink(missing_ok=True)
+            link.symlink_to(DRIVER_SONAME)
+
+
+def _build_runtime(outdir: Path, major: int, include: Path) -> None:
+    soname = RUNTIME_SONAMES[major]
+    work = outdir / "gen"
+    cc = _cc()
+    obj = work / f"runtime{major}.o"
+    _compile(
+        [
+            cc,
+            *CFLAGS,
+            f"-I{COMPAT_DIR}",
+            f"-I{include}",
+            f"-I{SIMGPU_DIR}",
+            f'-DGF_SIM_SONAME="{soname}"',
+            "-c",
+            str(SIMGPU_DIR / "runtime.c"),
+        ],
+        obj,
+        f"compiling runtime.c for {soname}",
+    )
+    defined = _defined_symbols(obj)
+    stubs = sorted(s for s in runtime_symbols(include) if s not in defined)
+    stub_src = _write_text(work / f"runtime{major}_stubs.c", stubs_c(stubs, "rt_stub_hit", "rt"))
+    script = _write_text(
+        work / f"runtime{major}.map",
+        f"{soname} {{\n  global:\n    cuda*;\n    __cuda*;\n    gfsim_*;\n  local:\n    *;\n}};\n",
+    )
+    _compile(
+        [
+            cc,
+            *CFLAGS,
+            "-shared",
+            f"-Wl,-soname,{soname}",
+            f"-Wl,--version-script={script}",
+            str(obj),
+            str(stub_src),
+            f"-L{outdir}",
+            f"-l:{DRIVER_SONAME}",
+            "-Wl,-rpath,$ORIGIN",
+            "-lpthread",
+            "-ldl",
+        ],
+        outdir / soname,
+        f"linking {soname}",
+    )
+
+
+@dataclass(frozen=True)
+class SimGpu:
+    """A built simulated GPU: `lib_dir` holds libcuda.so.1 (+ libcuda.so) and the runtimes."""
+
+    lib_dir: Path
+
+    @property
+    def driver(self) -> Path:
+        """Our libcuda.so.1."""
+        return self.lib_dir / DRIVER_SONAME
+
+    def runtime(self, major: int = 13) -> Path:
+        """Our libcudart.so.<major> (13 or 12)."""
+        return self.lib_dir / RUNTIME_SONAMES[major]
+
+    def env(
+        self,
+        devices: int = 1,
+        counts: Path | str | None = None,
+        runtime: int = 13,
+        base: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """The environment (a copy of `base`, default os.environ) that runs a command on
+        the simulated GPU: LD_PRELOAD of our runtime and driver (torch's RPATH would
+        otherwise win), TRITON_LIBCUDA_PATH, GF_SIM_DEVICES and GF_SIM_COUNTS."""
+        env = dict(os.environ if base is None else base)
+        preload = [str(self.runtime(runtime)), str(self.driver)]
+        if env.get("LD_PRELOAD"):
+            preload.append(env["LD_PRELOAD"])
+        env["LD_PRELOAD"] = " ".join(preload)
+        env["TRITON_LIBCUDA_PATH"] = str(self.lib_dir)
+        env["GF_SIM_DEVICES"] = str(devices)
+        if counts is not None:
+            env["GF_SIM_COUNTS"] = str(counts)
+        else:
+            env.pop("GF_SIM_COUNTS", None)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        return env
+
+
+def build(outdir: Path | str, runtimes: Sequence[int] = (13, 12)) -> SimGpu:
+    """Compile (or reuse, by digest of sources and headers) the simulated GPU in `outdir`."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    inc13 = find_cuda_include(13)
+    incs = {m: (inc13 if m == 13 else find_cuda_include(m)) for m in runtimes}
+    sources = [(SIMGPU_DIR / s).read_bytes() for s in (*DRIVER_SOURCES, *RUNTIME_SOURCES)]
+    parts: list[str | bytes] = [*CFLAGS, Path(__file__).read_bytes(), *sources, _cc()]
+    for m in sorted(incs):
+        parts += [str(m), *_header_bytes(incs[m])]
+    digest = _digest(parts)
+    stamp = outdir / "simgpu.digest"
+    outputs = [outdir / DRIVER_SONAME] + [outdir / RUNTIME_SONAMES[m] for m in incs]
+    try:
+        if stamp.read_text() == digest and all(p.is_file() for p in outputs):
+            return SimGpu(outdir)
+    except OSError:
+        pass
+    _build_driver(outdir, inc13)
+    for m in sorted(incs, reverse=True):
+        _build_runtime(outdir, m, incs[m])
+    _write_text(stamp, digest)
+    return SimGpu(outdir)
+
+
+def counts_files(counts: Path | str) -> list[Path]:
+    """The per-process files of a GF_SIM_COUNTS path (NAME.json -> NAME.<pid>.json)."""
+    path = Path(counts)
+    stem = path.name[: -len(".json")] if path.name.endswith(".json") else path.name
+    pat = re.compile(re.escape(stem) + r"\.(\d+)\.json$")
+    if not path.parent.is_dir():
+        return []
+    return sorted(p for p in path.parent.iterdir() if pat.match(p.name))
+
+
+def read_counts(counts: Path | str) -> list[dict[str, Any]]:
+    """The counts of each process of a run, in pid order (see driver.c for the schema)."""
+    out: list[dict[str, Any]] = []
+    for p in counts_files(counts):
+        data = json.loads(p.read_text())
+        if isinstance(data, dict):
+            out.append(data)
+    return sorted(out, key=lambda d: int(str(d.get("pid", 0))))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m gpuflight.simgpu.build OUTDIR`: build there, print the library dir."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: build.py OUTDIR", file=sys.stderr)
+        return 2
+    print(build(args[0]).lib_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

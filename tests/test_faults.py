@@ -1,0 +1,252 @@
+"""What a user trips on, and what goes wrong around capture: one line and the right exit code,
+no traceback, and a failing output or a failing detach never costs the others their data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuflight import cli, stack
+from producer import trace
+from producer.capture import Capture
+from producer.probes import Probes
+from producer.records import EVENT_DTYPE
+from producer.sinks import Guarded, JsonLinesSink
+from tests.conftest import bpf_unavailable_reason, require
+from tests.support.capture import GPUFLIGHT, read_events, wait_for_probe_releases
+from tests.workloads import build, expected
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ---- command lines ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kafka", "reason"),
+    [("host:99999", "port must be 1-65535"), ("host:abc", "port must be 1-65535"),
+     ("", "expected HOST:PORT"), ("nohost", "expected HOST:PORT"),
+     ("a:1,b:0", "port must be 1-65535")],
+)
+def test_a_bad_kafka_address_is_a_usage_error(
+    kafka: str, reason: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["producer", "--kafka", kafka, "--output", str(tmp_path / "x")])
+    assert exit_.value.code == 2
+    assert reason in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--buffer-mb", "0"], ["--buffer-mb", "x"],
+                                    ["--kafka-close-timeout", "-1"],
+                                    ["--kafka-close-timeout", "nan"]])
+def test_bad_numbers_are_usage_errors(option: list[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["producer", "--kafka", "h:1", "--output", str(tmp_path / "x"), *option])
+    assert exit_.value.code == 2
+
+
+def test_streams_window_must_be_finite() -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["streams", "--window", "inf"])
+    assert exit_.value.code == 2
+
+
+def test_an_unknown_librdkafka_setting_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "kafka.properties"
+    config.write_text("no.such.setting=1\n")
+    code = cli.main(["replay", "--kafka", f"127.0.0.1:{stack.free_port()}", "--kafka-config",
+                     str(config), "--from", "0", "--to", "1", "--output", str(tmp_path / "o")])
+    assert code == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert 'No such configuration property: "no.such.setting"' in line
+
+
+@pytest.mark.parametrize("when", ["1e400", "-5", "nan", "99999999999999999999ns"])
+def test_times_out_of_range_are_usage_errors(
+    when: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["replay", "--kafka", "127.0.0.1:1", "--from", when, "--to", "1",
+                     "--output", str(tmp_path / "o")])
+    assert code == 2
+    assert "not a time" in one_error_line(capsys.readouterr().err)
+
+
+def test_replay_without_kafka_is_a_service_error_in_few_lines(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*GPUFLIGHT, "replay", "--kafka", f"127.0.0.1:{stack.free_port()}", "--from", "0",
+         "--to", "1", "--output", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 4, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.splitlines()) <= 5, proc.stderr
+    assert "cannot reach Kafka" in proc.stderr.splitlines()[-1]
+
+
+def test_an_unwritable_output_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"cannot write --output .*: No such file or directory"):
+        JsonLinesSink(tmp_path / "no" / "such" / "dir.jsonl")
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`gpuflight … | head`: the reader went away; no traceback, the SIGPIPE exit code."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([*GPUFLIGHT, "stack", "status", "--dir", str(tmp_path)],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+                              check=False)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 128 + signal.SIGPIPE
+    assert proc.stderr == ""
+
+
+# ---- a failing output ---------------------------------------------------------------------
+
+
+class _Failing:
+    name = "a failing sink"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def write(self, events: Any) -> None:
+        self.calls += 1
+        raise OSError(28, "No space left on device")
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failed_sink_is_off_and_counts_what_it_lost() -> None:
+    failing = _Failing()
+    guarded = Guarded(failing, failing.name)
+    batch = np.zeros(5, dtype=EVENT_DTYPE)
+    guarded.write(batch)
+    guarded.write(batch)
+    guarded.tick()
+    guarded.close()
+    assert failing.calls == 1  # off after the first failure
+    assert guarded.failure == "No space left on device"
+    assert guarded.lost == 10
+
+
+@pytest.fixture
+def bindir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require(bpf_unavailable_reason())
+    return tmp_path_factory.mktemp("workloads")
+
+
+@pytest.mark.bpf
+def test_trace_on_a_full_disk_keeps_the_summary_and_says_so(bindir: Path) -> None:
+    binary = build.build_capture(bindir, "stub")
+    proc = subprocess.run([*GPUFLIGHT, "trace", "--output", "/dev/full", "--", str(binary),
+                           "--iters", "10"], capture_output=True, text=True, timeout=180,
+                          check=False)
+    assert proc.returncode == trace.EXIT_OUTPUT_INCOMPLETE, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "40  kernel launches" in proc.stderr.replace(",", "")
+    assert "--output /dev/full is incomplete: No space left on device" in proc.stderr
+
+
+@pytest.mark.bpf
+def test_the_command_outlives_a_broken_capture(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capture fails half-way: the command runs to its end, untraced, with its exit code, and
+    the summary of what was captured is there; no process is left held or orphaned."""
+    binary = build.build_capture(bindir, "stub")
+    real_step = Capture.step
+    steps = [0]
+
+    def failing_step(self: Capture, timeout_s: float | None = None) -> None:
+        steps[0] += 1
+        if steps[0] == 3:
+            raise RuntimeError("the ring buffer went away")
+        real_step(self, timeout_s)
+
+    monkeypatch.setattr(Capture, "step", failing_step)
+    marker = tmp_path / "done"
+    result = trace.run(["sh", "-c", f'"{binary}" --iters 5 --start-delay-ms 300; '
+                        f'touch "{marker}"; exit 3'], print_summary=False)
+    assert result.exit_code == 3
+    assert marker.exists()  # the command ran to its end
+
+
+@pytest.mark.bpf
+def test_a_failing_detach_costs_neither_summary_nor_output(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    binary = build.build_capture(bindir, "stub")
+
+    def failing_close(self: Probes, background: bool = True) -> None:
+        raise Exception("Failed to detach BPF from uprobe: Device or resource busy")
+
+    monkeypatch.setattr(Probes, "close", failing_close)
+    out = tmp_path / "out.jsonl"
+    result = trace.run([str(binary), "--iters", "10"], output=out, print_summary=False)
+    assert result.exit_code == 0
+    assert result.summary.launches == 40
+    assert len(read_events(out)) == len(expected.capture_events(1, 10))
+
+
+@pytest.fixture
+def node_output(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    require(bpf_unavailable_reason())
+    wait_for_probe_releases()
+    out = tmp_path / "node.jsonl"
+    proc = subprocess.Popen([*GPUFLIGHT, "producer", "--output", str(out)],
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "ready" in line:
+            break
+    yield proc, out
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(30)
+    proc.stderr.close()
+
+
+@pytest.mark.bpf
+def test_output_reaches_the_file_without_sigterm(
+    node_output: tuple[subprocess.Popen[str], Path], bindir: Path
+) -> None:
+    """A quiet node: what was captured is in the file within a tick, so SIGKILL loses none."""
+    proc, out = node_output
+    binary = build.build_capture(bindir, "stub")
+    work = subprocess.Popen([str(binary), "--iters", "3", "--start-delay-ms", "1200"])
+    assert work.wait(60) == 0
+    want = len(expected.capture_events(1, 3))
+    deadline = time.monotonic() + 30
+    tag = f'"pid":{work.pid},'
+
+    def mine() -> int:
+        text = out.read_text() if out.exists() else ""
+        return sum(1 for line in text.splitlines() if tag in line and line.endswith("}"))
+
+    while mine() < want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert mine() == want
