@@ -248,8 +248,8 @@ class InfluxQL:
         return [row for one in self.series(query, database=database) for row in one.rows()]
 
     def execute(self, statement: str, *, database: str | None = None) -> None:
-        """A statement that changes the server: CREATE, DROP, ALTER, GRANT... (POST)."""
-        self._query("POST", statement, database or "")
+        """A statement that changes the server: CREATE, DROP, DELETE, ALTER, GRANT... (POST)."""
+        self._query("POST", statement, self.database if database is None else database)
 
     def create_database(self, name: str | None = None) -> None:
         """CREATE DATABASE (with its default retention policy, autogen); one that exists is

@@ -161,6 +161,10 @@ def test_admin_statements_go_by_post(influx_url: str) -> None:
     assert "influxql_admin" in db.databases()
     (policy,) = db.rows('SHOW RETENTION POLICIES ON "influxql_admin"')
     assert (policy.text("name"), policy["default"]) == ("autogen", True)
+    write_points(influx_url, "influxql_admin", [worker_point("gone", 1, T0)])
+    assert db.rows("SELECT * FROM streams")
+    db.execute(f"DROP MEASUREMENT {m.STREAMS.name}")
+    assert db.rows("SELECT * FROM streams") == []
     db.execute('DROP DATABASE "influxql_admin"')
     assert "influxql_admin" not in db.databases()
 
