@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
+
+from producer import wire
 
 _CONTAINER_ID: Final = re.compile(r"([0-9a-f]{64})")
 _POD_UID: Final = re.compile(
@@ -19,31 +20,19 @@ _POD_UID: Final = re.compile(
 _SERVICE_ACCOUNT_NAMESPACE: Final = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
-@dataclass(frozen=True)
-class ProcessIdentity:
-    host: str
-    pid: int
-    start_time: int  # clock ticks since boot (/proc/PID/stat field 22)
-    started_at_ns: int | None
-    comm: str | None
-    cmdline: list[str]
-    exe: str | None
-    container_id: str | None
-    pod_uid: str | None
-    pod: str | None
-    namespace: str | None
-    slurm_job_id: str | None
+def job_of(pid: int, comm: str | None, pod: str | None, namespace: str | None,
+           slurm_job_id: str | None) -> str:
+    """The job a process belongs to: its pod, else its SLURM job, else its command and pid."""
+    if pod:
+        return f"k8s:{namespace or 'default'}/{pod}"
+    if slurm_job_id:
+        return f"slurm:{slurm_job_id}"
+    return f"{comm or 'unknown'}:{pid}"
 
-    @property
-    def job(self) -> str:
-        if self.pod:
-            return f"k8s:{self.namespace or 'default'}/{self.pod}"
-        if self.slurm_job_id:
-            return f"slurm:{self.slurm_job_id}"
-        return f"{self.comm or 'unknown'}:{self.pid}"
 
-    def to_record(self) -> dict[str, Any]:
-        return {**asdict(self), "job": self.job}
+def _clip(text: str | None) -> str | None:
+    """A value from the process's environment, at most as long as the contract takes."""
+    return None if text is None else text[: wire.MAX_TEXT]
 
 
 def _read(path: Path, limit: int = 1 << 20) -> bytes | None:
@@ -89,7 +78,7 @@ def _environ(proc_root: Path, pid: int) -> dict[str, str]:
     return env
 
 
-def resolve(proc_root: Path, pid: int, host: str, clock_ticks: int = 100) -> ProcessIdentity:
+def resolve(proc_root: Path, pid: int, host: str, clock_ticks: int = 100) -> wire.ProcessRecord:
     """Everything /proc says about a process; fields of a vanished process are None."""
     base = proc_root / str(pid)
     fields = stat_fields(proc_root, pid)
@@ -108,17 +97,22 @@ def resolve(proc_root: Path, pid: int, host: str, clock_ticks: int = 100) -> Pro
     if in_kubernetes and namespace is None:
         raw_ns = _read(base / "root" / _SERVICE_ACCOUNT_NAMESPACE, 256)
         namespace = raw_ns.decode().strip() if raw_ns else None
-    return ProcessIdentity(
+    comm = fields[0] if fields else None
+    pod = _clip(env.get("POD_NAME") or env.get("HOSTNAME")) if in_kubernetes else None
+    namespace = _clip(namespace)
+    slurm_job_id = _clip(env.get("SLURM_JOB_ID"))
+    return wire.ProcessRecord(
         host=host,
         pid=pid,
         start_time=ticks,
         started_at_ns=boot + ticks * 1_000_000_000 // clock_ticks if boot and ticks else None,
-        comm=fields[0] if fields else None,
-        cmdline=[c.decode(errors="replace") for c in cmdline if c],
-        exe=exe,
+        comm=comm,
+        cmdline=tuple(c.decode(errors="replace") for c in cmdline if c),
+        exe=_clip(exe),
         container_id=container.group(1) if container else None,
         pod_uid=pod_uid.group(1).replace("_", "-") if pod_uid else None,
-        pod=(env.get("POD_NAME") or env.get("HOSTNAME")) if in_kubernetes else None,
+        pod=pod,
         namespace=namespace,
-        slurm_job_id=env.get("SLURM_JOB_ID"),
+        slurm_job_id=slurm_job_id,
+        job=job_of(pid, comm, pod, namespace, slurm_job_id),
     )

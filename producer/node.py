@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import queue
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from producer import wire
 from producer.capture import Capture
@@ -33,30 +33,28 @@ LOG_INTERVAL_S = 30.0
 NVML_INTERVAL_S = 1.0
 
 
-def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float) -> dict[str, Any]:
+def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float) -> wire.MetricsRecord:
     drops = capture.drops()
-    return {
-        "host": kafka.host if kafka else None,
-        "ts_ns": time.time_ns(),
-        "uptime_s": round(time.monotonic() - started, 3),
-        "captured": capture.stats.events,
-        "produced": kafka.produced_events if kafka else 0,
-        "published": kafka.delivered_events if kafka else 0,
-        "dropped_kernel": drops.events,
-        "dropped_kernel_by_pid": {str(k): v for k, v in drops.by_pid.items()},
-        "dropped_user": kafka.dropped_events if kafka else 0,
-        "dropped_user_by_pid": (
-            {str(k): v for k, v in kafka.dropped_by_pid.items()} if kafka else {}
-        ),
-        "queue_messages": kafka.queue_depth() if kafka else 0,
-        "libraries_attached": capture.probes.runtime_files(),
-        "driver_libraries_attached": capture.probes.driver_files(),
-        "dropped_names": drops.names,
-        "forwarded_driver_calls": drops.forwarded,
-    }
+    return wire.MetricsRecord(
+        host=kafka.host if kafka else socket.gethostname(),
+        ts_ns=time.time_ns(),
+        uptime_s=round(time.monotonic() - started, 3),
+        captured=capture.stats.events,
+        produced=kafka.produced_events if kafka else 0,
+        published=kafka.delivered_events if kafka else 0,
+        dropped_kernel=drops.events,
+        dropped_kernel_by_pid=dict(drops.by_pid),
+        dropped_user=kafka.dropped_events if kafka else 0,
+        dropped_user_by_pid=dict(kafka.dropped_by_pid) if kafka else {},
+        queue_messages=kafka.queue_depth() if kafka else 0,
+        libraries_attached=capture.probes.runtime_files(),
+        driver_libraries_attached=capture.probes.driver_files(),
+        dropped_names=drops.names,
+        forwarded_driver_calls=drops.forwarded,
+    )
 
 
-def _start_nvml(samples: queue.SimpleQueue[list[Any]], stop: threading.Event) -> None:
+def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]], stop: threading.Event) -> None:
     try:
         from producer import nvml
 
@@ -98,7 +96,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
         capture.process_observers.append(kafka_sink.observe)
     capture.start()
     started = time.monotonic()
-    samples: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+    samples: queue.SimpleQueue[list[wire.GpuSample]] = queue.SimpleQueue()
     nvml_stop = threading.Event()
     if kafka_sink is not None:
         _start_nvml(samples, nvml_stop)
@@ -117,12 +115,10 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     try:
         while not stopping:
             capture.step()
-            if kafka_sink is not None and kafka is not None:
+            if kafka_sink is not None:
                 while not samples.empty():
-                    gpus = [s.to_dict() for s in samples.get()]
-                    kafka_sink.publish_record(kafka.topics.nvml, wire.NVML_SCHEMA,
-                                              {"host": kafka_sink.host, "ts_ns": time.time_ns(),
-                                               "gpus": gpus})
+                    kafka_sink.publish_nvml(wire.NvmlRecord(kafka_sink.host, time.time_ns(),
+                                                            tuple(samples.get())))
             if time.monotonic() >= next_report:
                 _report(capture, kafka_sink, kafka, started)
                 next_report += interval
@@ -153,6 +149,6 @@ def _report(
 ) -> None:
     record = metrics_record(capture, sink, started)
     if sink is not None and kafka is not None:
-        sink.publish_record(kafka.topics.metrics, wire.METRICS_SCHEMA, record)
+        sink.publish_metrics(record)
     else:
-        log.info("captured %d events, dropped %d", record["captured"], record["dropped_kernel"])
+        log.info("captured %d events, dropped %d", record.captured, record.dropped_kernel)

@@ -1,5 +1,8 @@
 """GPU-side gauges from NVML (nvidia-ml-py's `pynvml`), one `GpuSample` per GPU and call.
 
+`GpuSample` and `GpuProcessSample` are the wire contract's (producer/wire.py, nvml.v1): the
+sampler makes what the topic carries. pynvml is imported when a sampler is made, never before.
+
 The eBPF probes see what applications ask of CUDA; NVML says what the GPUs did meanwhile:
 utilization, memory, power, temperature, SM clock, PCIe traffic and per-process use.
 
@@ -26,12 +29,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Final, TypeVar
 
 from producer.errors import GpuflightError
+from producer.wire import GpuProcessSample, GpuSample
 
 log = logging.getLogger(__name__)
 
@@ -47,129 +51,6 @@ T = TypeVar("T")
 
 class NvmlUnavailable(GpuflightError):  # noqa: N818 (the name says what callers check)
     """NVML cannot be used on this machine (no library, no driver, no GPU): one line saying why."""
-
-
-@dataclass(frozen=True)
-class ProcessSample:
-    """One process on one GPU; a figure NVML did not give for it is None."""
-
-    pid: int
-    #: SM and memory-controller utilization of this process in its latest NVML sample since the
-    #: previous `sample()` (None: NVML had no utilization sample for it, or cannot give them).
-    sm_util_pct: int | None
-    mem_util_pct: int | None
-    #: GPU memory the process holds (None: not a compute process, or not reported).
-    used_memory_bytes: int | None
-
-    def to_dict(self) -> dict[str, int | None]:
-        return {
-            "pid": self.pid,
-            "sm_util_pct": self.sm_util_pct,
-            "mem_util_pct": self.mem_util_pct,
-            "used_memory_bytes": self.used_memory_bytes,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> ProcessSample:
-        return cls(
-            pid=_req(_int(data, "pid")),
-            sm_util_pct=_int(data, "sm_util_pct"),
-            mem_util_pct=_int(data, "mem_util_pct"),
-            used_memory_bytes=_int(data, "used_memory_bytes"),
-        )
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    """One GPU at one moment; every gauge the GPU or driver did not give is None."""
-
-    #: NVML's device index (the order of nvidia-smi, not CUDA_VISIBLE_DEVICES').
-    gpu: int
-    uuid: str | None
-    name: str | None
-    utilization_gpu_pct: int | None
-    utilization_memory_pct: int | None
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-    power_w: float | None
-    temperature_c: int | None
-    sm_clock_mhz: int | None
-    pcie_rx_bytes_per_s: int | None
-    pcie_tx_bytes_per_s: int | None
-    #: Compute processes and processes with utilization samples, by pid; None when NVML gives
-    #: neither list for this GPU (empty: it gives them and there are none).
-    processes: tuple[ProcessSample, ...] | None
-
-    def to_dict(self) -> dict[str, object]:
-        """Plain JSON types only (orjson/json ready); `from_dict` is the inverse."""
-        return {
-            "gpu": self.gpu,
-            "uuid": self.uuid,
-            "name": self.name,
-            "utilization_gpu_pct": self.utilization_gpu_pct,
-            "utilization_memory_pct": self.utilization_memory_pct,
-            "memory_used_bytes": self.memory_used_bytes,
-            "memory_total_bytes": self.memory_total_bytes,
-            "power_w": self.power_w,
-            "temperature_c": self.temperature_c,
-            "sm_clock_mhz": self.sm_clock_mhz,
-            "pcie_rx_bytes_per_s": self.pcie_rx_bytes_per_s,
-            "pcie_tx_bytes_per_s": self.pcie_tx_bytes_per_s,
-            "processes": None
-            if self.processes is None
-            else [p.to_dict() for p in self.processes],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> GpuSample:
-        """Decode `to_dict()` output (e.g. parsed from Kafka); ValueError names a bad field."""
-        procs = data.get("processes")
-        if procs is not None and not (
-            isinstance(procs, list) and all(isinstance(p, Mapping) for p in procs)
-        ):
-            raise ValueError(f"GpuSample field 'processes' is not a list of objects: {procs!r}")
-        power = data.get("power_w")
-        if power is not None and (isinstance(power, bool) or not isinstance(power, int | float)):
-            raise ValueError(f"GpuSample field 'power_w' is not a number: {power!r}")
-        return cls(
-            gpu=_req(_int(data, "gpu")),
-            uuid=_str(data, "uuid"),
-            name=_str(data, "name"),
-            utilization_gpu_pct=_int(data, "utilization_gpu_pct"),
-            utilization_memory_pct=_int(data, "utilization_memory_pct"),
-            memory_used_bytes=_int(data, "memory_used_bytes"),
-            memory_total_bytes=_int(data, "memory_total_bytes"),
-            power_w=None if power is None else float(power),
-            temperature_c=_int(data, "temperature_c"),
-            sm_clock_mhz=_int(data, "sm_clock_mhz"),
-            pcie_rx_bytes_per_s=_int(data, "pcie_rx_bytes_per_s"),
-            pcie_tx_bytes_per_s=_int(data, "pcie_tx_bytes_per_s"),
-            processes=None if procs is None else tuple(ProcessSample.from_dict(p) for p in procs),
-        )
-
-
-def _int(data: Mapping[str, object], key: str) -> int | None:
-    if key not in data:
-        raise ValueError(f"GpuSample field {key!r} is missing")
-    value = data[key]
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    raise ValueError(f"GpuSample field {key!r} is not an integer: {value!r}")
-
-
-def _str(data: Mapping[str, object], key: str) -> str | None:
-    if key not in data:
-        raise ValueError(f"GpuSample field {key!r} is missing")
-    value = data[key]
-    if value is None or isinstance(value, str):
-        return value
-    raise ValueError(f"GpuSample field {key!r} is not a string: {value!r}")
-
-
-def _req(value: int | None) -> int:
-    if value is None:
-        raise ValueError("GpuSample: 'gpu' and 'pid' cannot be null")
-    return value
 
 
 @dataclass
@@ -314,7 +195,7 @@ class NvmlSampler:
             processes=self._processes(dev),
         )
 
-    def _processes(self, dev: _Device) -> tuple[ProcessSample, ...] | None:
+    def _processes(self, dev: _Device) -> tuple[GpuProcessSample, ...] | None:
         nv = self._nvml
         h = dev.handle
         running = self._read(
@@ -333,7 +214,7 @@ class NvmlSampler:
             if pid not in latest or int(s.timeStamp) >= int(latest[pid].timeStamp):
                 latest[pid] = s
         return tuple(
-            ProcessSample(
+            GpuProcessSample(
                 pid=pid,
                 sm_util_pct=int(latest[pid].smUtil) if pid in latest else None,
                 mem_util_pct=int(latest[pid].memUtil) if pid in latest else None,

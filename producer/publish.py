@@ -173,7 +173,7 @@ class KafkaSink:
         self._pending_names: dict[int, dict[int, wire.KernelName]] = {}
         self._pending_events = 0
         self._pending_since: float | None = None
-        self._identities: dict[int, identity.ProcessIdentity] = {}
+        self._identities: dict[int, wire.ProcessRecord] = {}
         self._last_error: str | None = None
         self.produced_events = 0
         self.delivered_events = 0
@@ -270,7 +270,7 @@ class KafkaSink:
         """Learn (and publish) a process's identity while it is alive."""
         self._identity(pid)
 
-    def _identity(self, pid: int) -> identity.ProcessIdentity:
+    def _identity(self, pid: int) -> wire.ProcessRecord:
         who = self._identities.get(pid)
         if who is None:
             who = identity.resolve(self._proc_root, pid, self.host)
@@ -278,12 +278,17 @@ class KafkaSink:
             self._produce(
                 self._topics.processes,
                 key=wire.process_key(self.host, pid, who.start_time),
-                value=wire.encode_record(wire.PROCESS_SCHEMA, who.to_record()),
+                value=wire.encode_process(who),
             )
         return who
 
-    def publish_record(self, topic: str, schema: str, record: dict[str, Any]) -> None:
-        self._produce(topic, key=wire.host_key(self.host), value=wire.encode_record(schema, record))
+    def publish_metrics(self, record: wire.MetricsRecord) -> None:
+        self._produce(self._topics.metrics, key=wire.host_key(record.host),
+                      value=wire.encode_metrics(record))
+
+    def publish_nvml(self, record: wire.NvmlRecord) -> None:
+        self._produce(self._topics.nvml, key=wire.host_key(record.host),
+                      value=wire.encode_nvml(record))
 
     def _produce(
         self,

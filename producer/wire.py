@@ -1,23 +1,32 @@
 """The Kafka wire contract, version 1 — the one module producers and streams share.
 
-Topics (PREFIX defaults to "gpuflight"; the major version is in the name, and
-changes within a version are additive only):
+Topics (PREFIX defaults to "gpuflight"; the major version is in the name, and changes within a
+version are additive only):
 
-  PREFIX.events.v1     raw events, many per message: one message holds one
-                       process's events of one flush interval, as columns.
-                       Key: the host, so per-process order holds within a
-                       partition and every per-host table needs no repartition.
-                       Kafka timestamp: the first event's wall-clock time (ms).
-                       Kept (no retention limit) so time ranges can be replayed.
-  PREFIX.processes.v1  one identity per process (compacted; key host/pid/start).
-  PREFIX.metrics.v1    producer self-metrics, every few seconds (key: host).
-  PREFIX.nvml.v1       per-GPU samples from NVML, every second (key: host).
+  PREFIX.events.v1     raw events, many per message: one message holds one process's events of
+                       one flush interval, as columns (`EventBatch`). Key: the host, so
+                       per-process order holds within a partition and every per-host table
+                       needs no repartition. Kafka timestamp: the first event's wall-clock time
+                       (ms). Kept (no retention limit) so time ranges can be replayed.
+  PREFIX.processes.v1  one identity per process (`ProcessRecord`; compacted, key host/pid/start).
+  PREFIX.metrics.v1    the producer's counters, every few seconds (`MetricsRecord`; key: host).
+  PREFIX.nvml.v1       every GPU's gauges from NVML, every second (`NvmlRecord`; key: host).
 
-An events message (orjson):
+Every message is one JSON object (orjson) whose first two fields are "schema" and "v" (1); a
+reader refuses another schema or version. Each record is a frozen dataclass here with
+`encode_*` / `decode_*`; decoding a message that is not valid raises `WireError` with a
+one-line reason (not JSON, wrong schema or version, a missing field, a wrong type, a negative
+count, an absurd size), never anything else.
+
+Additive within v1: a reader ignores fields it does not know; every field of the first v1 is
+required (one that may be null is there as null), and a field added after it is optional with
+a default (marked below), so a reader takes the messages of every v1 producer.
+
+An events message (`EventBatch`):
 
   {"schema": "gpuflight.events", "v": 1, "host": str, "pid": int,
    "start_time": int,          # process start, clock ticks since boot (/proc stat)
-   "count": N, "ts0": int,     # first event's wall-clock ns
+   "count": N, "ts0": int,     # first event's wall-clock ns; N <= MAX_EVENTS
    "columns": {NAME: [N ints], ...},
    "kernels": {HANDLE: [SHORT, FULL], ...}}   # optional (additive in v1)
 
@@ -31,15 +40,59 @@ Columns are those of struct gf_event (bpf/events.h) after enrichment (wall
 clock, free sizes), with "ts" as deltas from ts0 and "dim" flattened to 6·N
 values; a column that is all zeros is left out. Decoding gives back exactly the
 records, hence exactly the events `--output` writes.
+
+A processes message (`ProcessRecord`), published once per process while it is alive:
+
+  {"schema": "gpuflight.process", "v": 1,
+   "host": str, "pid": int, "start_time": int,   # the key: host/pid/start_time
+   "started_at_ns": int|null,                    # wall clock of the start
+   "comm": str|null, "cmdline": [str], "exe": str|null,
+   "container_id": str|null, "pod_uid": str|null, "pod": str|null, "namespace": str|null,
+   "slurm_job_id": str|null,
+   "job": str}          # k8s:NAMESPACE/POD, slurm:ID or COMM:PID (producer/identity.py)
+
+A metrics message (`MetricsRecord`), every metrics interval; counters since the producer
+started (a restart begins again at 0):
+
+  {"schema": "gpuflight.metrics", "v": 1, "host": str, "ts_ns": int, "uptime_s": float,
+   "captured": int,                  # events read from the ring buffer
+   "produced": int, "published": int,   # events handed to librdkafka, delivered to Kafka
+   "dropped_kernel": int, "dropped_kernel_by_pid": {PID: int},   # ring buffer full
+   "dropped_user": int, "dropped_user_by_pid": {PID: int},       # beyond the Kafka queue
+   "queue_messages": int,            # messages in librdkafka's queue
+   "libraries_attached": int,        # runtime library files probed
+   # added within v1 (optional, default 0):
+   "driver_libraries_attached": int, # driver library files probed
+   "dropped_names": int,             # kernel-name records lost in the kernel
+   "forwarded_driver_calls": int}    # driver calls left out as the runtime's own
+
+PID keys are decimal strings (JSON object keys); every field but the last three is required.
+
+An NVML message (`NvmlRecord` of `GpuSample`s of `GpuProcessSample`s), every second:
+
+  {"schema": "gpuflight.nvml", "v": 1, "host": str, "ts_ns": int,
+   "gpus": [{"gpu": int,                         # NVML's index (nvidia-smi's order)
+             "uuid": str|null, "name": str|null,
+             "utilization_gpu_pct": int|null, "utilization_memory_pct": int|null,
+             "memory_used_bytes": int|null, "memory_total_bytes": int|null,
+             "power_w": float|null, "temperature_c": int|null, "sm_clock_mhz": int|null,
+             "pcie_rx_bytes_per_s": int|null, "pcie_tx_bytes_per_s": int|null,
+             "processes": [{"pid": int, "sm_util_pct": int|null, "mem_util_pct": int|null,
+                            "used_memory_bytes": int|null}] | null}]}
+
+A gauge NVML did not give is null; "processes" is null when NVML gives neither list of
+processes for the GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Annotated, Any, Final, NamedTuple, TypeVar
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import orjson
@@ -62,6 +115,9 @@ COLUMNS: Final[tuple[str, ...]] = (
     "handle", "stream", "bytes", "dim",
 )
 _FIELD_OF: Final = {"ts": "ts_ns"}
+#: The most events a reader takes in one message (80 MB decoded; the producer sends at most
+#: KafkaSettings.max_batch_events, 100,000).
+MAX_EVENTS: Final = 1_000_000
 _DIMS: Final = 6
 
 
@@ -172,6 +228,8 @@ def decode_events(value: bytes | None) -> EventBatch:
         columns = message["columns"]
         if count <= 0 or not isinstance(columns, dict):
             raise WireError("no events")
+        if count > MAX_EVENTS:
+            raise WireError(f"{count} events in one message, more than {MAX_EVENTS}")
         events = np.zeros(count, dtype=EVENT_DTYPE)
         events["pid"] = pid
         for name, values in columns.items():
@@ -212,15 +270,164 @@ def _kernel_names(names: Any) -> dict[int, KernelName]:
     return out
 
 
-def encode_record(schema: str, record: dict[str, Any]) -> bytes:
-    """A processes, metrics or nvml message: a flat record with schema and version."""
-    return orjson.dumps({"schema": schema, "v": VERSION, **record})
+# -- processes, metrics, NVML -----------------------------------------------------------------
+
+#: The largest processes, metrics or nvml message a reader takes (the producer's
+#: message.max.bytes; a process's cmdline is read up to 1 MiB).
+MAX_RECORD_BYTES: Final = 8_000_000
+_I64: Final = 2**63 - 1
+
+#: Non-negative 64-bit integers: counts, times, byte sizes.
+Count = Annotated[int, msgspec.Meta(ge=0, le=_I64)]
+Pid = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+Host = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+#: The longest name, path or id a record holds (PATH_MAX is 4096; the producer clips what
+#: comes from a process's environment to this).
+MAX_TEXT: Final = 4096 * 4
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+ByPid = Annotated[Mapping[int, Count], msgspec.Meta(max_length=1 << 22)]  # pid_max
 
 
-def decode_record(value: bytes | None, schema: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ProcessRecord:
+    """Who a process is (processes.v1), read once from /proc while it is alive."""
+
+    host: Host
+    pid: Pid
+    #: Clock ticks since boot (/proc/PID/stat field 22): with the pid, the process's key.
+    start_time: Count
+    started_at_ns: Count | None
+    comm: Text | None
+    cmdline: Annotated[tuple[str, ...], msgspec.Meta(max_length=1 << 20)]
+    exe: Text | None
+    container_id: Text | None
+    pod_uid: Text | None
+    pod: Text | None
+    namespace: Text | None
+    slurm_job_id: Text | None
+    #: The job it belongs to: k8s:NAMESPACE/POD, slurm:ID or COMM:PID.
+    job: Annotated[str, msgspec.Meta(min_length=1, max_length=2 * MAX_TEXT + 16)]
+
+
+@dataclass(frozen=True)
+class MetricsRecord:
+    """The producer's counters (metrics.v1), since it started."""
+
+    host: Host
+    ts_ns: Count
+    uptime_s: Annotated[float, msgspec.Meta(ge=0)]
+    #: Events read from the ring buffer.
+    captured: Count
+    #: Events handed to librdkafka, and delivered to the broker.
+    produced: Count
+    published: Count
+    #: Events lost in the kernel (ring buffer full), in all and by pid.
+    dropped_kernel: Count
+    dropped_kernel_by_pid: ByPid
+    #: Events dropped beyond the bounded Kafka queue, in all and by pid.
+    dropped_user: Count
+    dropped_user_by_pid: ByPid
+    #: Messages waiting in librdkafka's queue.
+    queue_messages: Count
+    #: Runtime library files probed.
+    libraries_attached: Count
+    # Added within v1, so optional:
+    #: Driver library files probed.
+    driver_libraries_attached: Count = 0
+    #: Kernel-name records lost in the kernel.
+    dropped_names: Count = 0
+    #: Not lost: driver calls left out because a probed runtime made them (recorded once).
+    forwarded_driver_calls: Count = 0
+
+
+@dataclass(frozen=True)
+class GpuProcessSample:
+    """One process on one GPU; a figure NVML did not give for it is None."""
+
+    pid: Pid
+    #: SM and memory-controller utilization of this process in its latest NVML sample since the
+    #: previous sample (None: NVML had no utilization sample for it, or cannot give them).
+    sm_util_pct: Count | None
+    mem_util_pct: Count | None
+    #: GPU memory the process holds (None: not a compute process, or not reported).
+    used_memory_bytes: Count | None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one moment; every gauge the GPU or driver did not give is None."""
+
+    #: NVML's device index (the order of nvidia-smi, not CUDA_VISIBLE_DEVICES').
+    gpu: Annotated[int, msgspec.Meta(ge=0, le=4096)]
+    uuid: Text | None
+    name: Text | None
+    utilization_gpu_pct: Count | None
+    utilization_memory_pct: Count | None
+    memory_used_bytes: Count | None
+    memory_total_bytes: Count | None
+    power_w: Annotated[float, msgspec.Meta(ge=0)] | None
+    temperature_c: Annotated[int, msgspec.Meta(ge=-273, le=1000)] | None
+    sm_clock_mhz: Count | None
+    pcie_rx_bytes_per_s: Count | None
+    pcie_tx_bytes_per_s: Count | None
+    #: Compute processes and processes with utilization samples, by pid; None when NVML gives
+    #: neither list for this GPU (empty: it gives them and there are none).
+    processes: Annotated[tuple[GpuProcessSample, ...], msgspec.Meta(max_length=1 << 16)] | None
+
+
+@dataclass(frozen=True)
+class NvmlRecord:
+    """Every GPU of a host at one moment (nvml.v1)."""
+
+    host: Host
+    ts_ns: Count
+    gpus: Annotated[tuple[GpuSample, ...], msgspec.Meta(max_length=4096)]
+
+
+_Record = TypeVar("_Record", ProcessRecord, MetricsRecord, NvmlRecord)
+
+
+def _encode_record(schema: str, record: ProcessRecord | MetricsRecord | NvmlRecord) -> bytes:
+    # "schema" and "v" first, then the fields in their order (nested dataclasses as objects,
+    # pid keys as strings): byte for byte what the v1 producer has always written.
+    fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    return orjson.dumps({"schema": schema, "v": VERSION, **fields},
+                        option=orjson.OPT_NON_STR_KEYS)
+
+
+def _decode_record(value: bytes | None, schema: str, kind: type[_Record]) -> _Record:
+    if value is not None and len(value) > MAX_RECORD_BYTES:
+        raise WireError(f"{schema} message of {len(value)} bytes, more than {MAX_RECORD_BYTES}")
     message = _load(value, schema)
     del message["schema"], message["v"]
-    return message
+    try:
+        return msgspec.convert(message, kind, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise WireError(f"malformed {schema} message: {exc}") from None
+
+
+def encode_process(record: ProcessRecord) -> bytes:
+    return _encode_record(PROCESS_SCHEMA, record)
+
+
+def decode_process(value: bytes | None) -> ProcessRecord:
+    return _decode_record(value, PROCESS_SCHEMA, ProcessRecord)
+
+
+def encode_metrics(record: MetricsRecord) -> bytes:
+    return _encode_record(METRICS_SCHEMA, record)
+
+
+def decode_metrics(value: bytes | None) -> MetricsRecord:
+    return _decode_record(value, METRICS_SCHEMA, MetricsRecord)
+
+
+def encode_nvml(record: NvmlRecord) -> bytes:
+    return _encode_record(NVML_SCHEMA, record)
+
+
+def decode_nvml(value: bytes | None) -> NvmlRecord:
+    return _decode_record(value, NVML_SCHEMA, NvmlRecord)
 
 
 # -- topics ----------------------------------------------------------------------------------

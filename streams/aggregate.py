@@ -55,6 +55,7 @@ from producer.counting import (
     kernel_key,
     percentile,
 )
+from producer.wire import MetricsRecord, NvmlRecord
 from streams import measurements as m
 from streams.measurements import Fields, FieldValue, Point, Tags
 
@@ -483,66 +484,71 @@ class MemoryLedger:
 #: `gpu_process` job of a process the stream app has no identity for.
 UNKNOWN_JOB: Final = "unknown"
 
-_GPU_FIELDS: Final[tuple[str, ...]] = tuple(f.name for f in m.GPU.fields)
-_PIPELINE_FIELDS: Final[tuple[str, ...]] = tuple(f.name for f in m.PIPELINE.fields)
 
 
-def gpu_points(record: Mapping[str, Any], job_of_pid: Callable[[int], str | None]) -> list[Point]:
-    """An nvml.v1 record ({"host", "ts_ns", "gpus": [GpuSample.to_dict()]}) → gpu points, and
-    gpu_process points summed per (gpu, job) (several processes of a job share one point).
+def gpu_points(record: NvmlRecord, job_of_pid: Callable[[int], str | None]) -> list[Point]:
+    """An nvml.v1 record → gpu points, and gpu_process points summed per (gpu, job) (several
+    processes of a job share one point).
 
     Gauges NVML did not give are left out; a GPU without any is not written.
     """
-    host, t = str(record["host"]), int(record["ts_ns"])
     points: list[Point] = []
-    for gpu in record.get("gpus") or ():
-        tags = {Tags.HOST: host, Tags.GPU: str(gpu["gpu"])}
-        fields: dict[str, int | float] = {}
-        for name in _GPU_FIELDS:
-            value = gpu.get(name)
-            if value is not None:
-                fields[name] = m.GPU.field(name).type(value)
+    for gpu in record.gpus:
+        tags = {Tags.HOST: record.host, Tags.GPU: str(gpu.gpu)}
+        gauges: dict[str, int | float | None] = {
+            Fields.UTILIZATION_GPU_PCT: gpu.utilization_gpu_pct,
+            Fields.UTILIZATION_MEMORY_PCT: gpu.utilization_memory_pct,
+            Fields.MEMORY_USED_BYTES: gpu.memory_used_bytes,
+            Fields.MEMORY_TOTAL_BYTES: gpu.memory_total_bytes,
+            Fields.POWER_W: gpu.power_w,
+            Fields.TEMPERATURE_C: gpu.temperature_c,
+            Fields.SM_CLOCK_MHZ: gpu.sm_clock_mhz,
+            Fields.PCIE_RX_BYTES_PER_S: gpu.pcie_rx_bytes_per_s,
+            Fields.PCIE_TX_BYTES_PER_S: gpu.pcie_tx_bytes_per_s,
+        }
+        fields = {name: m.GPU.field(name).type(value)
+                  for name, value in gauges.items() if value is not None}
         if fields:
-            points.append(Point(m.GPU.name, tags, fields, t))
+            points.append(Point(m.GPU.name, tags, fields, record.ts_ns))
         jobs: dict[str, dict[str, int]] = {}
-        for proc in gpu.get("processes") or ():
-            job = job_of_pid(int(proc["pid"])) or UNKNOWN_JOB
+        for proc in gpu.processes or ():
+            job = job_of_pid(proc.pid) or UNKNOWN_JOB
             sums = jobs.setdefault(job, {Fields.PROCESSES: 0})
             sums[Fields.PROCESSES] += 1
-            for name in (Fields.SM_UTIL_PCT, Fields.MEM_UTIL_PCT, Fields.USED_MEMORY_BYTES):
-                value = proc.get(name)
+            for name, value in ((Fields.SM_UTIL_PCT, proc.sm_util_pct),
+                                (Fields.MEM_UTIL_PCT, proc.mem_util_pct),
+                                (Fields.USED_MEMORY_BYTES, proc.used_memory_bytes)):
                 if value is not None:
-                    sums[name] = sums.get(name, 0) + int(value)
+                    sums[name] = sums.get(name, 0) + value
         for job, sums in sorted(jobs.items()):
-            points.append(Point(m.GPU_PROCESS.name, {**tags, Tags.JOB: job}, dict(sums), t))
+            points.append(Point(m.GPU_PROCESS.name, {**tags, Tags.JOB: job}, dict(sums),
+                                record.ts_ns))
     return points
 
 
-def pipeline_point(record: Mapping[str, Any]) -> Point | None:
-    """A metrics.v1 record → the producer's counters (None without host or counters)."""
-    host = record.get("host")
-    fields: dict[str, int | float] = {
-        name: int(record[name]) for name in _PIPELINE_FIELDS if record.get(name) is not None
-    }
-    if not host or not fields:
-        return None
-    return Point(m.PIPELINE.name, {Tags.HOST: str(host)}, fields, int(record["ts_ns"]))
+def pipeline_point(record: MetricsRecord) -> Point:
+    """A metrics.v1 record → the producer's counters."""
+    return Point(m.PIPELINE.name, {Tags.HOST: record.host}, {
+        Fields.CAPTURED: record.captured,
+        Fields.PRODUCED: record.produced,
+        Fields.PUBLISHED: record.published,
+        Fields.DROPPED_KERNEL: record.dropped_kernel,
+        Fields.DROPPED_USER: record.dropped_user,
+        Fields.QUEUE_MESSAGES: record.queue_messages,
+    }, record.ts_ns)
 
 
-def lost_points(record: Mapping[str, Any], job_of_pid: Callable[[int], str]) -> list[Point]:
+def lost_points(record: MetricsRecord, job_of_pid: Callable[[int], str]) -> list[Point]:
     """A metrics.v1 record → the events each job lost so far (its processes' drops summed),
     for the jobs that lost any."""
-    host = record.get("host")
-    if not host:
-        return []
     by_job: dict[str, dict[str, int]] = {}
-    for field_name, key in ((Fields.DROPPED_KERNEL, "dropped_kernel_by_pid"),
-                            (Fields.DROPPED_USER, "dropped_user_by_pid")):
-        for pid, count in (record.get(key) or {}).items():
-            if int(count) > 0:
-                sums = by_job.setdefault(job_of_pid(int(pid)),
+    for field_name, by_pid in ((Fields.DROPPED_KERNEL, record.dropped_kernel_by_pid),
+                               (Fields.DROPPED_USER, record.dropped_user_by_pid)):
+        for pid, count in by_pid.items():
+            if count > 0:
+                sums = by_job.setdefault(job_of_pid(pid),
                                          {Fields.DROPPED_KERNEL: 0, Fields.DROPPED_USER: 0})
-                sums[field_name] += int(count)
-    t = int(record["ts_ns"])
-    return [Point(m.EVENTS_LOST.name, {Tags.HOST: str(host), Tags.JOB: job}, dict(sums), t)
+                sums[field_name] += count
+    return [Point(m.EVENTS_LOST.name, {Tags.HOST: record.host, Tags.JOB: job}, dict(sums),
+                  record.ts_ns)
             for job, sums in sorted(by_job.items())]

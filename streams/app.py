@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -77,15 +77,15 @@ class GpuUtilization:
         self._host: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self._job: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
 
-    def add(self, record: Mapping[str, Any], directory: Directory) -> None:
-        host, t = str(record["host"]), int(record["ts_ns"])
-        for gpu in record.get("gpus") or ():
-            if gpu.get(Fields.UTILIZATION_GPU_PCT) is not None:
-                _keep(self._host[host], (t, float(gpu[Fields.UTILIZATION_GPU_PCT])))
-            for proc in gpu.get("processes") or ():
-                job = directory.latest_job(host, int(proc["pid"]))
-                if job is not None and proc.get(Fields.SM_UTIL_PCT) is not None:
-                    _keep(self._job[host, job], (t, float(proc[Fields.SM_UTIL_PCT])))
+    def add(self, record: wire.NvmlRecord, directory: Directory) -> None:
+        host, t = record.host, record.ts_ns
+        for gpu in record.gpus:
+            if gpu.utilization_gpu_pct is not None:
+                _keep(self._host[host], (t, float(gpu.utilization_gpu_pct)))
+            for proc in gpu.processes or ():
+                job = directory.latest_job(host, proc.pid)
+                if job is not None and proc.sm_util_pct is not None:
+                    _keep(self._job[host, job], (t, float(proc.sm_util_pct)))
 
     def mean(self, host: str, job: str, start_ns: int, end_ns: int) -> float | None:
         """The job's GPU utilisation in [start, end): its processes' SM utilisation where NVML
@@ -140,24 +140,21 @@ class Worker:
             elif topic == self.settings.ticks_topic:
                 await self._tick(message.partition)
             elif topic == self.topics.nvml:
-                record = wire.decode_record(message.value, wire.NVML_SCHEMA)
-                self.gpu.add(record, self.directory)
-                await self.sink.put(Batch(gpu_points(record, self._nvml_job(record))))
+                gpus = wire.decode_nvml(message.value)
+                self.gpu.add(gpus, self.directory)
+                await self.sink.put(Batch(gpu_points(gpus, self._nvml_job(gpus))))
             elif topic == self.topics.metrics:
-                record = wire.decode_record(message.value, wire.METRICS_SCHEMA)
-                point = pipeline_point(record)
-                points = lost_points(record, await self._jobs_of_lossy_pids(record))
-                if point is not None or points:
-                    await self.sink.put(Batch(([point] if point else []) + points))
+                metrics = wire.decode_metrics(message.value)
+                lost = lost_points(metrics, await self._jobs_of_lossy_pids(metrics))
+                await self.sink.put(Batch([pipeline_point(metrics), *lost]))
         except (wire.WireError, KeyError, TypeError, ValueError) as exc:
             await self._dead_letter(message, reason="malformed", detail=str(exc))
 
-    async def _jobs_of_lossy_pids(self, record: Mapping[str, Any]) -> Callable[[int], str]:
+    async def _jobs_of_lossy_pids(self, record: wire.MetricsRecord) -> Callable[[int], str]:
         """The jobs of the pids a metrics record counts drops for (metrics name pids only: the
         latest process of each), waiting for an identity as events do, once per pid."""
-        host = str(record.get("host"))
-        pids = {int(pid) for key in ("dropped_kernel_by_pid", "dropped_user_by_pid")
-                for pid in (record.get(key) or {})}
+        host = record.host
+        pids = {*record.dropped_kernel_by_pid, *record.dropped_user_by_pid}
         unknown = {p for p in pids if self.directory.latest_job(host, p) is None
                    and (host, p) not in self._lossy_unknown}
         deadline = time.monotonic() + self.settings.identity_wait_s
@@ -168,9 +165,8 @@ class Worker:
         return lambda pid: (self.directory.latest_job(host, pid)
                             or UNKNOWN_JOB_FORMAT.format(pid=pid))
 
-    def _nvml_job(self, record: Mapping[str, Any]) -> Any:
-        host = str(record["host"])
-        return lambda pid: self.directory.latest_job(host, pid)
+    def _nvml_job(self, record: wire.NvmlRecord) -> Callable[[int], str | None]:
+        return lambda pid: self.directory.latest_job(record.host, pid)
 
     async def _events(self, message: Any) -> None:
         batch = wire.decode_events(message.value)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from producer import wire
 
@@ -20,7 +20,8 @@ UNKNOWN_JOB_FORMAT: Final = "unknown:{pid}"
 
 
 class Directory:
-    """(host, pid, start_time) → job, filled from processes.v1 records."""
+    """(host, pid, start_time) → job, filled from processes.v1 records (`malformed` counts the
+    messages that were not valid ones)."""
 
     def __init__(self) -> None:
         self._jobs: dict[tuple[str, int, int], str] = {}
@@ -29,16 +30,11 @@ class Directory:
         self.records = 0
         self.malformed = 0
 
-    def add(self, record: Mapping[str, Any]) -> None:
-        try:
-            key = (str(record["host"]), int(record["pid"]), int(record["start_time"]))
-            job = str(record["job"])
-        except (KeyError, TypeError, ValueError):
-            self.malformed += 1
-            return
+    def add(self, record: wire.ProcessRecord) -> None:
+        key = (record.host, record.pid, record.start_time)
         with self._lock:
-            self._jobs[key] = job
-            self._latest[key[:2]] = job
+            self._jobs[key] = record.job
+            self._latest[key[:2]] = record.job
             self.records += 1
 
     def job(self, host: str, pid: int, start_time: int) -> str | None:
@@ -93,7 +89,7 @@ class DirectoryReader:
                     if message.error() is not None or message.value() is None:
                         continue  # tombstones of the compacted topic; transient errors
                     try:
-                        record = wire.decode_record(message.value(), wire.PROCESS_SCHEMA)
+                        record = wire.decode_process(message.value())
                     except wire.WireError:
                         self.directory.malformed += 1
                         continue

@@ -15,10 +15,6 @@ share of the job's active time.
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
@@ -27,60 +23,16 @@ import orjson
 from tabulate import tabulate
 
 from producer.counting import GRAPH_LAUNCH_APIS
-from producer.errors import ServiceError, UsageError
+from producer.errors import UsageError
 from streams import measurements as m
 from streams.aggregate import percentile
+from streams.influxql import InfluxQL, quote_string
 from streams.measurements import Fields, Tags
 from streams.settings import InfluxSettings
 
-_DIRECT: Final = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-class InfluxQL:
-    """InfluxQL over HTTP (/query), with the sink's credentials."""
-
-    def __init__(self, settings: InfluxSettings, timeout_s: float = 30.0) -> None:
-        self.settings = settings
-        self.timeout_s = timeout_s
-
-    def series(self, query: str) -> list[dict[str, Any]]:
-        params = {"db": self.settings.database, "q": query, "epoch": "ns"}
-        headers = {}
-        token = self.settings.token
-        if ":" in token:  # InfluxDB 1.x user:password
-            params["u"], params["p"] = token.split(":", 1)
-        elif token:
-            headers["Authorization"] = f"Token {token}"
-        url = f"{self.settings.url}/query?{urllib.parse.urlencode(params)}"
-        try:
-            with _DIRECT.open(urllib.request.Request(url, headers=headers),
-                              timeout=self.timeout_s) as response:
-                answer = json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise ServiceError(f"InfluxDB at {self.settings.url} refused the query:"
-                               f" HTTP {exc.code} {exc.reason}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ServiceError(f"cannot reach InfluxDB at {self.settings.url}: {reason}") from None
-        except ValueError:
-            raise ServiceError(f"InfluxDB at {self.settings.url} answered with no JSON") from None
-        results = answer.get("results") or [{}]
-        if "error" in results[0]:
-            raise ServiceError(f"InfluxDB: {results[0]['error']}")
-        series: list[dict[str, Any]] = results[0].get("series", [])
-        return series
-
-    def rows(self, query: str) -> list[dict[str, Any]]:
-        out = []
-        for one in self.series(query):
-            for values in one["values"]:
-                out.append({**one.get("tags", {}),
-                            **dict(zip(one["columns"], values, strict=True))})
-        return out
+#: Queries over long ranges take longer than the sink's writes.
+REPORT_TIMEOUT_S: Final = 30.0
+_quote: Final = quote_string
 
 
 @dataclass
@@ -153,7 +105,7 @@ class JobSummary:
 
 def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int,
                 host: str | None = None) -> JobSummary:
-    db = InfluxQL(settings)
+    db = InfluxQL.from_settings(settings, timeout_s=REPORT_TIMEOUT_S)
     where = f"WHERE {Tags.JOB} = {_quote(job)} AND time >= {since_ns} AND time < {until_ns}"
     if host:
         where += f" AND {Tags.HOST} = {_quote(host)}"
@@ -167,35 +119,36 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
                     f" FROM {m.LAUNCH_SHAPE.name} {where}")
     if not launches and not any(db.rows(f"SELECT * FROM {spec.name} {where} LIMIT 1")
                                 for spec in (m.CPU_BLOCKED, m.EVENTS_LOST)):
-        seen = sorted({r.get(Tags.JOB, "") for r in db.rows(
+        seen = sorted({r.text(Tags.JOB) for r in db.rows(
             f"SELECT last({Fields.COUNT}) FROM {m.LAUNCHES.name} WHERE time >= {since_ns}"
             f" AND time < {until_ns} GROUP BY {Tags.JOB}")})
         hint = f"; jobs in that range: {', '.join(seen[:10])}" if seen else "; no jobs at all"
         raise UsageError(f"no data for job {job!r} in the time range{hint}")
-    summary.hosts = sorted({r[Tags.HOST] for r in launches})
+    summary.hosts = sorted({r.text(Tags.HOST) for r in launches})
     for r in launches:
-        key = f"{r[Tags.LAYER]}/{r[Tags.API]}"
-        summary.launches_by_api[key] = summary.launches_by_api.get(key, 0) + int(r["n"])
-        summary.graph_kernel_nodes += int(r["g"] or 0)
-        if r[Tags.API] in GRAPH_LAUNCH_APIS:
-            summary.graph_launches += int(r["n"])
-    summary.launches = sum(int(r[Fields.LAUNCHES]) for r in shape)
-    summary.captured_launches = sum(int(r[Fields.CAPTURED_LAUNCHES] or 0) for r in shape)
+        key = f"{r.text(Tags.LAYER)}/{r.text(Tags.API)}"
+        summary.launches_by_api[key] = summary.launches_by_api.get(key, 0) + r.integer("n")
+        summary.graph_kernel_nodes += r.integer("g")
+        if r.text(Tags.API) in GRAPH_LAUNCH_APIS:
+            summary.graph_launches += r.integer("n")
+    summary.launches = sum(r.integer(Fields.LAUNCHES) for r in shape)
+    summary.captured_launches = sum(r.integer(Fields.CAPTURED_LAUNCHES) for r in shape)
     summary.active_windows = len(shape)
     one = db.rows(f"SELECT {Fields.COUNT}, {Fields.RATE_PER_S} FROM {m.LAUNCHES.name} {where}"
                   " LIMIT 1")
-    if one and one[0][Fields.RATE_PER_S]:
-        summary.window_s = one[0][Fields.COUNT] / one[0][Fields.RATE_PER_S]
+    rate = one[0].number(Fields.RATE_PER_S) if one else None
+    if rate:
+        summary.window_s = one[0].integer(Fields.COUNT) / rate
     if shape and summary.window_s:
         first, last = shape[0], shape[-1]  # by time
-        head = first[Fields.FIRST_LAUNCH_OFFSET_NS]
-        tail = last[Fields.LAST_LAUNCH_OFFSET_NS]
+        head = first.number(Fields.FIRST_LAUNCH_OFFSET_NS)
+        tail = last.number(Fields.LAST_LAUNCH_OFFSET_NS)
         if head is not None and tail is not None:
             summary.idle_edges_s = (head + summary.window_s * 1e9 - tail) / 1e9
 
     kernels = db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {m.KERNELS.name} {where}"
                       f" GROUP BY {Tags.KERNEL}")
-    ranked = sorted(((r[Tags.KERNEL], int(r["n"])) for r in kernels),
+    ranked = sorted(((r.text(Tags.KERNEL), r.integer("n")) for r in kernels),
                     key=lambda kv: (-kv[1], kv[0]))
     summary.top_kernels = ranked[:10]
 
@@ -203,7 +156,7 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
         counts = [0] * m.HISTOGRAM_BUCKETS
         for r in db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {spec.name} {where}"
                          f" GROUP BY {Tags.BUCKET}"):
-            counts[int(str(r[Tags.BUCKET]).removeprefix("2^"))] += int(r["n"])
+            counts[int(r.text(Tags.BUCKET).removeprefix("2^"))] += r.integer("n")
         for q in (50, 90, 99):
             if hasattr(summary, f"{attr}_p{q}"):
                 setattr(summary, f"{attr}_p{q}", percentile(counts, q / 100))
@@ -211,42 +164,43 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
     for r in db.rows(f"SELECT sum({Fields.COUNT}) AS count, sum({Fields.BYTES}) AS bytes,"
                      f" sum({Fields.SYNC_BYTES}) AS sync_bytes, sum({Fields.SYNC_NS}) AS sync_ns"
                      f" FROM {m.COPIES.name} {where} GROUP BY {Tags.KIND}"):
-        summary.copies[r[Tags.KIND]] = {k: int(r[k] or 0) for k in
-                                        ("count", "bytes", "sync_bytes", "sync_ns")}
+        summary.copies[r.text(Tags.KIND)] = {k: r.integer(k) for k in
+                                             ("count", "bytes", "sync_bytes", "sync_ns")}
     memset = db.rows(f"SELECT sum({Fields.BYTES}) AS b FROM {m.MEMSET.name} {where}")
-    summary.memset_bytes = int(memset[0]["b"]) if memset else 0
+    summary.memset_bytes = memset[0].integer("b") if memset else 0
     memory = db.rows(f"SELECT sum({Fields.ALLOC_BYTES}) AS a, max({Fields.PEAK_LIVE_BYTES}) AS p"
                      f" FROM {m.MEMORY.name} {where}")
     if memory:
-        summary.alloc_bytes = int(memory[0]["a"] or 0)
-        summary.peak_live_bytes = None if memory[0]["p"] is None else int(memory[0]["p"])
+        summary.alloc_bytes = memory[0].integer("a")
+        peak = memory[0].number("p")
+        summary.peak_live_bytes = None if peak is None else int(peak)
     blocked = db.rows(f"SELECT sum({Fields.SYNC_NS}) AS s, sum({Fields.COPY_NS}) AS c,"
                       f" mean({Fields.BLOCKED_SHARE}) AS share FROM {m.CPU_BLOCKED.name} {where}")
     if blocked:
-        summary.sync_ns = int(blocked[0]["s"] or 0)
-        summary.copy_ns = int(blocked[0]["c"] or 0)
-        summary.blocked_share_mean = blocked[0]["share"]
+        summary.sync_ns = blocked[0].integer("s")
+        summary.copy_ns = blocked[0].integer("c")
+        summary.blocked_share_mean = blocked[0].number("share")
 
     gpu = db.rows(f"SELECT mean({Fields.SM_UTIL_PCT}) AS u FROM {m.GPU_PROCESS.name} {where}")
     verdicts = db.rows(
         f"SELECT sum({Fields.VERDICT}) AS v, count({Fields.VERDICT}) AS n,"
         f" sum({Fields.ALERT}) AS a, mean({Fields.GPU_UTILIZATION_PCT}) AS u"
         f" FROM {m.MEMORY_BOUND.name} {where}")
-    if gpu and gpu[0]["u"] is not None:
-        summary.gpu_utilization_pct = float(gpu[0]["u"])
-    elif verdicts and verdicts[0]["u"] is not None:
-        summary.gpu_utilization_pct = float(verdicts[0]["u"])
+    if gpu and gpu[0].number("u") is not None:
+        summary.gpu_utilization_pct = gpu[0].number("u")
+    elif verdicts and verdicts[0].number("u") is not None:
+        summary.gpu_utilization_pct = verdicts[0].number("u")
     if verdicts:
-        summary.memory_bound_windows = int(verdicts[0]["v"] or 0)
-        summary.judged_windows = int(verdicts[0]["n"] or 0)
+        summary.memory_bound_windows = verdicts[0].integer("v")
+        summary.judged_windows = verdicts[0].integer("n")
     fired = db.rows(f"SELECT {Fields.CONSECUTIVE_WINDOWS} FROM {m.MEMORY_BOUND.name} {where}"
                     f" AND {Fields.ALERT} = 1")
     summary.memory_bound_alerts = sum(1 for r in fired if r[Fields.CONSECUTIVE_WINDOWS] is not None)
     for r in db.rows(f"SELECT count({Fields.RATIO}) AS n FROM {m.BANDWIDTH_ANOMALY.name} {where}"
                      f" GROUP BY {Tags.KIND}, {Tags.DIRECTION}"):
-        summary.anomalies[f"{r[Tags.KIND]} {r[Tags.DIRECTION]}"] = int(r["n"])
+        summary.anomalies[f"{r.text(Tags.KIND)} {r.text(Tags.DIRECTION)}"] = r.integer("n")
     errors = db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {m.ERRORS.name} {where}")
-    summary.errors = int(errors[0]["n"]) if errors else 0
+    summary.errors = errors[0].integer("n") if errors else 0
     summary.lost_kernel, summary.lost_user = _events_lost(db, job, since_ns, until_ns, host)
     return summary
 
@@ -258,18 +212,18 @@ def _events_lost(db: InfluxQL, job: str, since_ns: int, until_ns: int,
     fields = (Fields.DROPPED_KERNEL, Fields.DROPPED_USER)
     job_host = f"{Tags.JOB} = {_quote(job)}" + (f" AND {Tags.HOST} = {_quote(host)}"
                                                 if host else "")
-    before = {r[Tags.HOST]: r for r in db.rows(
+    before = {r.text(Tags.HOST): r for r in db.rows(
         f"SELECT last({fields[0]}) AS {fields[0]}, last({fields[1]}) AS {fields[1]}"
         f" FROM {m.EVENTS_LOST.name} WHERE {job_host} AND time < {since_ns}"
         f" GROUP BY {Tags.HOST}")}
-    previous = {h: [int(r[f] or 0) for f in fields] for h, r in before.items()}
+    previous = {h: [r.integer(f) for f in fields] for h, r in before.items()}
     lost = [0, 0]
     for r in db.rows(f"SELECT {fields[0]}, {fields[1]} FROM {m.EVENTS_LOST.name}"
                      f" WHERE {job_host} AND time >= {since_ns} AND time < {until_ns}"
                      f" GROUP BY {Tags.HOST}"):
-        last = previous.setdefault(r[Tags.HOST], [0, 0])
+        last = previous.setdefault(r.text(Tags.HOST), [0, 0])
         for i, name in enumerate(fields):
-            value = int(r[name] or 0)
+            value = r.integer(name)
             lost[i] += value - last[i] if value >= last[i] else value
             last[i] = value
     return lost[0], lost[1]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from producer.errors import UsageError
 from producer.wire import DEFAULT_PREFIX
 from streams.windows import WindowSettings
 
@@ -20,22 +21,48 @@ DEFAULT_APP_ID: Final = "gpuflight-streams"
 
 @dataclass(frozen=True)
 class InfluxSettings:
+    """Where the stream app writes and `report` reads, with which credentials.
+
+    Credentials, one kind or none (GPUFLIGHT_INFLUX_* in the environment):
+      token (_TOKEN)                      an API token (2.x/3.x), sent as "Authorization: Token
+                                          …" by the writer and the InfluxQL client alike; 1.8
+                                          with auth-enabled takes "user:password" as a token too
+      username, password (_USERNAME,      an InfluxDB 1.8 user: basic auth for InfluxQL, and the
+                          _PASSWORD)      token "username:password" for the v2 write API
+    TLS: an https:// URL is verified against the system's CAs, or ca_file (_CA_FILE).
+    """
+
     url: str = DEFAULT_INFLUX_URL
     #: v2 bucket; on InfluxDB 1.8 "database/retention policy".
     bucket: str = DEFAULT_BUCKET
     org: str = "-"
-    #: "user:password" on 1.8 with auth, an API token on 2.x/3.x.
-    token: str = ""
+    token: str = field(default="", repr=False)
+    username: str = ""
+    password: str = field(default="", repr=False)
+    #: A CA bundle (PEM) to verify an https:// InfluxDB against, instead of the system's.
+    ca_file: str | None = None
     batch_points: int = 5000
     max_pending_points: int = 200_000
     retry_initial_s: float = 0.5
     retry_max_s: float = 30.0
     timeout_s: float = 10.0
 
+    def __post_init__(self) -> None:
+        if self.token and self.username:
+            raise UsageError("set GPUFLIGHT_INFLUX_TOKEN or GPUFLIGHT_INFLUX_USERNAME and"
+                             " GPUFLIGHT_INFLUX_PASSWORD, not both")
+        if self.password and not self.username:
+            raise UsageError("GPUFLIGHT_INFLUX_PASSWORD needs GPUFLIGHT_INFLUX_USERNAME")
+
     @property
     def database(self) -> str:
         """The InfluxQL database of the bucket."""
         return self.bucket.split("/", 1)[0]
+
+    @property
+    def write_token(self) -> str:
+        """What influxdb-client sends as its token: the token, or 1.8's "username:password"."""
+        return self.token or (f"{self.username}:{self.password}" if self.username else "")
 
     @classmethod
     def from_environment(cls, url: str | None = None, bucket: str | None = None) -> InfluxSettings:
@@ -45,6 +72,9 @@ class InfluxSettings:
             bucket=bucket or env.get("GPUFLIGHT_INFLUX_BUCKET", DEFAULT_BUCKET),
             org=env.get("GPUFLIGHT_INFLUX_ORG", "-"),
             token=env.get("GPUFLIGHT_INFLUX_TOKEN", ""),
+            username=env.get("GPUFLIGHT_INFLUX_USERNAME", ""),
+            password=env.get("GPUFLIGHT_INFLUX_PASSWORD", ""),
+            ca_file=env.get("GPUFLIGHT_INFLUX_CA_FILE") or None,
         )
 
 

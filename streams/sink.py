@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from streams.influxql import missing_database
 from streams.measurements import Point, validate
 from streams.settings import InfluxSettings
 
@@ -78,13 +79,15 @@ class InfluxSink:
         self._task: asyncio.Task[None] | None = None
         self._client: Any = None
         self._clock = clock
+        #: HTTP statuses of the failures already logged (cleared by a write that succeeds).
+        self._said: set[int] = set()
 
     async def start(self) -> None:
         from influxdb_client.client.influxdb_client_async import InfluxDBClientAsync
 
         self._client = InfluxDBClientAsync(
-            url=self.settings.url, token=self.settings.token, org=self.settings.org,
-            timeout=round(self.settings.timeout_s * 1000),
+            url=self.settings.url, token=self.settings.write_token, org=self.settings.org,
+            timeout=round(self.settings.timeout_s * 1000), ssl_ca_cert=self.settings.ca_file,
         )
         self._task = asyncio.get_running_loop().create_task(self._run(), name="influx-sink")
 
@@ -179,6 +182,18 @@ class InfluxSink:
                 log.error("InfluxDB refused %d points (%s); they are dropped and counted",
                           len(lines), self.stats.last_error)
                 return "refused"
+            if status == 404 or status in {401, 403}:
+                # Not transient: said once, in one line with the fix, until a write succeeds.
+                if status not in self._said:
+                    self._said.add(status)
+                    log.error("%s; the worker keeps the points and retries every %g s at most",
+                              missing_database(self.settings.url, self.settings.database)
+                              if status == 404 else
+                              f"InfluxDB at {self.settings.url} refused the credentials"
+                              f" ({self.stats.last_error}): set GPUFLIGHT_INFLUX_TOKEN or"
+                              " GPUFLIGHT_INFLUX_USERNAME and _PASSWORD",
+                              self.settings.retry_max_s)
+                return "retry"
             log.warning("InfluxDB write failed (%s); retrying", self.stats.last_error)
             return "retry"
         except (TimeoutError, OSError) as exc:
@@ -195,4 +210,7 @@ class InfluxSink:
                                 self.settings.url, self.stats.last_error)
                 return "retry"
             raise
+        if self._said:
+            log.warning("InfluxDB at %s takes the writes again", self.settings.url)
+            self._said.clear()
         return "written"

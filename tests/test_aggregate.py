@@ -12,6 +12,7 @@ import numpy.typing as npt
 import orjson
 import pytest
 
+from producer import wire
 from producer.counting import CopyStats
 from producer.records import (
     API_IDS,
@@ -517,45 +518,50 @@ def test_split_windows() -> None:
 
 
 def test_gpu_points_sum_processes_per_job() -> None:
-    gpu = {
-        "gpu": 0, "uuid": "GPU-1", "name": "H200", "utilization_gpu_pct": 87,
-        "utilization_memory_pct": 40, "memory_used_bytes": 5 << 30,
-        "memory_total_bytes": 141 << 30, "power_w": 412, "temperature_c": 61,
-        "sm_clock_mhz": 1980, "pcie_rx_bytes_per_s": None, "pcie_tx_bytes_per_s": 1024,
-        "processes": [
-            {"pid": 1, "sm_util_pct": 30, "mem_util_pct": 10, "used_memory_bytes": 1 << 30},
-            {"pid": 2, "sm_util_pct": 50, "mem_util_pct": None, "used_memory_bytes": 2 << 30},
-            {"pid": 3, "sm_util_pct": None, "mem_util_pct": None, "used_memory_bytes": None},
-        ],
-    }
+    gpu = wire.GpuSample(
+        gpu=0, uuid="GPU-1", name="H200", utilization_gpu_pct=87, utilization_memory_pct=40,
+        memory_used_bytes=5 << 30, memory_total_bytes=141 << 30, power_w=412, temperature_c=61,
+        sm_clock_mhz=1980, pcie_rx_bytes_per_s=None, pcie_tx_bytes_per_s=1024,
+        processes=(
+            wire.GpuProcessSample(1, 30, 10, 1 << 30),
+            wire.GpuProcessSample(2, 50, None, 2 << 30),
+            wire.GpuProcessSample(3, None, None, None),
+        ),
+    )
+    silent = wire.GpuSample(1, *[None] * 12)
     jobs = {1: "train", 2: "train"}
-    points = gpu_points({"host": "node1", "ts_ns": 7, "gpus": [gpu, {"gpu": 1}]}, jobs.get)
+    points = gpu_points(wire.NvmlRecord("node1", 7, (gpu, silent)), jobs.get)
     for point in points:
         assert m.problems(point) == []
     gpus, train, unknown = points
     assert gpus.tags == {"host": "node1", "gpu": "0"}
     assert gpus.fields["power_w"] == 412.0 and "pcie_rx_bytes_per_s" not in gpus.fields
+    assert set(gpus.fields) == set(m.GPU.field_names) - {"pcie_rx_bytes_per_s"}
     assert train.tags == {"host": "node1", "gpu": "0", "job": "train"}
     assert train.fields == {"processes": 2, "sm_util_pct": 80, "mem_util_pct": 10,
                             "used_memory_bytes": 3 << 30}
     assert unknown.tags["job"] == "unknown" and unknown.fields == {"processes": 1}
 
 
+def metrics_record(kernel: dict[int, int], user: dict[int, int]) -> wire.MetricsRecord:
+    return wire.MetricsRecord(
+        host="node1", ts_ns=9, uptime_s=3.5, captured=10, produced=9, published=8,
+        dropped_kernel=sum(kernel.values()), dropped_kernel_by_pid=kernel,
+        dropped_user=sum(user.values()), dropped_user_by_pid=user, queue_messages=2,
+        libraries_attached=1)
+
+
 def test_pipeline_point() -> None:
-    record = {"host": "node1", "ts_ns": 9, "uptime_s": 3.5, "captured": 10, "produced": 9,
-              "published": 8, "dropped_kernel": 0, "dropped_kernel_by_pid": {},
-              "dropped_user": 1, "queue_messages": 2}
-    point = pipeline_point(record)
-    assert point is not None and m.problems(point) == []
+    point = pipeline_point(metrics_record({}, {4: 1}))
+    assert m.problems(point) == []
     assert point.fields == {"captured": 10, "produced": 9, "published": 8, "dropped_kernel": 0,
                             "dropped_user": 1, "queue_messages": 2}
-    assert pipeline_point({**record, "host": None}) is None
+    assert set(point.fields) == set(m.PIPELINE.field_names)
+    assert (point.tags, point.time_ns) == ({"host": "node1"}, 9)
 
 
 def test_lost_events_are_summed_per_job_of_the_pids() -> None:
-    record = {"host": "node1", "ts_ns": 9, "dropped_kernel": 70,
-              "dropped_kernel_by_pid": {"11": 50, "12": 20, "13": 0},
-              "dropped_user": 5, "dropped_user_by_pid": {"12": 3, "14": 2}}
+    record = metrics_record({11: 50, 12: 20, 13: 0}, {12: 3, 14: 2})
     jobs = {11: "train", 12: "train", 13: "eval"}
     points = lost_points(record, lambda pid: jobs.get(pid, f"unknown:{pid}"))
     assert all(m.problems(p) == [] for p in points)
@@ -564,6 +570,4 @@ def test_lost_events_are_summed_per_job_of_the_pids() -> None:
         "unknown:14": {"dropped_kernel": 0, "dropped_user": 2},
     }
     assert {p.time_ns for p in points} == {9} and {p.tags["host"] for p in points} == {"node1"}
-    assert lost_points({**record, "dropped_kernel_by_pid": {}, "dropped_user_by_pid": {}},
-                       lambda pid: "x") == []
-    assert lost_points({**record, "host": None}, lambda pid: "x") == []
+    assert lost_points(metrics_record({}, {}), lambda pid: "x") == []

@@ -20,15 +20,16 @@ import pytest
 import yaml
 
 from grafana import generate
+from producer import wire
 from producer.records import API_IDS, LAYER_DRIVER, LAYER_RUNTIME
 from streams import aggregate, detect
 from streams import measurements as m
 from streams.aggregate import bucket_of
+from streams.influxql import Series
 from streams.measurements import Fields, Tags
 from tests.conftest import REPO
 from tests.support.grafana_eval import (
     Labels,
-    Series,
     contract_problems,
     evaluate,
     influxql,
@@ -422,7 +423,8 @@ def check_columns_non_negative(*columns: str) -> Check:
 def check_live_memory(series: list[Series], ctx: Context) -> None:
     (s,) = series
     for live, peak in zip(s.column("live"), s.column("peak"), strict=True):
-        assert live is None or (peak is not None and 0 <= live <= peak)
+        assert live is None or (isinstance(live, int | float) and isinstance(peak, int | float)
+                                and 0 <= live <= peak)
 
 
 def check_scopes(column: str) -> Check:
@@ -578,7 +580,7 @@ def resolve_variables(board: Mapping[str, Any], run: PipelineRun,
     chosen: dict[str, Sequence[str]] = {}
     for v in board["templating"]["list"]:
         query = interpolate(v["query"], chosen, run.start_ns, run.end_ns, run.window_s)
-        offered = [row[1] for s in influxql(run.influx_url, run.database, query)
+        offered = [str(row[1]) for s in influxql(run.influx_url, run.database, query)
                    for row in s.values]
         if v["name"] == "host":
             assert run.host in offered
@@ -624,7 +626,7 @@ def test_the_fusion_table_shows_the_ratios(pipeline: PipelineRun) -> None:
     board = dashboards()["fusion"]
     (table,) = [p for p in board["panels"] if p["type"] == "table"]
     variables = resolve_variables(board, run, (UNFUSED, FUSED))
-    row: dict[str, float | None] = {}
+    row: dict[str, Any] = {}
     for t in table["targets"]:
         query = interpolate(t["query"], variables, run.start_ns, run.end_ns, run.window_s)
         for s in influxql(run.influx_url, run.database, query):
@@ -748,7 +750,9 @@ def test_a_producer_that_stops_is_silent_minutes_later(pipeline: PipelineRun) ->
     (last,) = influxql(run.influx_url, run.database,
                        f'SELECT last("{Fields.CAPTURED}") FROM "{m.PIPELINE.name}" '
                        f"WHERE \"{Tags.HOST}\" = '{run.host}'")
-    last_ns, captured = last.values[0]
+    (report,) = last.rows()
+    last_ns, captured = report.time_ns, report.number("last")
+    assert captured is not None
     host = ((Tags.HOST, run.host),)
     soon = run_rule(uid, run.influx_url, run.database, last_ns + 30 * 10**9)
     assert host not in soon.firing
@@ -790,16 +794,13 @@ def test_scenarios_fire_with_their_evidence(influx_url: str) -> None:
     lossy = "lossy-node"
     for i, (captured, dropped_kernel, dropped_user) in enumerate(
             [(100, 0, 0), (5000, 500, 0), (9000, 1200, 30), (50, 10, 0)]):  # then a restart
-        point = aggregate.pipeline_point({
-            "host": lossy, "ts_ns": T1 + i * 5 * 10**9, "captured": captured,
-            "published": captured, "dropped_kernel": dropped_kernel,
-            "dropped_user": dropped_user, "queue_messages": 7})
-        assert point is not None
-        points.append(point)
-        points += aggregate.lost_points({
-            "host": lossy, "ts_ns": T1 + i * 5 * 10**9,
-            "dropped_kernel_by_pid": {"41": dropped_kernel},
-            "dropped_user_by_pid": {"41": dropped_user}}, lambda pid: f"lossy-job:{pid}")
+        record = wire.MetricsRecord(
+            host=lossy, ts_ns=T1 + i * 5 * 10**9, uptime_s=5.0 * i, captured=captured,
+            produced=captured, published=captured, dropped_kernel=dropped_kernel,
+            dropped_kernel_by_pid={41: dropped_kernel}, dropped_user=dropped_user,
+            dropped_user_by_pid={41: dropped_user}, queue_messages=7, libraries_attached=1)
+        points.append(aggregate.pipeline_point(record))
+        points += aggregate.lost_points(record, lambda pid: f"lossy-job:{pid}")
     write_points(url, SCENARIOS, points)
     now = T1 + 12 * window_ns
 

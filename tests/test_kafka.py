@@ -138,16 +138,16 @@ def test_round_trip_through_kafka_is_exact(broker: stack.KafkaHandle, bindir: Pa
     want = [e for e in recorded if e["pid"] == one and lo <= e["ts_ns"] < hi]
     assert want and Counter(map(key, subset)) == Counter(map(key, want))
     # Each process's identity was published once, with the job it belongs to.
-    identities = [wire.decode_record(v, wire.PROCESS_SCHEMA)
+    identities = [wire.decode_process(v)
                   for v in consume_all(broker.bootstrap, f"{prefix}.processes.v1")]
-    by_pid = {r["pid"]: r for r in identities}
-    assert all(by_pid[p]["job"] == f"{by_pid[p]['comm']}:{p}" for p in pids)
+    by_pid = {r.pid: r for r in identities}
+    assert all(by_pid[p].job == f"{by_pid[p].comm}:{p}" for p in pids)
     # The producer's metrics say what it captured and published.
-    metrics = [wire.decode_record(v, wire.METRICS_SCHEMA)
+    metrics = [wire.decode_metrics(v)
                for v in consume_all(broker.bootstrap, f"{prefix}.metrics.v1")]
-    last = max(metrics, key=lambda m: m["ts_ns"])
-    assert last["captured"] == len(recorded) == last["published"]
-    assert last["dropped_kernel"] == 0 and last["dropped_user"] == 0
+    last = max(metrics, key=lambda m: m.ts_ns)
+    assert last.captured == len(recorded) == last.published
+    assert last.dropped_kernel == 0 and last.dropped_user == 0
 
 
 def test_overload_drops_are_counted_per_process_and_published(
@@ -166,17 +166,17 @@ def test_overload_drops_are_counted_per_process_and_published(
         recorded = node.stop()
     finally:
         node.kill()
-    metrics = [wire.decode_record(v, wire.METRICS_SCHEMA)
+    metrics = [wire.decode_metrics(v)
                for v in consume_all(broker.bootstrap, f"{prefix}.metrics.v1")]
-    last = max(metrics, key=lambda m: m["ts_ns"])
-    by_pid = {int(pid): n for pid, n in last["dropped_kernel_by_pid"].items()}
-    assert sum(by_pid.values()) == last["dropped_kernel"] > 0
+    last = max(metrics, key=lambda m: m.ts_ns)
+    by_pid = dict(last.dropped_kernel_by_pid)
+    assert sum(by_pid.values()) == last.dropped_kernel > 0
     want = len(expected.capture_events(threads, iters))
     for proc in procs:
         kept = sum(1 for e in recorded if e["pid"] == proc.pid)
         assert kept + by_pid.get(proc.pid, 0) == want, (proc.pid, kept, by_pid)
     assert set(by_pid) <= {p.pid for p in procs}
-    assert last["captured"] == len(recorded) == last["published"]
+    assert last.captured == len(recorded) == last.published
     published = [e for v in consume_all(broker.bootstrap, f"{prefix}.events.v1")
                  for e in decode_named(v)]
     assert Counter(map(key, published)) == Counter(map(key, recorded))

@@ -17,16 +17,16 @@ from typing import Any
 import orjson
 import pytest
 
+from producer import wire
 from producer.errors import GpuflightError
 from producer.nvml import (
     LIBRARY_ENV,
-    GpuSample,
     NvmlSampler,
     NvmlUnavailable,
-    ProcessSample,
     run_sampler,
     start_sampler,
 )
+from producer.wire import GpuProcessSample, GpuSample
 from tests.conftest import REPO, require
 
 #: Unpacked by scripts/setup-nvml from Debian's libnvidia-ml1.
@@ -277,7 +277,7 @@ def test_sample_decodes_every_gauge_and_none_for_unsupported() -> None:
     nvml = FakeNvml()
     with NvmlSampler(nvml=nvml.module()) as sampler:
         samples = sampler.sample()
-    assert [s.to_dict() for s in samples] == [H100, T4]
+    assert wire_form(samples) == [H100, T4]
     assert nvml.shutdowns == 1
 
 
@@ -288,15 +288,15 @@ def test_process_utilization_covers_the_time_since_the_last_sample() -> None:
     second = sampler.sample()[0]
     # Nothing new since the newest sample seen: utilization unknown, memory still reported.
     assert second.processes == (
-        ProcessSample(4242, None, None, 17_179_869_184),
-        ProcessSample(4343, None, None, None),
+        GpuProcessSample(4242, None, None, 17_179_869_184),
+        GpuProcessSample(4343, None, None, None),
     )
     nvml.samples[0].append(
         pynvml.c_nvmlProcessUtilizationSample_t(4343, 1_700_000_001_000_000, 12, 5, 0, 0)
     )
     third = sampler.sample()[0]
     assert third.processes is not None
-    assert third.processes[1] == ProcessSample(4343, 12, 5, None)
+    assert third.processes[1] == GpuProcessSample(4343, 12, 5, None)
     assert [ts for handle, ts in nvml.util_calls if handle == 1000] == [
         0, 1_700_000_000_200_000, 1_700_000_000_200_000,
     ]
@@ -313,8 +313,8 @@ def test_zero_process_samples_reported_as_success() -> None:
     fake.nvmlDeviceGetProcessUtilization = success
     (sample,) = NvmlSampler(nvml=fake).sample()
     assert sample.processes == (
-        ProcessSample(4242, None, None, 17_179_869_184),
-        ProcessSample(4343, None, None, None),
+        GpuProcessSample(4242, None, None, 17_179_869_184),
+        GpuProcessSample(4343, None, None, None),
     )
 
 
@@ -329,7 +329,7 @@ def test_no_process_figures_at_all_is_none() -> None:
     fake.nvmlDeviceGetComputeRunningProcesses = not_supported
     (sample,) = NvmlSampler(nvml=fake).sample()
     assert sample.processes is None
-    assert sample.to_dict()["processes"] is None
+    assert wire_form([sample])[0]["processes"] is None
 
 
 def test_every_gauge_failing_still_gives_a_sample() -> None:
@@ -415,20 +415,32 @@ def test_no_gpu_can_be_opened() -> None:
 # -- the wire form ------------------------------------------------------------------------------
 
 
+def wire_form(samples: list[GpuSample]) -> list[dict[str, Any]]:
+    """The samples as the nvml topic carries them."""
+    value = wire.encode_nvml(wire.NvmlRecord("node", 1, tuple(samples)))
+    gpus: list[dict[str, Any]] = orjson.loads(value)["gpus"]
+    return gpus
+
+
+def from_wire(gpus: list[dict[str, Any]]) -> tuple[GpuSample, ...]:
+    message = {"schema": wire.NVML_SCHEMA, "v": 1, "host": "node", "ts_ns": 1, "gpus": gpus}
+    return wire.decode_nvml(orjson.dumps(message)).gpus
+
+
 @pytest.mark.parametrize("data", [H100, T4], ids=["h100", "t4"])
 def test_round_trip(data: dict[str, Any]) -> None:
-    sample = GpuSample.from_dict(data)
-    assert sample.to_dict() == data
-    assert GpuSample.from_dict(orjson.loads(orjson.dumps(sample.to_dict()))) == sample
+    (sample,) = from_wire([data])
+    assert wire_form([sample]) == [data]
+    assert from_wire(wire_form([sample])) == (sample,)
 
 
 def test_round_trip_of_sampled_values() -> None:
-    for sample in NvmlSampler(nvml=FakeNvml().module()).sample():
-        assert GpuSample.from_dict(orjson.loads(orjson.dumps(sample.to_dict()))) == sample
+    samples = NvmlSampler(nvml=FakeNvml().module()).sample()
+    assert from_wire(wire_form(samples)) == tuple(samples)
 
 
 def test_power_as_a_json_integer() -> None:
-    sample = GpuSample.from_dict({**H100, "power_w": 300})
+    (sample,) = from_wire([{**H100, "power_w": 300}])
     assert sample.power_w == 300.0
     assert isinstance(sample.power_w, float)
 
@@ -436,26 +448,31 @@ def test_power_as_a_json_integer() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"temperature_c": "64"}, "GpuSample field 'temperature_c' is not an integer: '64'"),
-        ({"gpu": None}, "GpuSample: 'gpu' and 'pid' cannot be null"),
-        ({"uuid": 7}, "GpuSample field 'uuid' is not a string: 7"),
-        ({"power_w": True}, "GpuSample field 'power_w' is not a number: True"),
-        ({"memory_used_bytes": 1.5}, "GpuSample field 'memory_used_bytes' is not an integer: 1.5"),
-        ({"processes": {"pid": 1}}, "GpuSample field 'processes' is not a list of objects"),
-        ({"processes": [{"pid": 1}]}, "GpuSample field 'sm_util_pct' is missing"),
+        ({"temperature_c": "64"},
+         "Expected `int | null`, got `str` - at `$.gpus[0].temperature_c`"),
+        ({"gpu": None}, "Expected `int`, got `null` - at `$.gpus[0].gpu`"),
+        ({"uuid": 7}, "Expected `str | null`, got `int` - at `$.gpus[0].uuid`"),
+        ({"power_w": True}, "Expected `float | null`, got `bool` - at `$.gpus[0].power_w`"),
+        ({"memory_used_bytes": 1.5},
+         "Expected `int | null`, got `float` - at `$.gpus[0].memory_used_bytes`"),
+        ({"processes": {"pid": 1}},
+         "Expected `array | null`, got `object` - at `$.gpus[0].processes`"),
+        ({"processes": [{"pid": 1}]},
+         "Object missing required field `sm_util_pct` - at `$.gpus[0].processes[0]`"),
     ],
 )
-def test_from_dict_rejects_bad_fields(change: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError) as caught:
-        GpuSample.from_dict({**H100, **change})
-    assert str(caught.value).startswith(message)
+def test_bad_fields_are_wire_errors(change: dict[str, object], message: str) -> None:
+    with pytest.raises(wire.WireError) as caught:
+        from_wire([{**H100, **change}])
+    assert str(caught.value) == f"malformed gpuflight.nvml message: {message}"
 
 
-def test_from_dict_missing_field() -> None:
+def test_missing_field() -> None:
     data = dict(H100)
     del data["sm_clock_mhz"]
-    with pytest.raises(ValueError, match=r"^GpuSample field 'sm_clock_mhz' is missing$"):
-        GpuSample.from_dict(data)
+    with pytest.raises(wire.WireError,
+                       match=r"missing required field `sm_clock_mhz` - at `\$\.gpus\[0\]`$"):
+        from_wire([data])
 
 
 # -- the loop -----------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from gpuflight import stack
+from streams.influxql import CredentialsRefused, InfluxQL
+from streams.settings import InfluxSettings
 from tests.conftest import one_line, require
 from tests.support.influx_fixture import BUCKET, DATABASE, influx_unavailable_reason
 from tests.support.streams_support import influxql
@@ -65,8 +67,8 @@ def test_points_written_with_the_v2_api_come_back_by_influxql(
         f"kernel,gpu=0,name=memcpy calls=1i,seconds=0.125 {T0 + 2}",  # line protocol too
     ])
     (series,) = influxql(handle.url, 'SELECT "calls", "seconds", "gpu", "name" FROM "kernel"')
-    assert series["columns"] == ["time", "calls", "seconds", "gpu", "name"]
-    assert series["values"] == [
+    assert series.columns == ["time", "calls", "seconds", "gpu", "name"]
+    assert series.values == [
         [T0, 3, 0.25, "0", "sgemm"],
         [T0 + 1, 7, 1.5, "1", "sgemm"],
         [T0 + 2, 1, 0.125, "0", "memcpy"],
@@ -76,9 +78,9 @@ def test_points_written_with_the_v2_api_come_back_by_influxql(
     write(handle.url, [kernel("0", "sgemm", 4, 0.5, T0)])
     (series,) = influxql(handle.url, "SELECT \"calls\", \"seconds\" FROM \"kernel\" "
                                      "WHERE \"gpu\" = '0' AND \"name\" = 'sgemm'")
-    assert series["values"] == [[T0, 4, 0.5]]
+    assert series.values == [[T0, 4, 0.5]]
     (series,) = influxql(handle.url, 'SELECT COUNT("calls") FROM "kernel"')
-    assert series["values"] == [[0, 3]]
+    assert series.values == [[0, 3]]
 
 
 def test_up_status_down_and_up_again_keeps_the_points(own_influx: Path) -> None:
@@ -108,7 +110,7 @@ def test_up_status_down_and_up_again_keeps_the_points(own_influx: Path) -> None:
     # The data outlives the process, and the port may change between runs.
     handle2 = stack.influx_up(own_influx, stack.free_port(frozenset({port})))
     (series,) = influxql(handle2.url, 'SELECT "value" FROM "kept"')
-    assert series["values"] == [[T0, 42]]
+    assert series.values == [[T0, 42]]
     assert (own_influx / "influxdb.log.1").exists()  # the previous run's log is kept
 
 
@@ -171,3 +173,36 @@ def test_a_stale_pid_file_is_not_trusted(tmp_path: Path) -> None:
     assert stack.influx_status(tmp_path) == "stopped"
     assert not stack.influx_down(tmp_path)
     assert not (tmp_path / "influxdb.pid").exists()
+
+
+def test_stack_up_creates_the_default_database(own_influx: Path) -> None:
+    """#17: `gpuflight stack up` gives a worker started with the defaults its database
+    (gpuflight, retention policy autogen), every time, whether it existed or not."""
+    assert stack.influx.SERVICE.up is stack.influx.up_with_database
+    port = stack.free_port()
+    handle = stack.influx.up_with_database(own_influx, port)
+    db = InfluxQL(handle.url, DATABASE)
+    assert DATABASE in db.databases()
+    assert InfluxSettings().bucket == BUCKET  # the worker's default bucket: this database
+    (policy,) = db.rows(f'SHOW RETENTION POLICIES ON "{DATABASE}"')
+    assert (policy.text("name"), policy["default"]) == ("autogen", True)
+    write(handle.url, [f"kept value=1i {T0}"])  # the default bucket takes writes
+    again = stack.influx.up_with_database(own_influx, port)  # running, database there: fine
+    assert again.already_running
+    stack.influx_down(own_influx)
+    stack.influx.up_with_database(own_influx, port)  # and after a restart
+    assert db.rows('SELECT "value" FROM "kept"')[0].integer("value") == 1
+
+
+def test_an_auth_enabled_influxdb_keeps_its_admin(own_influx: Path) -> None:
+    port = stack.free_port()
+    handle = stack.influx_up(own_influx, port, admin=("root", "first-pass"))
+    with pytest.raises(CredentialsRefused):
+        InfluxQL(handle.url).databases()
+    assert InfluxQL(handle.url, username="root", password="first-pass").databases() == []
+    stack.influx_down(own_influx)
+    stack.influx_up(own_influx, port, admin=("root", "first-pass"))  # checked, not re-made
+    stack.influx_down(own_influx)
+    with pytest.raises(stack.StackError) as error:
+        stack.influx_up(own_influx, port, admin=("root", "another"))
+    assert "has users, and root cannot sign in: " in one_line(error)

@@ -377,12 +377,7 @@ def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx
     feed.events(host, 700, 1, launches([t0 + 10 * W], 700, 32, 256))  # closes the first
 
     def metrics(at_ns: int, kernel: dict[int, int], user: dict[int, int]) -> None:
-        record = {"host": host, "ts_ns": at_ns, "captured": 1, "published": 1,
-                  "dropped_kernel": sum(kernel.values()),
-                  "dropped_kernel_by_pid": {str(p): n for p, n in kernel.items()},
-                  "dropped_user": sum(user.values()),
-                  "dropped_user_by_pid": {str(p): n for p, n in user.items()}}
-        feed.raw(feed.topics.metrics, host, wire.encode_record(wire.METRICS_SCHEMA, record))
+        feed.metrics(host, at_ns, kernel, user)
 
     metrics(t0 - 5 * W, {700: 100}, {})                   # before the report's range
     metrics(t0 + 1 * W, {700: 250, 701: 9, 777: 4}, {700: 2})

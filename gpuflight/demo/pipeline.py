@@ -24,7 +24,8 @@ from gpuflight import stack
 from gpuflight.demo.build import DemoBuild, build_demo
 from producer.errors import GpuflightError, ServiceError
 from streams import report
-from streams.settings import InfluxSettings
+from streams.influxql import InfluxQL, quote_string
+from streams.settings import DEFAULT_DATABASE, InfluxSettings
 
 WINDOW_S = 1.0
 DEFAULT_STEPS = 10_000
@@ -80,11 +81,11 @@ def warm_up(built: DemoBuild, producer_log: Path, timeout_s: float = 120) -> Non
 
 def _launches(influx: InfluxSettings, job: str) -> int:
     try:
-        found = report.InfluxQL(influx).rows(
-            f"SELECT sum(count) FROM launches WHERE job = '{job}'")
+        found = InfluxQL.from_settings(influx).rows(
+            f"SELECT sum(count) FROM launches WHERE job = {quote_string(job)}")
     except ServiceError:
         return 0
-    return int(found[0]["sum"]) if found else 0
+    return found[0].integer("sum") if found else 0
 
 
 def run(steps: int | None = None) -> int:
@@ -95,7 +96,7 @@ def run(steps: int | None = None) -> int:
     kafka = stack.kafka_up(data, stack.free_port())
     try:
         influx_handle = stack.influx_up(data, stack.free_port())
-        stack.create_database(influx_handle.url, "gpuflight")
+        stack.create_database(influx_handle.url, DEFAULT_DATABASE)
         influx = InfluxSettings(url=influx_handle.url)
         status = _pipeline(built, data, kafka.bootstrap, influx, steps)
     finally:

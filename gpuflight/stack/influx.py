@@ -1,6 +1,12 @@
 """InfluxDB 1.8 (influxd, built by scripts/setup-influxdb into .cache/influxdb), which serves
 both the v2 write API (/api/v2/write, influxdb-client's) and InfluxQL (/query); database "db"
-with retention policy "rp" is the v2 bucket "db/rp".
+with retention policy "rp" is the v2 bucket "db/rp". `stack up` (`SERVICE`) also creates the
+database of the default bucket (gpuflight, retention policy autogen), so a stream worker
+started with the defaults can write at once. It talks to InfluxDB through streams/influxql.py.
+
+Without `admin`, InfluxDB runs without authentication (loopback only). With `admin=(user,
+password)` it runs with auth-enabled and that admin user (created on the first start, checked
+on later ones): what tests of credentials need.
 
 Its files, under the stack's data directory:
 
@@ -12,16 +18,12 @@ Its files, under the stack's data directory:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
 import time
 import tomllib
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,8 @@ from gpuflight.stack.service import (
     start_failed,
     stop_service,
 )
+from producer.errors import ServiceError
+from streams.influxql import CredentialsRefused, InfluxQL, quote_identifier, quote_string
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +63,12 @@ class InfluxHandle:
     pid: int
     log_file: Path
     already_running: bool = False
+    #: Serving HTTPS with this certificate (PEM), which is also the CA to verify it with.
+    certificate: Path | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"{'https' if self.certificate else 'http'}://{HOST}:{self.port}"
 
 
 def find_influxd(binary: Path | None = None) -> Path:
@@ -90,13 +96,17 @@ def _influx_conf(data_dir: Path) -> Path:
     return _influx_dir(data_dir) / "influxdb.conf"
 
 
-def _influx_config(data_dir: Path, port: int, rpc_port: int) -> str:
-    def path(name: str) -> str:  # a TOML basic string: JSON's escapes are TOML's
+def _influx_config(data_dir: Path, port: int, rpc_port: int, auth: bool = False,
+                   tls: tuple[Path, Path] | None = None) -> str:
+    def path(name: str | Path) -> str:  # a TOML basic string: JSON's escapes are TOML's
         return json.dumps(str(_influx_dir(data_dir) / name))
+
+    https = (f"\n  https-enabled = true\n  https-certificate = {path(tls[0])}"
+             f"\n  https-private-key = {path(tls[1])}") if tls else ""
 
     return f"""\
 # Written by gpuflight (gpuflight/stack/) at each `stack up`: edits here are lost.
-# One node on loopback only, no authentication.
+# One node on loopback only, {"with authentication" if auth else "no authentication"}.
 reporting-disabled = true
 # The RPC service (backup and restore); its default, 8088, is a popular port.
 bind-address = "{HOST}:{rpc_port}"
@@ -115,7 +125,7 @@ bind-address = "{HOST}:{rpc_port}"
 
 [http]
   bind-address = "{HOST}:{port}"
-  auth-enabled = false
+  auth-enabled = {"true" if auth else "false"}{https}
   flux-enabled = true
   # No line per request in influxdb.log (failed writes are answered to the writer).
   log-enabled = false
@@ -133,6 +143,15 @@ def _read_influx_ports(data_dir: Path) -> tuple[int, int] | None:
         rpc = str(config["bind-address"]).rpartition(":")[2]
         return int(http), int(rpc)
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _read_influx_certificate(data_dir: Path) -> Path | None:
+    """The HTTPS certificate of the last `up`, if it served HTTPS."""
+    try:
+        http = tomllib.loads(_influx_conf(data_dir).read_text())["http"]
+        return Path(http["https-certificate"]) if http.get("https-enabled") else None
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError):
         return None
 
 
@@ -155,29 +174,29 @@ def _last_influx_log_line(path: Path) -> str:
     return lines[-1][:400]
 
 
-# Loopback needs no proxy, whatever http_proxy says.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _wait_for_ping(url: str, alive: Callable[[], bool], deadline: float) -> bool:
-    """Wait until url/ping answers 204; False if the server died or the deadline passed."""
+def _wait_for_ping(url: str, alive: Callable[[], bool], deadline: float,
+                   ca_file: Path | None = None) -> bool:
+    """Wait until url/ping answers; False if the server died or the deadline passed."""
+    client = InfluxQL(url, timeout_s=1.0, ca_file=None if ca_file is None else str(ca_file))
     while time.monotonic() < deadline and alive():
         try:
-            with _DIRECT.open(f"{url}/ping", timeout=1.0) as response:
-                if response.status == 204:
-                    return True
-        except OSError:  # refused until it listens (URLError, a reset, a timeout)
+            client.ping()
+            return True
+        except ServiceError:  # refused until it listens
             pass
         time.sleep(0.1)
     return False
 
 
 def influx_up(data_dir: Path, port: int = DEFAULT_INFLUX_PORT, *, rpc_port: int | None = None,
-              binary: Path | None = None, timeout: float = START_TIMEOUT_S) -> InfluxHandle:
+              binary: Path | None = None, timeout: float = START_TIMEOUT_S,
+              admin: tuple[str, str] | None = None,
+              tls: tuple[Path, Path] | None = None) -> InfluxHandle:
     """Start the InfluxDB of data_dir on HOST:port and return once /ping answers.
 
     rpc_port (backup and restore only) defaults to any free port. A running InfluxDB with
-    this HTTP port is returned as it is.
+    this HTTP port is returned as it is. `admin` (user, password): run with authentication,
+    with that admin user. `tls` (certificate, private key; PEM): serve HTTPS only.
     """
     data_dir = data_dir.expanduser().resolve()
     conf = _influx_conf(data_dir)
@@ -191,7 +210,8 @@ def influx_up(data_dir: Path, port: int = DEFAULT_INFLUX_PORT, *, rpc_port: int 
                     f"InfluxDB of {data_dir} already runs on {HOST}:{running[0]} (RPC "
                     f"{running[1]}, pid {pid}): run `gpuflight stack down` first to change ports")
             return InfluxHandle(data_dir, running[0], running[1], pid,
-                                _influx_log_file(data_dir), already_running=True)
+                                _influx_log_file(data_dir), already_running=True,
+                                certificate=_read_influx_certificate(data_dir))
 
         if not port_free(port):
             raise StackError(f"port {HOST}:{port} is busy: another InfluxDB or program listens "
@@ -205,7 +225,8 @@ def influx_up(data_dir: Path, port: int = DEFAULT_INFLUX_PORT, *, rpc_port: int 
         influxd = find_influxd(binary)
 
         _influx_dir(data_dir).mkdir(parents=True, exist_ok=True)
-        conf.write_text(_influx_config(data_dir, port, rpc_port))
+        conf.write_text(_influx_config(data_dir, port, rpc_port, auth=admin is not None,
+                                       tls=tls))
         # influxd lets INFLUXDB_* variables override its configuration file: none of those.
         env = {key: value for key, value in os.environ.items()
                if not key.startswith("INFLUXDB_")}
@@ -213,10 +234,14 @@ def influx_up(data_dir: Path, port: int = DEFAULT_INFLUX_PORT, *, rpc_port: int 
         started = time.monotonic()
         pid = spawn([str(influxd), "run", "-config", marker], _influx_dir(data_dir), log_file,
                      _influx_pid_file(data_dir), env)
-        handle = InfluxHandle(data_dir, port, rpc_port, pid, log_file)
-        if _wait_for_ping(handle.url, lambda: alive(pid, marker), started + timeout):
+        certificate = None if tls is None else tls[0].resolve()
+        handle = InfluxHandle(data_dir, port, rpc_port, pid, log_file, certificate=certificate)
+        if _wait_for_ping(handle.url, lambda: alive(pid, marker), started + timeout,
+                          certificate):
             log.info("InfluxDB up on %s (pid %d) in %.1f s", handle.url, pid,
                      time.monotonic() - started)
+            if admin is not None:
+                _ensure_admin(handle.url, *admin)
             return handle
         raise start_failed("InfluxDB", f"{handle.url}/ping", pid=pid, marker=marker,
                             pid_file=_influx_pid_file(data_dir), log_file=log_file,
@@ -237,25 +262,44 @@ def influx_status(data_dir: Path) -> str:
                            _read_influx_ports(data_dir))
 
 
-def create_database(url: str, name: str, *, timeout: float = 30.0) -> None:
-    """CREATE DATABASE name (InfluxQL, POST /query): a database that exists is left as it is."""
-    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
-    body = urllib.parse.urlencode({"q": f'CREATE DATABASE "{quoted}"'}).encode()
-    request = urllib.request.Request(f"{url}/query", data=body, method="POST")
+def _ensure_admin(url: str, username: str, password: str) -> None:
+    """Create the admin user of an auth-enabled InfluxDB that has none yet (InfluxDB takes
+    that one statement without credentials), else check that the user's credentials work."""
+    statement = (f"CREATE USER {quote_identifier(username)} WITH PASSWORD"
+                 f" {quote_string(password)} WITH ALL PRIVILEGES")
     try:
-        with _DIRECT.open(request, timeout=timeout) as response:
-            answer = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        reason = exc.read().decode(errors="replace").strip() or f"HTTP {exc.code}"
-        with contextlib.suppress(ValueError, AttributeError):
-            reason = json.loads(reason).get("error") or reason
-        raise StackError(f"cannot create database {name} on {url}: {reason}") from exc
-    except (OSError, ValueError) as exc:
-        why = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        raise StackError(f"cannot create database {name}: {url} did not answer ({why})") from exc
-    errors = [result["error"] for result in answer.get("results", []) if "error" in result]
-    if errors:
-        raise StackError(f"cannot create database {name} on {url}: {errors[0]}")
+        InfluxQL(url).execute(statement)
+        return
+    except CredentialsRefused:
+        pass  # users exist already
+    except ServiceError as exc:
+        raise StackError(f"cannot create the InfluxDB admin user {username}: {exc}") from None
+    try:
+        InfluxQL(url, username=username, password=password).series("SHOW USERS")
+    except ServiceError as exc:
+        raise StackError(f"InfluxDB at {url} has users, and {username} cannot sign in: {exc}"
+                         ) from None
 
 
-SERVICE = Service("influxdb", influx_up, influx_down, influx_status)
+def create_database(url: str, name: str, *, timeout: float = 30.0,
+                    username: str = "", password: str = "") -> None:
+    """CREATE DATABASE name (with its retention policy autogen): a database that exists is left
+    as it is."""
+    try:
+        InfluxQL(url, username=username, password=password, timeout_s=timeout).create_database(
+            name)
+    except ServiceError as exc:
+        raise StackError(f"cannot create database {name}: {exc}") from None
+
+
+def up_with_database(data_dir: Path, port: int = DEFAULT_INFLUX_PORT) -> InfluxHandle:
+    """`stack up`'s InfluxDB: started (or found running) with the default bucket's database,
+    gpuflight (retention policy autogen), created if missing."""
+    from streams.settings import DEFAULT_DATABASE  # (its import takes ~0.2 s: only here)
+
+    handle = influx_up(data_dir, port)
+    create_database(handle.url, DEFAULT_DATABASE)
+    return handle
+
+
+SERVICE = Service("influxdb", up_with_database, influx_down, influx_status)

@@ -11,19 +11,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from streams import measurements as m
-
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+from streams.influxql import InfluxQL, QueryError, Series
 
 # -- Grafana's interpolation -----------------------------------------------------------------
 
@@ -65,32 +61,13 @@ def interpolate(query: str, variables: Mapping[str, Sequence[str]], from_ns: int
 # -- InfluxDB --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Series:
-    name: str
-    tags: Mapping[str, str]
-    columns: Sequence[str]
-    values: Sequence[Sequence[Any]]
-
-    def column(self, name: str) -> list[Any]:
-        i = list(self.columns).index(name)
-        return [row[i] for row in self.values]
-
-    def numbers(self, name: str) -> list[float]:
-        return [float(v) for v in self.column(name) if v is not None]
-
-
 def influxql(url: str, database: str, query: str) -> list[Series]:
-    """The series of every statement of `query` (times in ns); an InfluxQL error fails."""
-    params = urllib.parse.urlencode({"db": database, "q": query, "epoch": "ns"})
-    with _DIRECT.open(f"{url}/query?{params}", timeout=30) as response:
-        answer = json.loads(response.read())
-    found: list[Series] = []
-    for result in answer["results"]:
-        assert "error" not in result, f"{result['error']}: {query}"
-        for s in result.get("series", []):
-            found.append(Series(s["name"], s.get("tags") or {}, s["columns"], s["values"]))
-    return found
+    """The series of every statement of `query` (times in ns), as Grafana's InfluxQL mode asks
+    for them, through the product's client; an InfluxQL error fails."""
+    try:
+        return InfluxQL(url, database).series(query)
+    except QueryError as exc:
+        raise AssertionError(f"{exc}: {query}") from None
 
 
 # -- alert rules -----------------------------------------------------------------------------

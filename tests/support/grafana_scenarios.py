@@ -4,7 +4,6 @@ writer that puts the stream app's points into an InfluxDB database of the tests'
 from __future__ import annotations
 
 import dataclasses
-import urllib.request
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,7 +17,6 @@ from streams.measurements import Point
 HOST = "gpu-node-1"
 #: The stream app's default window.
 WINDOW_S = 10.0
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,13 +55,16 @@ def events(work: Work, window_start_ns: int) -> npt.NDArray[np.void]:
 
 
 def write_points(url: str, database: str, points: Sequence[Point]) -> None:
-    """Write as the stream app's sink does (its line protocol), into `database`."""
+    """Write as the stream app's sink does (its line protocol, influxdb-client's v2 write API),
+    into `database` (created if missing)."""
+    from influxdb_client.client.influxdb_client import InfluxDBClient
+    from influxdb_client.client.write_api import SYNCHRONOUS
+
     from streams.sink import line
 
     for point in points:
         m.validate(point)
     stack.create_database(url, database)
-    body = "\n".join(line(p) for p in points).encode()
-    request = urllib.request.Request(f"{url}/write?db={database}&precision=ns", data=body)
-    with _DIRECT.open(request, timeout=30) as response:
-        assert response.status == 204
+    with InfluxDBClient(url=url, token="", org="-") as client:
+        client.write_api(write_options=SYNCHRONOUS).write(
+            bucket=f"{database}/autogen", record=[line(p) for p in points], write_precision="ns")

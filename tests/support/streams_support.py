@@ -4,14 +4,11 @@ a worker run as the `gpuflight streams` command, and InfluxQL reads of what it w
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,9 +21,9 @@ import numpy.typing as npt
 from producer import wire
 from producer.records import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
 from producer.wire import ensure_topics, topic_configs
+from streams.influxql import InfluxQL, Series
 
 Events = npt.NDArray[np.void]
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def launches(ts_ns: Sequence[int], pid: int, grid: int, block: int,
@@ -82,10 +79,10 @@ class Feed:
         self.event_partitions: dict[str, set[int]] = {}
 
     def process(self, host: str, pid: int, start_time: int, job: str) -> None:
-        record = {"host": host, "pid": pid, "start_time": start_time, "job": job,
-                  "comm": job.split(":", maxsplit=1)[0]}
+        record = wire.ProcessRecord(host, pid, start_time, None, job.split(":", maxsplit=1)[0],
+                                    (), None, None, None, None, None, None, job)
         self._producer.produce(self.topics.processes, key=wire.process_key(host, pid, start_time),
-                               value=wire.encode_record(wire.PROCESS_SCHEMA, record))
+                               value=wire.encode_process(record))
 
     def events(self, host: str, pid: int, start_time: int, events: Events,
                kernels: dict[int, wire.KernelName] | None = None) -> None:
@@ -99,9 +96,15 @@ class Feed:
         self._producer.produce(topic, key=wire.host_key(host), value=value)
 
     def nvml(self, host: str, ts_ns: int, utilization: int) -> None:
-        record = {"host": host, "ts_ns": ts_ns,
-                  "gpus": [{"gpu": 0, "utilization_gpu_pct": utilization}]}
-        self.raw(self.topics.nvml, host, wire.encode_record(wire.NVML_SCHEMA, record))
+        gpu = wire.GpuSample(0, None, None, utilization, *[None] * 9)
+        self.raw(self.topics.nvml, host, wire.encode_nvml(wire.NvmlRecord(host, ts_ns, (gpu,))))
+
+    def metrics(self, host: str, ts_ns: int, kernel: dict[int, int],
+                user: dict[int, int]) -> None:
+        """A producer's counters, with what it lost by pid (the rest of its counters made up)."""
+        record = wire.MetricsRecord(host, ts_ns, 1.0, 1, 1, 1, sum(kernel.values()), kernel,
+                                    sum(user.values()), user, 0, 1)
+        self.raw(self.topics.metrics, host, wire.encode_metrics(record))
 
     def _delivered(self, error: Any, message: Any) -> None:
         if error is not None:
@@ -206,24 +209,14 @@ class StreamWorker:
         return self.log.read_text(errors="replace") if self.log else ""
 
 
-def influxql(url: str, query: str, database: str = "gpuflight") -> list[dict[str, Any]]:
-    params = urllib.parse.urlencode({"db": database, "q": query, "epoch": "ns"})
-    with _DIRECT.open(f"{url}/query?{params}", timeout=30) as response:
-        answer = json.loads(response.read())
-    (result,) = answer["results"]
-    assert "error" not in result, result["error"]
-    series: list[dict[str, Any]] = result.get("series", [])
-    return series
+def influxql(url: str, query: str, database: str = "gpuflight") -> list[Series]:
+    """The series of `query` (times in ns), through the product's InfluxQL client."""
+    return InfluxQL(url, database).series(query)
 
 
 def rows(url: str, query: str) -> list[dict[str, Any]]:
     """The rows of a query as dicts (tags of GROUP BY included)."""
-    out: list[dict[str, Any]] = []
-    for series in influxql(url, query):
-        tags = series.get("tags", {})
-        for values in series["values"]:
-            out.append({**tags, **dict(zip(series["columns"], values, strict=True))})
-    return out
+    return [dict(row) for row in InfluxQL(url, "gpuflight").rows(query)]
 
 
 def wait_for(check: Callable[[], Any], timeout_s: float, what: str,
