@@ -148,6 +148,9 @@ def _parser() -> argparse.ArgumentParser:
     producer.add_argument(
         "--pid", type=int, action="append", help="capture only this process (repeatable)"
     )
+    producer.add_argument("--status-file", type=Path, metavar="FILE",
+                          help="keep a JSON status here (ready, probed files, counters), "
+                          "replaced atomically: what scripts and tests wait on")
     producer.add_argument("--proc", type=Path, default=Path("/proc"), help=argparse.SUPPRESS)
     _add_capture_options(producer)
 
@@ -247,7 +250,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages
         )
         kafka = _kafka_settings(args, args.buffer_mb) if args.kafka is not None else None
-        return node.run(settings, args.output, kafka)
+        return node.run(settings, args.output, kafka, status_file=args.status_file)
     if args.command == "replay":
         from producer import replay, timeparse
 

@@ -23,6 +23,7 @@ from producer.errors import UsageError
 from producer.publish import KafkaSettings, KafkaSink
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink
+from producer.status import STATE_READY, STATE_STOPPED, StatusFile
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]], stop: threadin
     thread.start()
 
 
-def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None = None) -> int:
+def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None = None,
+        status_file: Path | None = None) -> int:
     if output is None and kafka is None:
         raise UsageError("producer needs a destination: --kafka HOST:PORT and/or --output FILE")
     check_can_probe()
@@ -95,6 +97,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     if kafka_sink is not None:
         capture.process_observers.append(kafka_sink.observe)
     capture.start()
+    status = StatusFile(status_file) if status_file is not None else None
     started = time.monotonic()
     samples: queue.SimpleQueue[list[wire.GpuSample]] = queue.SimpleQueue()
     nvml_stop = threading.Event()
@@ -110,6 +113,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
         destinations,
         capture.probes.runtime_files(),
     )
+    _status(status, capture, STATE_READY, force=True)
     interval = kafka.metrics_interval_s if kafka else LOG_INTERVAL_S
     next_report = time.monotonic() + interval
     try:
@@ -122,6 +126,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
             if time.monotonic() >= next_report:
                 _report(capture, kafka_sink, kafka, started)
                 next_report += interval
+            _status(status, capture, STATE_READY)
     finally:
         nvml_stop.set()
         capture.drain(until_empty=True)
@@ -141,7 +146,23 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     for sink in failed:
         log.error("%s is incomplete: %s (%d events not written)", sink.name, sink.failure,
                   sink.lost)
+    _status(status, capture, STATE_STOPPED, force=True, dropped=drops.events)
     return EXIT_OUTPUT_INCOMPLETE if failed else 0
+
+
+def _status(status: StatusFile | None, capture: Capture, state: str, force: bool = False,
+            dropped: int | None = None) -> None:
+    if status is None or not (force or status.due(capture.probes.attached)):
+        return
+    status.update(
+        state,
+        attached=capture.probes.attached,
+        skipped=capture.probes.failed,
+        captured=capture.stats.events,
+        dropped_kernel=capture.drops().events if dropped is None else dropped,
+        outputs=[(s.name, s.failure, s.lost) for s in capture.sinks],
+        force=force,
+    )
 
 
 def _report(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -177,7 +176,7 @@ def test_producer_finds_processes_started_after_it(producer: Producer, bindir: P
     env = {**os.environ, "LD_LIBRARY_PATH": str(private)}
     first = subprocess.Popen([str(binary), "--start-delay-ms", "1200", "--iters", "5",
                               "--hold-ms", "1500"], env=env)
-    time.sleep(0.6)  # first has mapped the new file by now, and is held open
+    producer.wait_for_library(str(private))  # first maps the new file; it is attached now
     # A second process on the same, already attached file is covered from its first call.
     second = subprocess.Popen([str(binary), "--iters", "5"], env=env)
     assert second.wait(timeout=60) == 0 and first.wait(timeout=60) == 0

@@ -239,7 +239,8 @@ def test_broker_outage_loses_nothing_within_the_buffer(bindir: Path, tmp_path: P
                                timeout=60, check=False)
         stack.kafka_down(data)
         during = subprocess.run([str(binary), "--iters", "300"], timeout=60, check=False)
-        time.sleep(3)
+        # Both runs are captured (held in the publish queue) before the broker comes back.
+        node.wait_for_captured(2 * len(expected.capture_events(1, 300)))
         stack.kafka_up(data, port=port)
         after = subprocess.run([str(binary), "--iters", "300"], timeout=60, check=False)
         assert first.returncode == during.returncode == after.returncode == 0
@@ -267,7 +268,7 @@ def test_beyond_the_buffer_drops_are_counted_never_a_crash(bindir: Path,
         proc = subprocess.run([str(binary), "--threads", "4", "--iters", "5000",
                                "--start-delay-ms", "1200"], timeout=120, check=False)
         assert proc.returncode == 0
-        time.sleep(1)
+        node.wait_for_captured(len(expected.capture_events(4, 5000)))
         recorded = node.stop()
     finally:
         node.kill()

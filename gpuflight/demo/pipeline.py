@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gpuflight import stack
 from gpuflight.demo.build import DemoBuild, build_demo
+from producer import status
 from producer.errors import GpuflightError, ServiceError
 from streams import report
 from streams.influxql import InfluxQL, quote_string
@@ -61,22 +62,32 @@ def _service(command: list[str], log: Path, ready: Callable[[], bool] | None = N
                 proc.wait(10)
 
 
-def warm_up(built: DemoBuild, producer_log: Path, timeout_s: float = 120) -> None:
-    """Have a node-wide producer (run with -v) attach to the simulated GPU before a workload
-    runs: it covers a library file once a process maps it (within a second, or more while
-    other probes are being released), and every later process from its first call."""
+def warm_up(built: DemoBuild, status_file: Path, timeout_s: float = 120) -> None:
+    """Have a node-wide producer (run with --status-file) attach to the simulated GPU before a
+    workload runs: it covers a library file once a process maps it (within a second, or more
+    while other probes are being released), and every later process from its first call."""
     env = {**os.environ, "LD_LIBRARY_PATH": str(built.lib_dir)}
     holder = subprocess.Popen(built.command("fused", 10**9), env=env)
     try:
         deadline = time.monotonic() + timeout_s
-        while not any("attached" in line and str(built.lib_dir) in line
-                      for line in producer_log.read_text(errors="replace").splitlines()):
+        while not _probes(status_file, str(built.lib_dir)):
             if time.monotonic() > deadline:
                 raise GpuflightError(f"the producer did not attach to {built.runtime}")
-            time.sleep(0.1)
+            time.sleep(0.05)
     finally:
         holder.kill()
         holder.wait()
+
+
+def _probes(status_file: Path, path_part: str) -> bool:
+    """Whether the producer's status says it probes a library file under `path_part`."""
+    current = status.read(status_file)
+    return any(path_part in lib["path"] for lib in (current or {}).get("libraries", ()))
+
+
+def _ready(status_file: Path) -> bool:
+    current = status.read(status_file)
+    return current is not None and current["state"] == status.STATE_READY
 
 
 def _launches(influx: InfluxSettings, job: str) -> int:
@@ -112,17 +123,18 @@ def run(steps: int | None = None) -> int:
 def _pipeline(built: DemoBuild, data: Path, bootstrap: str, influx: InfluxSettings,
               steps: int) -> int:
     producer_log, streams_log = data / "producer.log", data / "streams.log"
-    producer = [*_COMMAND, "-v", "producer", "--kafka", bootstrap, "--topic-prefix", "demo"]
+    producer_status = data / "producer.status"
+    producer = [*_COMMAND, "producer", "--kafka", bootstrap, "--topic-prefix", "demo",
+                "--status-file", str(producer_status)]
     worker = [*_COMMAND, "streams", "--kafka", bootstrap, "--topic-prefix", "demo",
               "--influx", influx.url, "--window", str(WINDOW_S), "--grace", "1", "--idle", "1",
               "--data-dir", str(data / "streams"), "--app-id", "gpuflight-demo"]
     jobs: dict[str, str] = {}
     utilization: dict[str, float | None] = {}
     _say("starting the node agent (gpuflight producer) and a stream worker")
-    with _service(producer, producer_log,
-                  lambda: "ready" in producer_log.read_text(errors="replace")), \
+    with _service(producer, producer_log, lambda: _ready(producer_status)), \
             _service(worker, streams_log):
-        warm_up(built, producer_log)
+        warm_up(built, producer_status)
         for mode in ("unfused", "fused"):
             sim = data / f"{mode}.json"
             env = {**os.environ, "LD_LIBRARY_PATH": str(built.lib_dir),

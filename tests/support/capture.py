@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from producer import status
 from producer.probes import RELEASER_NAME
 
 GPUFLIGHT = [sys.executable, "-m", "gpuflight"]
@@ -21,41 +22,79 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 class Producer:
-    """`gpuflight producer --output OUT ...`, started and stopped like a service."""
+    """`gpuflight producer --output OUT ...`, started and stopped like a service; ready when
+    its status file says so (`status`), its log in OUT.log (`log`, the lines so far)."""
 
     def __init__(self, out: Path, *extra: str, ready_timeout_s: float = 60,
                  stop_timeout_s: float = 60) -> None:
         self.out = out
         self.stop_timeout_s = stop_timeout_s
-        self.proc = subprocess.Popen(
-            [*GPUFLIGHT, "producer", "--output", str(out), *extra],
-            stderr=subprocess.PIPE, text=True,
-        )
-        self.log: list[str] = []
+        self.status_file = out.with_name(out.name + ".status")
+        self.log_file = out.with_name(out.name + ".log")
+        with self.log_file.open("wb") as log_out:
+            self.proc = subprocess.Popen(
+                [*GPUFLIGHT, "producer", "--output", str(out), "--status-file",
+                 str(self.status_file), *extra],
+                stderr=log_out,
+            )
         deadline = time.monotonic() + ready_timeout_s
-        assert self.proc.stderr is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            self.log.append(line)
-            if "ready" in line:
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            current = status.read(self.status_file)
+            if current is not None and current["state"] == status.STATE_READY:
                 self.started_ns = time.time_ns()
                 return
-        self.proc.kill()
+            time.sleep(0.05)
+        self.kill()
         raise AssertionError("producer never became ready: " + "".join(self.log))
+
+    @property
+    def log(self) -> list[str]:
+        try:
+            return self.log_file.read_text(errors="replace").splitlines(keepends=True)
+        except OSError:
+            return []
+
+    def status(self) -> dict[str, Any]:
+        current = status.read(self.status_file)
+        assert current is not None, "no status"
+        return current
+
+    def wait_for_library(self, path_part: str, timeout_s: float = 60) -> dict[str, Any]:
+        """Wait until the producer probes a library file whose path contains `path_part`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            current = status.read(self.status_file)
+            for library in (current or {}).get("libraries", ()):
+                if path_part in library["path"]:
+                    return dict(library)
+            assert self.proc.poll() is None, "".join(self.log)
+            time.sleep(0.05)
+        raise AssertionError(f"the producer did not attach to {path_part}: {''.join(self.log)}")
+
+    def wait_for_captured(self, events: int, timeout_s: float = 60) -> None:
+        """Wait until the producer has captured at least `events` events (its status says)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            current = status.read(self.status_file)
+            if current is not None and current["captured"] >= events:
+                return
+            assert self.proc.poll() is None, "".join(self.log)
+            time.sleep(0.05)
+        raise AssertionError(f"the producer did not capture {events} events: {self.status()}")
 
     def stop(self) -> list[dict[str, Any]]:
         self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=self.stop_timeout_s)
-        self.log.append(err)
-        assert self.proc.returncode == 0, "".join(self.log)
+        self.proc.wait(timeout=self.stop_timeout_s)
+        err = "".join(self.log)
+        assert self.proc.returncode == 0, err
         assert "Traceback" not in err, err
+        assert self.status()["state"] == status.STATE_STOPPED
         return read_events(self.out)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
+            self.proc.wait(30)
 
 
 def wait_for_probe_releases(timeout_s: float = 60) -> None:

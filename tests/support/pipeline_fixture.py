@@ -29,6 +29,9 @@ import pytest
 
 from gpuflight.demo.build import build_demo
 from gpuflight.demo.pipeline import warm_up
+from producer import status
+from streams import measurements as m
+from streams.measurements import Fields
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.influx_fixture import DATABASE
 from tests.support.streams_support import StreamWorker, rows, wait_for
@@ -94,17 +97,39 @@ def launches_of(influx_url: str, job: str, since_ns: int) -> int | None:
     return int(found[0]["sum"]) if found else None
 
 
+def _next_window() -> None:
+    """Until the wall clock enters the next stream window (the clock is what is waited on)."""
+    now = time.time()
+    time.sleep((now // WINDOW_S + 1) * WINDOW_S - now)
+
+
+def _all_windows_closed(influx_url: str, job: str, since_ns: int) -> bool:
+    """Each window of the job with launches has its memory-bound verdict (written at close)."""
+    where = f"WHERE job = '{job}' AND time >= {since_ns}"
+    shapes = rows(influx_url, f"SELECT count({Fields.LAUNCHES}) FROM {m.LAUNCH_SHAPE.name} "
+                              f"{where}")
+    verdicts = rows(influx_url, f"SELECT count({Fields.VERDICT}) FROM {m.MEMORY_BOUND.name} "
+                                f"{where}")
+    return bool(shapes) and bool(verdicts) and verdicts[0]["count"] >= shapes[0]["count"]
+
+
 class _Producer:
     def __init__(self, bootstrap: str, prefix: str, log: Path) -> None:
         self.log = log
+        self.status_file = log.with_suffix(".status")
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuflight", "-v", "producer", "--kafka", bootstrap,
-                 "--topic-prefix", prefix],
+                 "--topic-prefix", prefix, "--status-file", str(self.status_file)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
-        wait_for(lambda: "ready" in log.read_text(errors="replace") or self.proc.poll(),
-                 120, "the producer to be ready")
+
+        def ready() -> bool:
+            current = status.read(self.status_file)
+            return bool(current and current["state"] == status.STATE_READY) or (
+                self.proc.poll() is not None)
+
+        wait_for(ready, 120, "the producer to be ready")
         assert self.proc.poll() is None, log.read_text(errors="replace")
 
     def stop(self) -> None:
@@ -135,7 +160,7 @@ def pipeline(kafka_bootstrap: str, influx_url: str,
     jobs: dict[str, str] = {}
     try:
         worker.start()
-        warm_up(demo, producer.log)
+        warm_up(demo, producer.status_file)
         for name, (mode, steps, copies, env) in RUNS.items():
             run = subprocess.Popen(
                 demo.command(mode, steps, copies),
@@ -143,7 +168,7 @@ def pipeline(kafka_bootstrap: str, influx_url: str,
             )
             assert run.wait(120) == 0, f"{name} failed"
             jobs[name] = f"{demo.fusion.name}:{run.pid}"
-            time.sleep(WINDOW_S)  # runs in windows of their own
+            _next_window()  # each run in windows of its own
         producer.stop()
         producer_log = (work / "producer.log").read_text(errors="replace")
         assert producer.proc.returncode == 0, producer_log
@@ -155,8 +180,13 @@ def pipeline(kafka_bootstrap: str, influx_url: str,
                 return launches_of(influx_url, job, since) == want
 
             wait_for(complete, 120, f"all {want} launches of {name} in InfluxDB", worker)
-        # Every window is closed (its memory-bound verdict is written then).
-        time.sleep(WINDOW_S + GRACE_S + 2)
+        # Every window is closed: its memory-bound verdict is written then.
+        for name, job in jobs.items():
+
+            def closed(job: str = job) -> bool:
+                return _all_windows_closed(influx_url, job, since)
+
+            wait_for(closed, 120, f"every window of {name} closed", worker)
         yield PipelineRun(
             influx_url=influx_url,
             database=DATABASE,

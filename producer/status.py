@@ -1,0 +1,119 @@
+"""`gpuflight producer --status-file FILE`: what the agent is doing, for whoever waits on it.
+
+A JSON object, replaced atomically (written beside, then renamed) when the producer is ready,
+whenever the set of probed library files changes, at most every `interval_s` otherwise, and
+when it stops:
+
+    {"v": 1, "state": "ready" | "stopped", "pid": AGENT PID, "started_ns", "updated_ns",
+     "libraries": [{"path", "kind": "runtime" | "driver" | "loader", "probes": N}, ...],
+     "skipped": [{"file": "DEV:INODE", "reason"}, ...],
+     "captured": N, "dropped_kernel": N,
+     "outputs": [{"name", "failure": null | "why", "lost": N}, ...]}
+
+Tests and scripts wait on this instead of reading log lines; monitoring can read it too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+VERSION: Final = 1
+STATE_READY: Final = "ready"
+STATE_STOPPED: Final = "stopped"
+
+
+class _Library(Protocol):
+    @property
+    def path(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+
+
+class _Attached(Protocol):
+    @property
+    def library(self) -> _Library: ...
+    @property
+    def probes(self) -> int: ...
+
+
+class StatusFile:
+    """Writes the status of one producer; a failure to write is logged once, never fatal."""
+
+    def __init__(self, path: Path, interval_s: float = 1.0) -> None:
+        self.path = path
+        self._interval_s = interval_s
+        self._started_ns = time.time_ns()
+        self._next = 0.0
+        self._libraries: tuple[tuple[str, str, int], ...] = ()
+        self._failed = False
+
+    def due(self, attached: Mapping[Any, _Attached]) -> bool:
+        """Whether `update` would write now (the probed files changed, or the interval passed):
+        cheap, so the capture loop asks every turn."""
+        return time.monotonic() >= self._next or len(attached) != len(self._libraries)
+
+    def update(
+        self,
+        state: str,
+        *,
+        attached: Mapping[Any, _Attached],
+        skipped: Mapping[Any, str],
+        captured: int,
+        dropped_kernel: int,
+        outputs: list[tuple[str, str | None, int]],
+        force: bool = False,
+    ) -> None:
+        """Write the status now when forced, when the probed files changed, or when due."""
+        libraries = tuple(sorted((a.library.path, a.library.kind, a.probes)
+                                 for a in attached.values()))
+        now = time.monotonic()
+        if not force and libraries == self._libraries and now < self._next:
+            return
+        self._libraries = libraries
+        self._next = now + self._interval_s
+        status = {
+            "v": VERSION,
+            "state": state,
+            "pid": os.getpid(),
+            "started_ns": self._started_ns,
+            "updated_ns": time.time_ns(),
+            "libraries": [{"path": p, "kind": k, "probes": n} for p, k, n in libraries],
+            "skipped": [{"file": _file(key), "reason": reason}
+                        for key, reason in sorted(skipped.items(), key=lambda kv: str(kv[0]))],
+            "captured": captured,
+            "dropped_kernel": dropped_kernel,
+            "outputs": [{"name": n, "failure": f, "lost": lost} for n, f, lost in outputs],
+        }
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(orjson.dumps(status, option=orjson.OPT_APPEND_NEWLINE))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            if not self._failed:
+                self._failed = True
+                log.error("cannot write the status file %s: %s", self.path, exc.strerror)
+
+
+def _file(key: Any) -> str:
+    if isinstance(key, tuple) and len(key) == 2:
+        dev, inode = key
+        return f"{os.major(dev)}:{os.minor(dev)}:{inode}"
+    return str(key)
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """The status a producer wrote at `path`, or None while there is none (or half of one)."""
+    try:
+        status = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return status if isinstance(status, dict) and status.get("v") == VERSION else None

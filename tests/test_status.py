@@ -1,0 +1,68 @@
+"""The producer's status file: what tests and scripts wait on instead of log lines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from producer import status
+
+
+@dataclass(frozen=True)
+class _Library:
+    path: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class _Attached:
+    library: _Library
+    probes: int
+
+
+def _update(file: status.StatusFile, state: str, attached: dict[object, _Attached],
+            force: bool = False) -> None:
+    file.update(state, attached=attached, skipped={(2049, 7): "defines none of them"},
+                captured=12, dropped_kernel=1, outputs=[("--output x", None, 0)], force=force)
+
+
+def test_the_status_is_written_whole_and_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    assert status.read(path) is None  # none yet
+    file = status.StatusFile(path, interval_s=3600)
+    attached: dict[object, _Attached] = {
+        (1, 2): _Attached(_Library("/lib/libcudart.so.12", "runtime"), 84)}
+    _update(file, status.STATE_READY, attached, force=True)
+    got = status.read(path)
+    assert got is not None and got["state"] == "ready" and got["captured"] == 12
+    assert got["libraries"] == [{"path": "/lib/libcudart.so.12", "kind": "runtime",
+                                 "probes": 84}]
+    assert got["skipped"] == [{"file": "8:1:7", "reason": "defines none of them"}]
+    assert got["outputs"] == [{"name": "--output x", "failure": None, "lost": 0}]
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]  # no temporary left
+
+
+def test_a_new_library_is_written_at_once_and_the_rest_when_due(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    file = status.StatusFile(path, interval_s=3600)
+    attached: dict[object, _Attached] = {}
+    _update(file, status.STATE_READY, attached, force=True)
+    assert not file.due(attached)  # nothing changed, the interval has not passed
+    attached[(1, 3)] = _Attached(_Library("/opt/libcuda.so.1", "driver"), 102)
+    assert file.due(attached)
+    _update(file, status.STATE_READY, attached)
+    got = status.read(path)
+    assert got is not None and [lib["path"] for lib in got["libraries"]] == ["/opt/libcuda.so.1"]
+
+
+def test_a_half_written_or_foreign_file_is_no_status(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    path.write_text('{"v": 1, "state": "rea')
+    assert status.read(path) is None
+    path.write_text('{"v": 99, "state": "ready"}')
+    assert status.read(path) is None
+
+
+def test_an_unwritable_status_file_is_never_fatal(tmp_path: Path) -> None:
+    file = status.StatusFile(tmp_path / "no" / "dir" / "status.json")
+    _update(file, status.STATE_READY, {}, force=True)  # logged, not raised
