@@ -9,7 +9,9 @@
  * user space (producer/http.py) turns them into requests.
  *
  * Scope: with GF_FILTER_PIDS, the CUDA probes' `scope_pids`; node-wide, `http_pids`, which
- * user space fills with the processes that map a CUDA library.
+ * user space fills with the processes that map a CUDA library. Scope is checked at accept;
+ * reads and writes look up their (pid, fd) in `http_conns` only, so user space removes the
+ * connections of a process it takes out of scope.
  *
  * This file is meant to be part of the program bcc compiles (bpf/cudart.bpf.c, or
  * bpf/http_proto.bpf.c on its own). bcc rewrites map calls and tracepoint arguments only in
@@ -106,9 +108,12 @@ static __always_inline int gf_http_enter(u16 op, s32 fd, u64 buf, u64 aux)
 {
 	u64 id = bpf_get_current_pid_tgid();
 	u32 pid = id >> 32;
-	if (!gf_http_in_scope(pid))
-		return 0;
-	if (op != GF_HTTP_ACCEPT) {
+	if (op == GF_HTTP_ACCEPT) {
+		if (!gf_http_in_scope(pid))
+			return 0;
+	} else {
+		/* One lookup for every process: only processes in scope have tracked fds (user
+		 * space drops a process's connections when it leaves the scope). */
 		struct gf_http_conn_key key = {};
 		key.pid = pid;
 		key.fd = fd;
@@ -407,8 +412,6 @@ static __always_inline int gf_http_close(s32 fd)
 {
 	u64 id = bpf_get_current_pid_tgid();
 	u32 pid = id >> 32;
-	if (!gf_http_in_scope(pid))
-		return 0;
 	struct gf_http_conn_key key = {};
 	key.pid = pid;
 	key.fd = fd;
