@@ -480,3 +480,14 @@ def test_any_split_of_valid_traffic_gives_the_same_requests(cut: list[int], head
         ("GET", "/a/1", 200), ("POST", "/b", 200), ("PUT", "/c", 204)]
     if head >= 128:  # the traceparent header lies within the first 128 bytes
         assert done[0].trace is not None and done[0].trace.trace_id == TRACE
+
+
+def test_a_body_sent_with_sendfile_is_counted_not_read() -> None:
+    p, w = HttpParser(), Wire()
+    w.accept()
+    w.read(b"GET /static/model.bin HTTP/1.1\r\n\r\n")
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n", op=HttpOp.WRITEV)
+    last = w.write(b"\0" * 1_000_000, op=HttpOp.SENDFILE)
+    (done,) = feed(p, w)
+    assert (done.status, done.end_ns, done.complete) == (200, last.ts_exit_ns, True)
+    assert done.bytes_out == len(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n") + 1_000_000

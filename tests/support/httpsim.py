@@ -44,10 +44,13 @@ class Wire:
     def _data(self, op: HttpOp, data: bytes, offset: int, tid: int | None) -> HttpRecord:
         enter, exit_ = self._tick()
         tail = data[-TAIL:] if len(data) > self.head else b""
+        head = data[: self.head]
+        if op == HttpOp.SENDFILE:  # bytes only: the data is in a file
+            head = tail = b""
         return HttpRecord(
             op=op, pid=self.pid, tid=self.tid if tid is None else tid, fd=self.fd,
             conn_id=self.conn_id, ts_enter_ns=enter, ts_exit_ns=exit_, offset=offset,
-            ret=len(data), flags=0, head=data[: self.head], tail=tail,
+            ret=len(data), flags=0, head=head, tail=tail,
         )
 
     def read(self, data: bytes, tid: int | None = None, op: HttpOp = HttpOp.RECVFROM,
