@@ -192,13 +192,17 @@ def attribute(table: RequestTable, events: npt.NDArray[np.void]) -> Attribution:
     if n == 0 or m == 0:
         return Attribution(table, mode, request, segment, empty, np.zeros(0, dtype=np.int64))
     ts = events["ts_ns"].astype(np.int64)
-    # Times as ranks: composite (group, time) keys then fit in 64 bits.
-    times, inverse = np.unique(np.concatenate([table.start_ns, table.end_ns, ts]),
+    # Times as ranks, so that composite (group, time) keys fit in 64 bits: a request's time is
+    # 2i + 1 (i: its place among the requests' times), an event's 2i + 1 on one of them, else
+    # 2i between them; order and equality are kept, and the events need no sort.
+    times, inverse = np.unique(np.concatenate([table.start_ns, table.end_ns]),
                                return_inverse=True)
-    width = len(times) + 1
-    start_rank = inverse[:m]
-    stop_rank = inverse[m : 2 * m] + 1  # in flight through end_ns included
-    t_rank = inverse[2 * m :]
+    width = 2 * len(times) + 2
+    start_rank = 2 * inverse[:m] + 1
+    stop_rank = 2 * inverse[m:] + 2  # in flight through end_ns included
+    at = np.searchsorted(times, ts, side="left")
+    on = times[np.minimum(at, len(times) - 1)] == ts
+    t_rank = 2 * at + on
     # Per thread: is the caller serving exactly one request?
     tids, tid_group = np.unique(table.tid, return_inverse=True)
     threads = _segments(tid_group.astype(np.int64), start_rank, stop_rank, width)
@@ -265,11 +269,10 @@ class GpuTime:
 def _busy_spans(events: npt.NDArray[np.void]) -> tuple[I64, I64, I64, I64]:
     """(order, span of each work event in `order` or -1, span starts, span ends)."""
     order = np.argsort(events["ts_ns"], kind="stable")
-    ev = events[order]
-    ts = ev["ts_ns"].astype(np.int64)
-    end = ts + ev["duration_ns"].astype(np.int64)
-    work = _is_work(ev)
-    drain = _is_drain(ev)
+    ts = events["ts_ns"][order].astype(np.int64)
+    end = ts + events["duration_ns"][order].astype(np.int64)
+    work = _is_work(events)[order]
+    drain = _is_drain(events)[order]
     drain_at = np.flatnonzero(drain)
     # A work event belongs to the first drain called at or after it (a synchronous copy drains
     # its own work); work after the last drain ends with the last event seen.
@@ -356,24 +359,27 @@ def nvml_gpu_ns(
 def event_costs(events: npt.NDArray[np.void], gpu: GpuTime | None = None) -> F64:
     """The cost of each event, (n, len(COST_FIELDS)); GPU time from `gpu` (default: busy)."""
     n = len(events)
-    out = np.zeros((n, len(COST_FIELDS)), dtype=np.float64)
+    # Built column by column: columns are contiguous (Fortran order).
+    out = np.zeros((len(COST_FIELDS), n), dtype=np.float64).T
     if n == 0:
         return out
     t = events["type"]
     flags = events["flags"]
-    dim = events["dim"].astype(np.float64)
+    dims = events["dim"]
     nbytes = events["bytes"].astype(np.float64)
     duration = events["duration_ns"].astype(np.float64)
     has_result = (flags & F_HAS_RESULT) != 0
     launch = (t == EventType.LAUNCH) & ((flags & F_CAPTURED) == 0)
     out[:, FIELD["launches"]] = launch
-    out[:, FIELD["weight"]] = np.where(launch, dim[:, :3].prod(axis=1) * dim[:, 3:].prod(axis=1),
-                                       0)
+    launched = np.flatnonzero(launch)
+    if len(launched):
+        d = dims[launched].astype(np.float64)
+        out[launched, FIELD["weight"]] = d[:, 0] * d[:, 1] * d[:, 2] * d[:, 3] * d[:, 4] * d[:, 5]
     graph = t == EventType.GRAPH_LAUNCH
     out[:, FIELD["graph_launches"]] = graph
-    out[:, FIELD["kernels"]] = launch + np.where(graph, dim[:, GRAPH_KERNEL_NODES], 0)
+    out[:, FIELD["kernels"]] = launch + np.where(graph, dims[:, GRAPH_KERNEL_NODES], 0)
     copy = t == EventType.MEMCPY
-    kind = events["dim"][:, 0]
+    kind = dims[:, 0]
     for name, value in (("h2d_bytes", 1), ("d2h_bytes", 2), ("d2d_bytes", 3)):
         out[:, FIELD[name]] = np.where(copy & (kind == value), nbytes, 0)
     out[:, FIELD["other_copy_bytes"]] = np.where(copy & ((kind == 0) | (kind >= 4)), nbytes, 0)
@@ -421,12 +427,16 @@ def rollup(attr: Attribution, costs: F64, residual: Mapping[str, float] | None =
     exact = np.zeros((m, k))
     shared = np.zeros((m, k))
     is_exact = attr.mode == EXACT
-    np.add.at(exact, attr.request[is_exact], costs[is_exact])
+    owner = attr.request[is_exact]
+    for c in range(k):
+        exact[:, c] = np.bincount(owner, weights=costs[is_exact, c], minlength=m)
     is_shared = attr.mode == SHARED
     if is_shared.any():
         n_seg = len(attr.segment_offsets) - 1
         per_segment = np.zeros((n_seg, k))
-        np.add.at(per_segment, attr.segment[is_shared], costs[is_shared])
+        seg = attr.segment[is_shared]
+        for c in range(k):
+            per_segment[:, c] = np.bincount(seg, weights=costs[is_shared, c], minlength=n_seg)
         counts = np.diff(attr.segment_offsets)
         used = np.flatnonzero(per_segment.any(axis=1))
         each = per_segment[used] / counts[used, None]
@@ -436,7 +446,9 @@ def rollup(attr: Attribution, costs: F64, residual: Mapping[str, float] | None =
         pos = np.repeat(starts, counts[used]) + (
             np.arange(int(counts[used].sum())) - np.repeat(first, counts[used]))
         owners = attr.segment_members[pos]
-        np.add.at(shared, owners, each[np.searchsorted(used, member_seg)])
+        given = each[np.searchsorted(used, member_seg)]
+        for c in range(k):
+            shared[:, c] = np.bincount(owners, weights=given[:, c], minlength=m)
     unattributed = costs[attr.mode == UNATTRIBUTED].sum(axis=0)
     total = costs.sum(axis=0)
     if residual:
