@@ -57,10 +57,15 @@ _STATUS_LINE: Final = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9]{2})(?:[ \t][^\r\n
 _HEAD_END: Final = re.compile(rb"\r?\n\r?\n")
 _H2_PREFACE: Final = b"PRI * HTTP/2.0\r\n"
 _LAST_CHUNK: Final = b"0\r\n\r\n"
-_NUMERIC: Final = re.compile(r"[0-9]+")
-_HEX: Final = re.compile(r"[0-9a-fA-F]{8,}")
-_UUID: Final = re.compile(
-    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+#: Path segments that are ids: numeric, hex of 8 digits or more, or a UUID.
+_ID: Final = re.compile(
+    r"[0-9]+|[0-9a-fA-F]{8,}"
+    r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+#: The headers the parser reads (the rest of a head is skipped).
+_HEADER: Final = re.compile(
+    rb"\n(content-length|transfer-encoding|traceparent)[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?(?=\n)",
+    re.IGNORECASE,
 )
 _TRACEPARENT: Final = re.compile(
     r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.S
@@ -98,13 +103,7 @@ def parse_traceparent(value: str) -> TraceContext | None:
 
 def route_of(path: str) -> str:
     """A path's route: numeric, hex (8 digits or more) and UUID segments become `{id}`."""
-    segments = path.split("/")
-    out = [
-        ID_SEGMENT
-        if s and (_NUMERIC.fullmatch(s) or _UUID.fullmatch(s) or _HEX.fullmatch(s))
-        else s
-        for s in segments
-    ]
+    out = [ID_SEGMENT if s and _ID.fullmatch(s) else s for s in path.split("/")]
     route = "/".join(out)
     return route if len(route) <= MAX_ROUTE_CHARS else route[:MAX_ROUTE_CHARS] + "…"
 
@@ -215,24 +214,13 @@ class _Head:
         return values[-1] if values else None
 
 
-def _parse_head(raw: bytes, truncated: bool) -> _Head | None:
-    """Split a message head into its first line and headers (names lowercased)."""
-    lines = raw.replace(b"\r\n", b"\n").split(b"\n")
-    if not lines:
-        return None
+def _parse_head(raw: bytes, truncated: bool) -> _Head:
+    """A message head's first line and the headers the parser reads (names lowercased)."""
+    line_end = raw.find(b"\n")
     headers: dict[str, list[str]] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            if truncated:
-                continue  # the cut line
-            return None
-        headers.setdefault(name.decode("latin-1").lower(), []).append(
-            value.strip(b" \t").decode("latin-1")
-        )
-    return _Head(lines[0], headers, truncated)
+    for name, value in _HEADER.findall(raw, max(line_end, 0)):
+        headers.setdefault(name.decode("ascii").lower(), []).append(value.decode("latin-1"))
+    return _Head(raw[: line_end + 1] if line_end >= 0 else raw, headers, truncated)
 
 
 @dataclass
@@ -692,10 +680,10 @@ class HttpParser:
             match = _CUT_REQUEST_LINE.fullmatch(raw)
         else:
             match = None
-        head = _parse_head(raw, truncated) if match else None
-        if match is None or head is None:
+        if match is None:
             self._garbage(conn, framer)
             return
+        head = _parse_head(raw, truncated)
         method = match.group(1).decode("ascii")
         path = path_of(match.group(2).decode("latin-1"))
         routes = self._routes.get(conn.pid)
@@ -731,10 +719,10 @@ class HttpParser:
     ) -> None:
         line_end = raw.find(b"\n")
         match = _STATUS_LINE.fullmatch(raw[: line_end + 1]) if line_end >= 0 else None
-        head = _parse_head(raw, truncated) if match else None
-        if match is None or head is None:
+        if match is None:
             self._garbage(conn, framer)
             return
+        head = _parse_head(raw, truncated)
         status = int(match.group(2))
         if 100 <= status < 200 and status != 101:
             # 100 Continue and friends: informational, the final response follows.
