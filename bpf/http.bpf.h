@@ -23,6 +23,9 @@
  *   GF_HTTP_HEAD           bytes of data kept from each read or write (a power of two)
  *   GF_HTTP_RINGBUF_PAGES  size of `http_events` in pages (a power of two)
  *   GF_HTTP_MAX_CONNS      connections tracked at once (least recently used go first)
+ *   GF_HTTP_MAX_CALLS      syscalls on tracked fds in progress at once (threads blocked in
+ *                          a read count); past it the oldest are forgotten and their data lost
+ *                          unseen (the stream offsets do not show it)
  *   GF_HTTP_OFF_*          struct offsets for the fd → socket walk (producer/btf.py)
  */
 #include "http.h"
@@ -35,6 +38,9 @@
 #endif
 #ifndef GF_HTTP_MAX_CONNS
 #define GF_HTTP_MAX_CONNS 65536
+#endif
+#ifndef GF_HTTP_MAX_CALLS
+#define GF_HTTP_MAX_CALLS 65536
 #endif
 
 #if (GF_HTTP_HEAD & (GF_HTTP_HEAD - 1)) || GF_HTTP_HEAD < 64 || GF_HTTP_HEAD > 8192
@@ -70,7 +76,9 @@ struct gf_http_call {
 	u16 op;
 	u16 pad;
 };
-BPF_TABLE("lru_hash", u64, struct gf_http_call, http_calls, 16384);
+/* A thread blocked in a read of a tracked connection holds an entry for as long as it waits
+ * (an idle keep-alive connection of a thread-per-connection server): sized for that. */
+BPF_TABLE("lru_hash", u64, struct gf_http_call, http_calls, GF_HTTP_MAX_CALLS);
 
 /* A record is built here, then copied to the ring at its real length. The head has twice the
  * room it uses so that the verifier sees every copy in bounds. */
