@@ -24,6 +24,12 @@ the work enqueued in that span) or, where NVML gives per-process utilisation, fr
 `nvml_gpu_ns` (each sample's GPU time spread over the busy spans it overlaps; a sample that
 overlaps none is GPU time no event explains, and stays unattributed).
 
+In a stream, attribute a batch of events once the HTTP records up to its last event have been
+parsed (every request that started by then is known; those not yet answered are in flight
+with OPEN_END), with the requests that overlap it. A busy span still open at a batch's end ends
+at its last event: to keep spans whole, hold the events after the batch's last drain back for
+the next batch.
+
 Pure: numpy only.
 """
 
