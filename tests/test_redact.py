@@ -116,3 +116,20 @@ def test_a_real_process_s_secrets_are_never_held(tmp_path: Path) -> None:
     assert not [s for s in secrets if s in held]
     # In full, the command line is all there is of them; the environment's never is.
     assert secrets[0] in full.cmdline and secrets[1] not in repr(full)
+
+
+@pytest.mark.parametrize(("args", "mode"), [([], "redacted"), (["--cmdline", "full"], "full"),
+                                            (["--cmdline", "none"], "none")])
+def test_the_producer_publishes_command_lines_as_asked(args: list[str], mode: str,
+                                                       tmp_path: Path) -> None:
+    from gpuflight import cli
+
+    parsed = cli._parser().parse_args(["producer", "--kafka", "127.0.0.1:9092", *args])
+    settings = cli._kafka_settings(parsed)
+    assert settings.cmdline == mode
+    base = tmp_path / "5"
+    base.mkdir()
+    (base / "cmdline").write_bytes(b"train\0--password\0PW\0")
+    who = identity.resolve(tmp_path, 5, "h", cmdline=settings.cmdline)
+    assert who.cmdline == {"full": ["train", "--password", "PW"],
+                           "redacted": ["train", "--password", R], "none": []}[mode]

@@ -387,6 +387,7 @@ def test_the_compose_broker_takes_the_fleets_clients_and_no_others(
         wait_for(lambda: "users and ACLs set" in log.read_text(errors="replace")
                  or broker.poll() is not None, 120, "the broker and its users and ACLs")
         assert broker.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert (tmp_path / "run" / "ready").exists()  # what compose's healthcheck looks for
 
         def client_env(service: str) -> dict[str, str]:
             found = services[service]["environment"]
