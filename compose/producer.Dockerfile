@@ -11,9 +11,11 @@ COPY bpf ./bpf
 COPY gpuflight ./gpuflight
 COPY producer ./producer
 COPY streams ./streams
+# GPUFLIGHT_*_FILE variables (Docker secrets) become the variables gpuflight reads.
+COPY compose/from-secrets /usr/local/bin/from-secrets
 RUN python3 -m venv --system-site-packages /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir . \
     && rm -rf /opt/gpuflight
 WORKDIR /
 ENV PATH=/opt/venv/bin:$PATH
-ENTRYPOINT ["gpuflight"]
+ENTRYPOINT ["/usr/local/bin/from-secrets", "gpuflight"]

@@ -9,13 +9,14 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from producer import wire
-from producer.errors import GpuflightError, UsageError
+from producer.errors import GpuflightError, ServiceError, UsageError
 from producer.publish import KafkaSettings, load_config
+from producer.redact import CMDLINE_MODES
 from producer.settings import CaptureSettings
 
 log = logging.getLogger("gpuflight")
@@ -50,14 +51,32 @@ def _bootstrap(text: str) -> str:
     return ",".join(servers)
 
 
-def _add_kafka_options(parser: argparse.ArgumentParser, required: bool) -> None:
+def _add_kafka_options(parser: argparse.ArgumentParser, required: bool,
+                       default: str | None = None) -> None:
     parser.add_argument("--kafka", required=required, metavar="HOST:PORT", type=_bootstrap,
-                        help="Kafka bootstrap servers")
+                        default=default,
+                        help="Kafka bootstrap servers" + (" (default %(default)s)"
+                                                          if default else ""))
     parser.add_argument("--topic-prefix", default=wire.DEFAULT_PREFIX,
                         help="topics are PREFIX.events.v1 etc. (default %(default)s)")
     parser.add_argument("--kafka-config", type=Path, metavar="FILE",
                         help="librdkafka properties (key=value lines), e.g. SASL/TLS; "
                         "GPUFLIGHT_KAFKA_* variables override (GPUFLIGHT_KAFKA_SASL_PASSWORD)")
+
+
+def _check_kafka(bootstrap: str, config: Mapping[str, str], *, required: bool) -> None:
+    """A broker that refuses the credentials ends the command in one line (ServiceError, 4)
+    within seconds; one that cannot be reached does too where the command needs it now
+    (replay), and is logged where the command waits for it (the producer buffers, the stream
+    worker waits for its topics)."""
+    from producer import kafkaconf
+
+    why = kafkaconf.check_access(bootstrap, config)
+    if why is None:
+        return
+    if required:
+        raise ServiceError(f"cannot reach Kafka at {bootstrap}: {why}")
+    log.warning("Kafka at %s does not answer yet (%s); going on", bootstrap, why)
 
 
 def _positive(text: str) -> float:
@@ -112,6 +131,8 @@ def _kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> K
         settings = replace(settings, buffer_bytes=buffer_mb << 20)
     if getattr(args, "kafka_close_timeout", None) is not None:
         settings = replace(settings, close_timeout_s=args.kafka_close_timeout)
+    if getattr(args, "cmdline", None) is not None:
+        settings = replace(settings, cmdline=args.cmdline)
     return settings
 
 
@@ -146,6 +167,11 @@ def _parser() -> argparse.ArgumentParser:
         help="at shutdown, how long to wait for Kafka to take what is queued (default 30)",
     )
     producer.add_argument(
+        "--cmdline", choices=CMDLINE_MODES, default="redacted",
+        help="command lines on the processes topic: in full, with what looks like a secret "
+        "(--password X, --api-key=X, TOKEN=X, https://user:pass@…) replaced by <redacted>, "
+        "or none (default %(default)s)")
+    producer.add_argument(
         "--pid", type=int, action="append", help="capture only this process (repeatable)"
     )
     producer.add_argument("--status-file", type=Path, metavar="FILE",
@@ -177,11 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     streams = sub.add_parser(
         "streams", help="a stream worker: Kafka → windowed aggregates → InfluxDB (Faust)"
     )
-    streams.add_argument("--kafka", default="127.0.0.1:9092", metavar="HOST:PORT",
-                         type=_bootstrap,
-                         help="Kafka bootstrap servers (default %(default)s)")
-    streams.add_argument("--topic-prefix", default=wire.DEFAULT_PREFIX,
-                         help="topics are PREFIX.events.v1 etc. (default %(default)s)")
+    _add_kafka_options(streams, required=False, default="127.0.0.1:9092")
     _add_influx_options(streams)
     streams.add_argument("--window", type=_positive, default=10.0, metavar="S",
                          help="tumbling window (default %(default)s s)")
@@ -250,14 +272,23 @@ def _dispatch(args: argparse.Namespace) -> int:
             proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages
         )
         kafka = _kafka_settings(args, args.buffer_mb) if args.kafka is not None else None
+        if kafka is not None:
+            from producer.environment import check_can_probe
+
+            check_can_probe()  # what the machine lacks comes first
+            _check_kafka(kafka.bootstrap, kafka.config, required=False)
         return node.run(settings, args.output, kafka, status_file=args.status_file)
     if args.command == "replay":
         from producer import replay, timeparse
 
+        kafka = _kafka_settings(args)
+        from_ns = timeparse.parse_time(args.from_time)
+        to_ns = timeparse.parse_time(args.to_time)
+        _check_kafka(kafka.bootstrap, kafka.config, required=True)
         stats = replay.replay(
-            _kafka_settings(args),
-            from_ns=timeparse.parse_time(args.from_time),
-            to_ns=timeparse.parse_time(args.to_time),
+            kafka,
+            from_ns=from_ns,
+            to_ns=to_ns,
             host=args.host,
             pid=args.pid,
             output=args.output,
@@ -278,12 +309,16 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(line)
         return 0
     if args.command == "streams":
+        from producer.kafkaconf import ClientSecurity
         from streams import app as stream_app
         from streams.settings import InfluxSettings, StreamSettings
         from streams.windows import WindowSettings
 
+        kafka_config = load_config(args.kafka_config)
+        ClientSecurity.from_config(kafka_config)  # a setting Faust cannot honour: usage error
         stream_settings = StreamSettings(
             kafka=args.kafka,
+            kafka_config=kafka_config,
             topic_prefix=args.topic_prefix,
             app_id=args.app_id,
             influx=replace(InfluxSettings.from_environment(args.influx, args.bucket),
@@ -298,6 +333,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             stream_settings = replace(stream_settings, worker=args.worker)
         if args.data_dir:
             stream_settings = replace(stream_settings, data_dir=args.data_dir)
+        _check_kafka(args.kafka, kafka_config, required=False)
         stream_app.run(stream_settings, loglevel="DEBUG" if args.verbose else "WARNING")
         return 0
     if args.command in ("report", "compare"):

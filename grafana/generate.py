@@ -1,4 +1,5 @@
-"""Writes grafana/dashboards/*.json and grafana/provisioning/alerting/gpuflight.yaml.
+"""Writes grafana/dashboards/*.json, grafana/provisioning/alerting/gpuflight.yaml and the
+datasource, grafana/provisioning/datasources/gpuflight.yaml.
 
     .venv/bin/python -m grafana.generate           # rewrite the files
     .venv/bin/python -m grafana.generate --check   # exit 1 when a file is not what it writes
@@ -32,7 +33,11 @@ from streams.measurements import Fields, Tags
 ROOT: Final = Path(__file__).resolve().parent
 DASHBOARD_DIR: Final = ROOT / "dashboards"
 ALERTING_FILE: Final = ROOT / "provisioning" / "alerting" / "gpuflight.yaml"
+DATASOURCE_FILE: Final = ROOT / "provisioning" / "datasources" / "gpuflight.yaml"
 DATASOURCE_UID: Final = "gpuflight-influxdb"
+#: The InfluxQL database the stream app writes (streams.settings.DEFAULT_DATABASE, which a
+#: test checks this against: the generator imports only the measurements).
+DATABASE: Final = "gpuflight"
 DATASOURCE: Final = {"type": "influxdb", "uid": DATASOURCE_UID}
 #: The stream app's default window: the least interval a panel groups by.
 WINDOW: Final = f"{m.DEFAULT_WINDOW_S:g}s"
@@ -752,6 +757,35 @@ def through_sdk(data: Mapping[str, Any]) -> dict[str, Any]:
     return encoded
 
 
+def datasource() -> dict[str, Any]:
+    """The InfluxDB the stream workers write, as Grafana provisions it. Grafana expands the
+    variables from its environment when it provisions: the URL, and the user and password it
+    logs in with (InfluxDB with auth-enabled; both empty for one without, as the local stack).
+    The password goes to secureJsonData, which Grafana keeps encrypted and never sends to
+    browsers."""
+    return {
+        "apiVersion": 1,
+        "datasources": [{
+            "name": "gpuflight",
+            "uid": DATASOURCE_UID,
+            "type": "influxdb",
+            "access": "proxy",
+            "url": "$GPUFLIGHT_INFLUX_URL",
+            "user": "$GPUFLIGHT_INFLUX_USER",
+            "isDefault": True,
+            "editable": False,
+            "jsonData": {
+                "version": "InfluxQL",
+                "dbName": DATABASE,
+                "httpMode": "GET",
+                # The stream app's window: no panel groups finer than that.
+                "timeInterval": WINDOW,
+            },
+            "secureJsonData": {"password": "$GPUFLIGHT_INFLUX_PASSWORD"},
+        }],
+    }
+
+
 class _PlainDumper(yaml.SafeDumper):
     """Writes a shared object out each time (no &anchors): a file for people to read."""
 
@@ -769,6 +803,12 @@ def rendered() -> dict[Path, str]:
               "streams/measurements.py): edit those, not this.\n")
     files[ALERTING_FILE] = header + yaml.dump(alerting(), Dumper=_PlainDumper, sort_keys=False,
                                               width=1000, allow_unicode=True)
+    files[DATASOURCE_FILE] = (
+        header + "# The InfluxDB the stream workers write (InfluxQL). Grafana expands the variables"
+        " from its\n# environment: GPUFLIGHT_INFLUX_URL, and GPUFLIGHT_INFLUX_USER and"
+        " GPUFLIGHT_INFLUX_PASSWORD\n# (compose/compose.yaml sets them, the password from a"
+        " Docker secret).\n"
+        + yaml.dump(datasource(), Dumper=_PlainDumper, sort_keys=False, width=1000))
     return files
 
 

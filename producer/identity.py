@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
 from producer import wire
+from producer.redact import CmdlineMode, cmdline_for
 
 _CONTAINER_ID: Final = re.compile(r"([0-9a-f]{64})")
 _POD_UID: Final = re.compile(
@@ -68,23 +70,74 @@ def _boot_time_ns(proc_root: Path) -> int | None:
     return None
 
 
+#: The environment variables an identity is made of; no other is read out of /proc/PID/environ.
+ENVIRON_NAMES: Final = ("KUBERNETES_SERVICE_HOST", "POD_NAME", "POD_NAMESPACE", "HOSTNAME",
+                        "SLURM_JOB_ID")
+#: How much of /proc/PID/environ is read: this first, and up to the most the kernel allows
+#: (a quarter of the stack limit for argv and environ together, 2 MiB by default) when that
+#: is not enough.
+ENVIRON_FIRST: Final = 64 << 10
+ENVIRON_LIMIT: Final = 4 << 20
+
+
+def environ_values(raw: bytearray, names: Sequence[str] = ENVIRON_NAMES) -> dict[str, str]:
+    """The values of `names` in an environ block (NAME=value, NUL-separated; the first of a
+    name wins, as getenv has it), and nothing else: the block is searched, never split, and
+    zeroed before returning, so no other variable (a token, a password) outlives this call."""
+    found: dict[str, str] = {}
+    try:
+        for name in names:
+            needle = name.encode() + b"="
+            if raw.startswith(needle):
+                start = len(needle)
+            else:
+                at = raw.find(b"\0" + needle)
+                if at < 0:
+                    continue
+                start = at + 1 + len(needle)
+            end = raw.find(b"\0", start)
+            found[name] = raw[start : end if end >= 0 else len(raw)].decode(errors="replace")
+    finally:
+        raw[:] = bytes(len(raw))  # in place: same length, no reallocation
+    return found
+
+
+def _read_environ(path: Path, limit: int) -> tuple[bytearray, int]:
+    """Up to `limit` bytes of an environ file, read straight into a buffer of that size
+    (unbuffered: no copy stays in a file object); the buffer and how much was read."""
+    raw = bytearray(limit)
+    size = 0
+    try:
+        with open(path, "rb", buffering=0) as f, memoryview(raw) as view:
+            while size < limit:
+                n = f.readinto(view[size:])
+                if not n:
+                    break
+                size += n
+    except OSError:
+        pass
+    return raw, size
+
+
 def _environ(proc_root: Path, pid: int) -> dict[str, str]:
-    raw = _read(proc_root / str(pid) / "environ") or b""
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
+    """The variables of ENVIRON_NAMES in the process's environment, and no other."""
+    path = proc_root / str(pid) / "environ"
+    raw, size = _read_environ(path, ENVIRON_FIRST)
+    if size == ENVIRON_FIRST:  # more than that: once more, whole (rare: huge environments)
+        raw[:] = bytes(len(raw))
+        raw, size = _read_environ(path, ENVIRON_LIMIT)
+    return environ_values(raw)
 
 
-def resolve(proc_root: Path, pid: int, host: str, clock_ticks: int = 100) -> wire.ProcessRecord:
-    """Everything /proc says about a process; fields of a vanished process are None."""
+def resolve(proc_root: Path, pid: int, host: str, clock_ticks: int = 100,
+            cmdline: CmdlineMode = "redacted") -> wire.ProcessRecord:
+    """Everything /proc says about a process; fields of a vanished process are None. Its
+    command line is kept in full, redacted (producer.redact: no secrets) or not at all."""
     base = proc_root / str(pid)
     fields = stat_fields(proc_root, pid)
     ticks = int(fields[1][19]) if fields and len(fields[1]) > 19 else 0
     boot = _boot_time_ns(proc_root)
-    cmdline = (_read(base / "cmdline") or b"").rstrip(b"\0").split(b"\0")
+    argv = (_read(base / "cmdline") or b"").rstrip(b"\0").split(b"\0")
     cgroup = (_read(base / "cgroup") or b"").decode(errors="replace")
     env = _environ(proc_root, pid)
     exe: str | None = None
@@ -107,7 +160,7 @@ def resolve(proc_root: Path, pid: int, host: str, clock_ticks: int = 100) -> wir
         start_time=ticks,
         started_at_ns=boot + ticks * 1_000_000_000 // clock_ticks if boot and ticks else None,
         comm=comm,
-        cmdline=tuple(c.decode(errors="replace") for c in cmdline if c),
+        cmdline=tuple(cmdline_for([c.decode(errors="replace") for c in argv if c], cmdline)),
         exe=_clip(exe),
         container_id=container.group(1) if container else None,
         pod_uid=pod_uid.group(1).replace("_", "-") if pod_uid else None,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import socket
 import time
 from collections import Counter
@@ -25,12 +24,14 @@ import numpy.typing as npt
 
 from producer import identity, wire
 from producer.errors import UsageError
+from producer.kafkaconf import ENV_PREFIX, load_config
 from producer.kernels import KernelNames
 from producer.records import EventType
+from producer.redact import CmdlineMode
 
 log = logging.getLogger(__name__)
 
-ENV_PREFIX = "GPUFLIGHT_KAFKA_"
+__all__ = ["ENV_PREFIX", "KafkaSettings", "KafkaSink", "load_config", "make_client"]
 
 
 class _Deduplicated(logging.Filter):
@@ -92,8 +93,9 @@ DEFAULT_CONFIG: Mapping[str, Any] = {
 class KafkaSettings:
     bootstrap: str
     topic_prefix: str = wire.DEFAULT_PREFIX
-    #: librdkafka properties passed through verbatim (security settings included).
-    config: Mapping[str, str] = field(default_factory=dict)
+    #: librdkafka properties passed through verbatim (security settings included; kept out of
+    #: the repr, which would show the password).
+    config: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: Bound of the publish queue; beyond it batches are dropped and counted.
     buffer_bytes: int = 256 << 20
     #: A process's events wait at most this long before they are sent.
@@ -103,33 +105,12 @@ class KafkaSettings:
     metrics_interval_s: float = 5.0
     #: How long shutdown waits for the broker to take what is still queued.
     close_timeout_s: float = 30.0
+    #: What the processes topic carries of command lines (producer.redact).
+    cmdline: CmdlineMode = "redacted"
 
     @property
     def topics(self) -> wire.Topics:
         return wire.Topics.with_prefix(self.topic_prefix)
-
-
-def load_config(path: Path | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """librdkafka properties from a `key=value` file, then GPUFLIGHT_KAFKA_* variables
-    (GPUFLIGHT_KAFKA_SASL_PASSWORD sets sasl.password)."""
-    config: dict[str, str] = {}
-    if path is not None:
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            raise UsageError(f"cannot read Kafka config {path}: {exc.strerror}") from None
-        for number, raw in enumerate(lines, 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, sep, value = line.partition("=")
-            if not sep or not key.strip():
-                raise UsageError(f"{path}:{number}: expected key=value, got {line!r}")
-            config[key.strip()] = value.strip()
-    for name, value in environ.items():
-        if name.startswith(ENV_PREFIX):
-            config[name[len(ENV_PREFIX) :].lower().replace("_", ".")] = value
-    return config
 
 
 class KafkaSink:
@@ -273,7 +254,8 @@ class KafkaSink:
     def _identity(self, pid: int) -> wire.ProcessRecord:
         who = self._identities.get(pid)
         if who is None:
-            who = identity.resolve(self._proc_root, pid, self.host)
+            who = identity.resolve(self._proc_root, pid, self.host,
+                                   cmdline=self.settings.cmdline)
             self._identities[pid] = who
             self._produce(
                 self._topics.processes,

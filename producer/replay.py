@@ -18,6 +18,7 @@ from pathlib import Path
 
 from producer import wire
 from producer.errors import ServiceError, UsageError
+from producer.kafkaconf import REFUSED_CODES
 from producer.kernels import KernelNames
 from producer.publish import KafkaSettings, KafkaSink, make_client
 from producer.sinks import JsonLinesSink
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 
 #: How far before `from` to start reading (a batch spans at most a flush interval).
 DEFAULT_SLACK_S = 10.0
+#: Errors on a fetch that no retry mends: TOPIC_AUTHORIZATION_FAILED, and the broker's word
+#: that the credentials or TLS were refused (kafkaconf.REFUSED_CODES).
+DENIED = frozenset({29, *REFUSED_CODES})
 
 
 @dataclass
@@ -98,7 +102,12 @@ def replay(
             if message is None:
                 continue
             if message.error():
-                log.warning("Kafka: %s", message.error())
+                error = message.error()
+                if error.code() in DENIED:
+                    raise ServiceError(f"Kafka at {kafka.bootstrap} does not let this user read"
+                                       f" {topic}: {error.str()} (the ACLs replay needs: "
+                                       "README, Kafka)")
+                log.warning("Kafka: %s", error)
                 continue
             idle_since = time.monotonic()
             part, offset = message.partition() or 0, message.offset() or 0

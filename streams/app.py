@@ -39,6 +39,7 @@ from typing import Any, Final
 import orjson
 
 from producer import wire
+from producer.kafkaconf import ClientSecurity
 from producer.wire import ensure_topics, topic_configs
 from streams import measurements as m
 from streams.aggregate import gpu_points, lost_points, pipeline_point
@@ -358,7 +359,7 @@ def prepare_topics(settings: StreamSettings, timeout_s: float = 30.0) -> int:
     from producer.errors import ServiceError
 
     topics = wire.Topics.with_prefix(settings.topic_prefix)
-    admin = AdminClient({"bootstrap.servers": settings.kafka})
+    admin = AdminClient({**settings.kafka_config, "bootstrap.servers": settings.kafka})
     deadline = time.monotonic() + timeout_s
     partitions = 0
     while time.monotonic() < deadline:
@@ -395,6 +396,19 @@ def prepare_topics(settings: StreamSettings, timeout_s: float = 30.0) -> int:
     return partitions
 
 
+def broker_credentials(security: ClientSecurity) -> Any:
+    """What Faust takes for librdkafka's security settings (None: plaintext)."""
+    import faust
+
+    if security.sasl:
+        return faust.SASLCredentials(username=security.username, password=security.password,
+                                     ssl_context=security.ssl_context,
+                                     mechanism=security.mechanism)
+    if security.ssl_context is not None:
+        return faust.SSLCredentials(security.ssl_context)
+    return None
+
+
 def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
     import faust
     import mode
@@ -403,7 +417,8 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         settings.app_id,
-        broker=f"kafka://{settings.kafka}",
+        broker=[f"kafka://{server}" for server in settings.kafka.split(",")],
+        broker_credentials=broker_credentials(ClientSecurity.from_config(settings.kafka_config)),
         store="memory://",
         datadir=str(settings.data_dir / settings.app_id),
         web_enabled=False,
@@ -450,7 +465,11 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
     @app.service
     class Services(mode.Service):
         async def on_start(self) -> None:
-            reader = DirectoryReader(settings.kafka, topics.processes, worker.directory)
+            # Its group (never joined: it assigns every partition) is named after the app, so
+            # the app's group ACL covers it.
+            reader = DirectoryReader(settings.kafka, topics.processes, worker.directory,
+                                     {"group.id": f"{settings.app_id}-directory",
+                                      **settings.kafka_config})
             reader.start()
             self._reader = reader
             await worker.sink.start()

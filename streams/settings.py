@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -81,6 +82,10 @@ class InfluxSettings:
 @dataclass(frozen=True)
 class StreamSettings:
     kafka: str = "127.0.0.1:9092"
+    #: librdkafka security properties (--kafka-config, GPUFLIGHT_KAFKA_*): verbatim for the
+    #: confluent-kafka clients, translated for Faust's (producer.kafkaconf). Out of the repr:
+    #: it may hold a password.
+    kafka_config: Mapping[str, str] = field(default_factory=dict, repr=False)
     topic_prefix: str = DEFAULT_PREFIX
     #: The Faust app id: the consumer group (workers with the same id share partitions) and
     #: the prefix of its changelog topics.

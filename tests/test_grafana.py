@@ -42,6 +42,7 @@ from tests.support.pipeline_fixture import PipelineRun
 GRAFANA = REPO / "grafana"
 DASHBOARD_FILES = sorted((GRAFANA / "dashboards").glob("*.json"))
 ALERTING_FILE = GRAFANA / "provisioning" / "alerting" / "gpuflight.yaml"
+DATASOURCE_FILE = GRAFANA / "provisioning" / "datasources" / "gpuflight.yaml"
 DS = generate.DATASOURCE_UID
 
 
@@ -80,18 +81,24 @@ def every_query() -> Iterator[tuple[str, str]]:
 
 def test_the_committed_files_are_what_the_generator_writes() -> None:
     files = generate.rendered()
-    assert set(files) == {*DASHBOARD_FILES, ALERTING_FILE}
+    assert set(files) == {*DASHBOARD_FILES, ALERTING_FILE, DATASOURCE_FILE}
     for path, text in files.items():
         assert path.read_text() == text, f"{path} is stale: run python -m grafana.generate"
     assert generate.main(["--check"]) == 0
 
 
 def test_the_provisioning_files_wire_the_datasource_dashboards_and_alerts() -> None:
-    (source,) = yaml.safe_load(
-        (GRAFANA / "provisioning" / "datasources" / "gpuflight.yaml").read_text())["datasources"]
+    from streams.settings import DEFAULT_DATABASE
+
+    (source,) = yaml.safe_load(DATASOURCE_FILE.read_text())["datasources"]
     assert source["uid"] == DS and source["type"] == "influxdb"
     assert source["url"] == "$GPUFLIGHT_INFLUX_URL"  # Grafana expands it at provisioning
-    assert source["jsonData"]["dbName"] == "gpuflight"
+    # It logs in (InfluxDB with auth-enabled); the password only from the environment, and
+    # into secureJsonData, which Grafana keeps encrypted and never sends to a browser.
+    assert source["user"] == "$GPUFLIGHT_INFLUX_USER"
+    assert source["secureJsonData"] == {"password": "$GPUFLIGHT_INFLUX_PASSWORD"}
+    assert "password" not in source and "password" not in source["jsonData"]
+    assert source["jsonData"]["dbName"] == "gpuflight" == DEFAULT_DATABASE
     assert source["jsonData"]["version"] == "InfluxQL"
     assert source["jsonData"]["timeInterval"] == generate.WINDOW
     (provider,) = yaml.safe_load(

@@ -51,8 +51,8 @@ def test_the_producer_runs_on_every_gpu_node_with_what_it_needs() -> None:
     (container,) = spec["containers"]
     assert container["securityContext"]["privileged"] is True
     assert container["args"] == ["producer", "--kafka", "$(KAFKA_BOOTSTRAP)"]
-    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
-    mounts = {Path(volumes[m["name"]]) for m in container["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {Path(volumes[m["name"]]) for m in container["volumeMounts"] if m["name"] in volumes}
     assert {Path("/lib/modules"), Path("/usr/src"), Path("/sys/kernel/tracing")} <= mounts
     config = found["ConfigMap/gpuflight"]["data"]
     assert {"KAFKA_BOOTSTRAP", "GPUFLIGHT_INFLUX_URL"} <= set(config)
@@ -62,3 +62,34 @@ def test_the_producer_runs_on_every_gpu_node_with_what_it_needs() -> None:
     assert worker["args"][:5] == ["streams", "--kafka", "$(KAFKA_BOOTSTRAP)",
                                   "--influx", "$(GPUFLIGHT_INFLUX_URL)"]
     assert worker["image"] == container["image"]
+
+
+def test_clients_authenticate_with_credentials_from_secrets() -> None:
+    """Kafka over SASL_SSL, InfluxDB with a login: every password from a Secret, the CA from
+    a Secret volume, none in the manifests (which hold no Secret at all)."""
+    from producer.redact import is_secret_name
+
+    found = resources()
+    assert not [key for key in found if key.startswith("Secret/")]
+    config = found["ConfigMap/gpuflight"]["data"]
+    assert not [key for key in config if is_secret_name(key)]
+    assert config["GPUFLIGHT_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert config["GPUFLIGHT_KAFKA_SASL_MECHANISM"].startswith("SCRAM-SHA-")
+    for key, user in (("DaemonSet/gpuflight-producer", "producer"),
+                      ("Deployment/gpuflight-streams", "streams")):
+        spec = found[key]["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["GPUFLIGHT_KAFKA_SASL_USERNAME"]["value"] == user
+        secret_env = [name for name in env if is_secret_name(name)]
+        assert "GPUFLIGHT_KAFKA_SASL_PASSWORD" in secret_env
+        for name in secret_env:
+            assert "value" not in env[name], f"{key}: {name} written in the manifest"
+            assert env[name]["valueFrom"]["secretKeyRef"]["name"].startswith("gpuflight-")
+        secret_volumes = {v["name"] for v in spec["volumes"] if "secret" in v}
+        ca_dir = Path(config["GPUFLIGHT_KAFKA_SSL_CA_LOCATION"]).parent
+        (mount,) = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == ca_dir]
+        assert mount["name"] in secret_volumes and mount["readOnly"] is True
+    streams_env = {e["name"] for e in found["Deployment/gpuflight-streams"]["spec"]["template"]
+                   ["spec"]["containers"][0]["env"]}
+    assert "GPUFLIGHT_INFLUX_TOKEN" in streams_env

@@ -168,3 +168,36 @@ def test_a_stale_pid_file_is_not_trusted(tmp_path: Path) -> None:
     assert stack.kafka_status(tmp_path) == "stopped"
     assert not stack.kafka_down(tmp_path)
     assert not (tmp_path / "kafka.pid").exists()
+
+
+def test_a_secured_broker_takes_only_passwords_it_can_write(tmp_path: Path) -> None:
+    from gpuflight.stack.kafka import BrokerSecurity
+
+    for file in ("c.pem", "k.pem", "ca.pem"):
+        (tmp_path / file).write_text("-----BEGIN-----\n")
+    security = BrokerSecurity(tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem",
+                              {"producer": 'pa"ss word'})
+    with pytest.raises(stack.StackError) as error:
+        stack.kafka_up(tmp_path / "data", stack.free_port(), security=security)
+    assert "names and passwords may hold only" in one_line(error)
+    assert 'pa"ss' not in str(error.value)
+
+
+def test_a_secured_broker_is_plaintext_on_loopback_only(tmp_path: Path) -> None:
+    from gpuflight.stack.kafka import BrokerSecurity, _server_properties
+
+    security = BrokerSecurity(tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem",
+                              {"producer": "pw1"}, mtls_port=9300, authorizer=True)
+    text = _server_properties(tmp_path, 9100, 9101, security, local_port=9200)
+    props = dict(line.split("=", 1) for line in text.splitlines()
+                 if line and not line.startswith("#"))
+    protocols = dict(p.split(":") for p in props["listener.security.protocol.map"].split(","))
+    bound = {item.split("://")[0]: item.split("://")[1]
+             for item in props["listeners"].split(",")}
+    assert {name: protocols[name] for name in bound} == {
+        "CLIENT": "SASL_SSL", "MTLS": "SSL", "LOCAL": "PLAINTEXT", "CONTROLLER": "PLAINTEXT"}
+    assert all(address.startswith("127.0.0.1:") for address in bound.values())
+    assert props["listener.name.mtls.ssl.client.auth"] == "required"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:ANONYMOUS;User:admin"
+    assert props["inter.broker.listener.name"] == "LOCAL"

@@ -8,6 +8,14 @@ Its files, under the stack's data directory:
     kafka/               server.properties and log4j2.properties, rewritten at each `up`
     kafka/data/          log.dirs: the topics and the KRaft metadata log, kept across down/up
                          (retention is unlimited: topics stay for postmortem replay)
+    kafka/keystore.pem   with `security`: the broker's key and certificate (mode 600)
+
+Plaintext on loopback is the local stack. `kafka_up(..., security=BrokerSecurity(...))` starts
+the broker as the fleet recipe configures it (compose/kafka/): clients authenticate with SASL
+(SCRAM-SHA-512, SCRAM-SHA-256, PLAIN) over TLS on the broker port, optionally with client
+certificates (mTLS) on another, and ACLs are enforced when asked; only the controller and
+inter-broker listeners are plaintext, on loopback. Tests run producer, worker and replay
+against it.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +66,39 @@ KAFKA_JAVA_OPTS = (
     "-Dlog4j2.shutdownHookEnabled=false",
 )
 INSTALL_JAVA = "install a Java 17+ runtime (apt-get install default-jre-headless)"
+#: SASL mechanisms a secured broker offers (compose's offers the SCRAM ones).
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+#: What may be in a user name or password given to a secured broker (they are written into
+#: kafka-storage's --add-scram and the PLAIN JAAS line, which have no escapes for others).
+_CREDENTIAL = re.compile(r"[A-Za-z0-9._~+/-]+")
+
+
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """How a secured broker authenticates and authorizes (see the module's docstring).
+
+    Who comes through the loopback plaintext listeners (User:ANONYMOUS) is a super user, as
+    `super_users` are: that is how the broker talks to its own controller, and how an operator
+    on the broker's host adds users and ACLs to a broker that has none yet. Client certificates
+    name their user by their CN (`CN=producer,O=…` is User:producer), as SASL users are named.
+    """
+
+    #: The broker's certificate (PEM, its chain after it) and private key (PEM, PKCS#8, not
+    #: encrypted): they name 127.0.0.1 and localhost, as clients check.
+    certificate: Path
+    key: Path
+    #: The CA whose client certificates the mTLS listener takes (PEM).
+    ca: Path
+    #: SCRAM users (both SHA-256 and SHA-512, created when the log directory is formatted)
+    #: and PLAIN users, with their passwords.
+    users: Mapping[str, str]
+    #: Also a TLS listener that requires a client certificate (mTLS), on this port.
+    mtls_port: int | None = None
+    #: Enforce ACLs (StandardAuthorizer); nobody but super users may do anything without one.
+    authorizer: bool = False
+    super_users: tuple[str, ...] = ("admin",)
+
+
 @dataclass(frozen=True)
 class KafkaHandle:
     data_dir: Path
@@ -66,10 +107,18 @@ class KafkaHandle:
     pid: int
     log_file: Path
     already_running: bool = False
+    #: With security: the plaintext inter-broker listener on loopback (a super user's way in).
+    local_port: int | None = None
+    mtls_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def local_bootstrap(self) -> str:
+        """The plaintext loopback listener: the broker port itself unless it is secured."""
+        return f"{HOST}:{self.local_port or self.port}"
 
 
 # -- what a broker needs ---------------------------------------------------------------------
@@ -129,7 +178,56 @@ def _properties(data_dir: Path) -> Path:
     return _kafka_dir(data_dir) / "server.properties"
 
 
-def _server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+def _keystore(data_dir: Path) -> Path:
+    return _kafka_dir(data_dir) / "keystore.pem"
+
+
+def _listeners(data_dir: Path, port: int, controller_port: int,
+               security: BrokerSecurity | None, local_port: int | None) -> str:
+    if security is None:
+        return f"""\
+listeners=PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}
+advertised.listeners=PLAINTEXT://{HOST}:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+"""
+    mtls = f",MTLS://{HOST}:{security.mtls_port}" if security.mtls_port else ""
+    scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    plain_users = " ".join(f'user_{name}="{password}"'
+                           for name, password in security.users.items())
+    supers = ";".join(f"User:{name}" for name in ("ANONYMOUS", *security.super_users))
+    authorizer = f"""\
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users={supers}
+""" if security.authorizer else ""
+    return f"""\
+# Clients: SASL over TLS (and TLS with client certificates); plaintext only on loopback, for
+# the controller and the broker itself.
+listeners=CLIENT://{HOST}:{port}{mtls},LOCAL://{HOST}:{local_port},\
+CONTROLLER://{HOST}:{controller_port}
+advertised.listeners=CLIENT://{HOST}:{port}{mtls},LOCAL://{HOST}:{local_port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=LOCAL
+listener.security.protocol.map=CLIENT:SASL_SSL,MTLS:SSL,LOCAL:PLAINTEXT,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms={",".join(SASL_MECHANISMS)}
+listener.name.client.scram-sha-512.sasl.jaas.config={scram}
+listener.name.client.scram-sha-256.sasl.jaas.config={scram}
+listener.name.client.plain.sasl.jaas.config=\
+org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};
+ssl.keystore.type=PEM
+ssl.keystore.location={_keystore(data_dir)}
+ssl.truststore.type=PEM
+ssl.truststore.location={security.ca}
+listener.name.mtls.ssl.client.auth=required
+ssl.principal.mapping.rules=RULE:^CN=([^,]+).*$/$1/,DEFAULT
+{authorizer}"""
+
+
+def _server_properties(data_dir: Path, port: int, controller_port: int,
+                       security: BrokerSecurity | None = None,
+                       local_port: int | None = None) -> str:
     return f"""\
 # Written by gpuflight (gpuflight/stack/) at each `stack up`: edits here are lost.
 # One node, broker and KRaft controller in one process, on loopback only.
@@ -137,11 +235,7 @@ process.roles=broker,controller
 node.id=1
 # A static quorum: the ports live here, not in the metadata log, so they may change between runs.
 controller.quorum.voters=1@{HOST}:{controller_port}
-listeners=PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}
-advertised.listeners=PLAINTEXT://{HOST}:{port}
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+{_listeners(data_dir, port, controller_port, security, local_port)}\
 log.dirs={_kafka_dir(data_dir) / "data"}
 # A single node: every internal topic with one replica.
 default.replication.factor=1
@@ -187,7 +281,7 @@ def _read_ports(data_dir: Path) -> tuple[int, int] | None:
         text = _properties(data_dir).read_text()
     except OSError:
         return None
-    port = re.search(r"^listeners=.*PLAINTEXT://[^:,]+:(\d+)", text, re.M)
+    port = re.search(r"^listeners=(?:PLAINTEXT|CLIENT)://[^:,]+:(\d+)", text, re.M)
     cport = re.search(r"^listeners=.*CONTROLLER://[^:,]+:(\d+)", text, re.M)
     if port is None or cport is None:
         return None
@@ -223,8 +317,10 @@ def _cluster_id() -> str:
             return cid
 
 
-def _format_storage(java: str, libs: Path, data_dir: Path) -> None:
-    """Format the KRaft log directory once; a formatted one is left alone."""
+def _format_storage(java: str, libs: Path, data_dir: Path,
+                    security: BrokerSecurity | None = None) -> None:
+    """Format the KRaft log directory once (with the SCRAM users of `security`); a formatted
+    one is left alone."""
     log_dir = _kafka_dir(data_dir) / "data"
     if (log_dir / "meta.properties").exists():
         return
@@ -232,6 +328,9 @@ def _format_storage(java: str, libs: Path, data_dir: Path) -> None:
     command = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{libs}/*",
                "kafka.tools.StorageTool", "format", "-t", _cluster_id(),
                "-c", str(_properties(data_dir))]
+    for name, password in (security.users.items() if security else ()):
+        for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+            command += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -268,12 +367,34 @@ def _wait_until_answers(bootstrap: str, alive: Callable[[], bool], deadline: flo
     return False
 
 
+def _check_security(security: BrokerSecurity) -> None:
+    for name, password in security.users.items():
+        if not (_CREDENTIAL.fullmatch(name) and _CREDENTIAL.fullmatch(password)):
+            raise StackError(f"Kafka user {name!r}: names and passwords may hold only "
+                             "letters, digits and ._~+/-")
+    for path in (security.certificate, security.key, security.ca):
+        if not path.is_file():
+            raise StackError(f"no such file: {path}")
+
+
+def _write_keystore(data_dir: Path, security: BrokerSecurity) -> None:
+    """Kafka's PEM keystore is one file: the private key, then the certificate chain."""
+    keystore = _keystore(data_dir)
+    fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(security.key.read_text().strip() + "\n")
+        out.write(security.certificate.read_text().strip() + "\n")
+
+
 def kafka_up(data_dir: Path, port: int = DEFAULT_KAFKA_PORT, controller_port: int | None = None,
-             *, libs: Path | None = None, timeout: float = START_TIMEOUT_S) -> KafkaHandle:
+             *, libs: Path | None = None, timeout: float = START_TIMEOUT_S,
+             security: BrokerSecurity | None = None) -> KafkaHandle:
     """Start the broker of data_dir on HOST:port and return once it answers metadata requests.
 
     controller_port defaults to port + 1, or to any free port when that one is busy (it is only
-    used inside the node). A running broker with these ports is returned as it is.
+    used inside the node). A running broker with these ports is returned as it is. With
+    `security`, the broker port is SASL_SSL (see BrokerSecurity) and the broker's own plaintext
+    listener takes another free loopback port (`KafkaHandle.local_port`).
     """
     data_dir = data_dir.expanduser().resolve()
     properties = _properties(data_dir)
@@ -285,6 +406,9 @@ def kafka_up(data_dir: Path, port: int = DEFAULT_KAFKA_PORT, controller_port: in
                 raise StackError(
                     f"Kafka of {data_dir} already runs on {HOST}:{running[0]} (controller "
                     f"{running[1]}, pid {pid}): run `gpuflight stack down` first to change ports")
+            if security is not None:
+                raise StackError(f"Kafka of {data_dir} already runs (pid {pid}): run "
+                                 "`gpuflight stack down` first to start it secured")
             return KafkaHandle(data_dir, running[0], running[1], pid, _log_file(data_dir),
                                already_running=True)
 
@@ -297,23 +421,38 @@ def kafka_up(data_dir: Path, port: int = DEFAULT_KAFKA_PORT, controller_port: in
             raise StackError(f"controller port {HOST}:{controller_port} is busy"
                              f"{' (it is the broker port)' if controller_port == port else ''}: "
                              "choose another")
+        local_port = None
+        if security is not None:
+            _check_security(security)
+            taken = {port, controller_port, *([security.mtls_port] if security.mtls_port else [])}
+            local_port = free_port(frozenset(taken))
+            if security.mtls_port is not None and not port_free(security.mtls_port):
+                raise StackError(f"mTLS port {HOST}:{security.mtls_port} is busy: choose another")
         libs = kafka_libs(libs)
         java = find_java()
 
         kafka_dir = _kafka_dir(data_dir)
         kafka_dir.mkdir(parents=True, exist_ok=True)
-        properties.write_text(_server_properties(data_dir, port, controller_port))
+        if security is not None:
+            _write_keystore(data_dir, security)
+        text = _server_properties(data_dir, port, controller_port, security, local_port)
+        # It may hold the PLAIN users' passwords: readable by its owner only.
+        fd = os.open(properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
         log4j = kafka_dir / "log4j2.properties"
         log4j.write_text(_LOG4J2_PROPERTIES)
-        _format_storage(java, libs, data_dir)
+        _format_storage(java, libs, data_dir, security)
 
         log_file = _log_file(data_dir)
         command = [java, *KAFKA_JAVA_OPTS, f"-Dlog4j2.configurationFile={log4j}",
                    "-cp", f"{libs}/*", "kafka.Kafka", str(properties)]
         started = time.monotonic()
         pid = spawn(command, kafka_dir, log_file, _pid_file(data_dir))
-        handle = KafkaHandle(data_dir, port, controller_port, pid, log_file)
-        if _wait_until_answers(handle.bootstrap, lambda: alive(pid, str(properties)),
+        handle = KafkaHandle(data_dir, port, controller_port, pid, log_file,
+                             local_port=local_port,
+                             mtls_port=security.mtls_port if security else None)
+        if _wait_until_answers(handle.local_bootstrap, lambda: alive(pid, str(properties)),
                                started + timeout):
             log.info("Kafka up on %s (pid %d) in %.1f s", handle.bootstrap, pid,
                      time.monotonic() - started)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,8 @@ class Feed:
     bootstrap: str
     prefix: str
     partitions: int = 3
+    #: librdkafka security properties (a secured broker).
+    config: Mapping[str, str] = field(default_factory=dict, repr=False)
     topics: wire.Topics = field(init=False)
     _producer: Any = field(init=False, repr=False)
 
@@ -68,9 +70,10 @@ class Feed:
         from confluent_kafka.admin import AdminClient
 
         self.topics = wire.Topics.with_prefix(self.prefix)
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient({**self.config, "bootstrap.servers": self.bootstrap})
         assert ensure_topics(admin, topic_configs(self.topics), self.partitions)
-        self._producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
+        self._producer = Producer({**self.config, "bootstrap.servers": self.bootstrap,
+                                   "acks": "all",
                                    "enable.idempotence": True, "linger.ms": 5,
                                    "compression.type": "zstd",  # as the producer sends
                                    "message.max.bytes": 8_000_000})
@@ -135,12 +138,12 @@ def hosts_on_every_partition(prefix: str, partitions: int, per_partition: int) -
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0,
-               expect: int | None = None) -> list[Any]:
+               expect: int | None = None, config: Mapping[str, str] | None = None) -> list[Any]:
     """Every message of `topic` (from the start), waiting up to `timeout_s` for `expect`."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{time.time_ns()}",
-                         "enable.auto.commit": False})
+    consumer = Consumer({**(config or {}), "bootstrap.servers": bootstrap,
+                         "group.id": f"read-{time.time_ns()}", "enable.auto.commit": False})
     try:
         deadline = time.monotonic() + timeout_s
         partitions: Any = None
@@ -174,18 +177,23 @@ class StreamWorker:
     log: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     extra: Sequence[str] = ()
+    #: More environment (GPUFLIGHT_KAFKA_SASL_PASSWORD, say).
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: A command the worker runs under (compose/from-secrets, say).
+    launcher: Sequence[str] = ()
 
     def start(self, name: str = "w1") -> None:
         self.log = self.data_dir / f"{name}.log"
         command = [
-            sys.executable, "-m", "gpuflight", "streams", "--kafka", self.bootstrap,
+            *self.launcher, sys.executable, "-m", "gpuflight", "streams", "--kafka",
+            self.bootstrap,
             "--topic-prefix", self.prefix, "--influx", self.influx_url,
             "--bucket", "gpuflight/autogen", "--window", str(self.window_s),
             "--grace", str(self.grace_s), "--app-id", self.app_id, "--worker", name,
             "--data-dir", str(self.data_dir / name), "--identity-wait", "2", "--tick", "0.5",
             *self.extra,
         ]
-        env = {**os.environ, "GPUFLIGHT_INFLUX_TOKEN": ""}
+        env = {**os.environ, "GPUFLIGHT_INFLUX_TOKEN": "", **self.env}
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                             env=env, start_new_session=True)
