@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -81,6 +83,17 @@ def as_nobody(home: Path, *args: str) -> subprocess.Popen[bytes]:
     )
 
 
+def stop_once_mapped(pid: int, home: Path, timeout_s: float = 60) -> None:
+    """SIGSTOP the process as soon as it maps its runtime from `home`/lib."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if str(home / "lib") in Path(f"/proc/{pid}/maps").read_text():
+            os.kill(pid, signal.SIGSTOP)
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{pid} never mapped its runtime")
+
+
 def effective(pid: int) -> int:
     return environment.effective_capabilities(Path(f"/proc/{pid}/status"))
 
@@ -92,9 +105,14 @@ def test_the_node_agent_captures_with_only_its_capabilities(
     producer = Producer(tmp_path / "node.jsonl", wrapper=only(NODE), ready_timeout_s=180)
     try:
         assert effective(producer.proc.pid) == mask(NODE)
-        job = as_nobody(private_home, "--start-delay-ms", "1500", "--iters", "5",
-                        "--hold-ms", "1500")
-        producer.wait_for_library(str(private_home))
+        job = as_nobody(private_home, "--start-delay-ms", "1000", "--iters", "5")
+        # Stopped before its first call until its runtime is attached (on a busy node the
+        # agent may take longer than the job's delay to get to it).
+        stop_once_mapped(job.pid, private_home)
+        try:
+            producer.wait_for_library(str(private_home), timeout_s=180)
+        finally:
+            os.kill(job.pid, signal.SIGCONT)
         assert job.wait(timeout=60) == 0
         producer.wait_for_captured(len(expected.capture_events(1, 5)))
         events = producer.stop()
