@@ -72,15 +72,8 @@ def check_can_probe(
         )
     if os.geteuid() != 0:
         raise SetupError(
-            "gpuflight needs root to attach eBPF uprobes (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN); "
-            "run it with sudo"
-        )
-    missing = missing_capabilities(capabilities)
-    if missing:
-        name = missing[0]
-        raise SetupError(
-            f"gpuflight lacks {', '.join(missing)}, needed for {capabilities[name][1]}: "
-            f"run it as root with {', '.join(capabilities)} (README: least privilege)"
+            f"gpuflight needs root to attach eBPF uprobes ({', '.join(capabilities)}): "
+            "run it as root, or through sudo"
         )
     if importlib.util.find_spec("bcc") is None:
         raise SetupError(
@@ -93,6 +86,13 @@ def check_can_probe(
         raise SetupError(
             f"no kernel headers for {release} at {build}: install linux-headers-{release}, "
             "or run scripts/setup (links Debian's linux-headers-amd64, which works for uprobes)"
+        )
+    missing = missing_capabilities(capabilities)
+    if missing:
+        name = missing[0]
+        raise SetupError(
+            f"gpuflight lacks {', '.join(missing)}, needed for {capabilities[name][1]}: "
+            f"run it as root with {', '.join(capabilities)} (README: least privilege)"
         )
 
 
