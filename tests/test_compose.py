@@ -27,6 +27,7 @@ def test_compose_file_is_valid_and_wires_the_producer_to_kafka() -> None:
     assert producer["cap_drop"] == ["ALL"]
     assert [f"CAP_{name}" for name in producer["cap_add"]] == list(NODE_CAPABILITIES)
     assert producer["security_opt"] == ["apparmor=unconfined"]  # seccomp stays the default
+    assert producer["ulimits"] == {"memlock": -1}  # BPF maps on kernels before 5.11
     assert "user" not in producer
     assert producer["uts"] == "host"  # its host tag is the node's name
     assert producer["command"] == ["producer", "--kafka", "kafka:9092"]
