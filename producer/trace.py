@@ -21,7 +21,7 @@ from pathlib import Path
 from producer import discover
 from producer.capture import Capture
 from producer.decode import Enricher
-from producer.environment import check_can_probe
+from producer.environment import TRACE_CAPABILITIES, check_can_probe
 from producer.errors import UsageError
 from producer.probes import DropCounts
 from producer.settings import CaptureSettings
@@ -124,7 +124,7 @@ def run(
         raise UsageError("trace needs a command: gpuflight trace [--output FILE] -- CMD [ARGS...]")
     if shutil.which(argv[0]) is None:
         raise UsageError(f"command not found: {argv[0]}")
-    check_can_probe()
+    check_can_probe(capabilities=TRACE_CAPABILITIES)
     base = settings or CaptureSettings()
     settings = replace(base, pids=frozenset(), follow_forks=True, hold_on_load=True)
     summary_sink = SummarySink()

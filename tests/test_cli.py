@@ -11,6 +11,7 @@ import pytest
 from gpuflight import cli
 from producer import environment
 from producer.errors import SetupError
+from tests.conftest import one_line
 
 
 def test_not_root_is_one_line(
@@ -36,6 +37,28 @@ def test_missing_headers_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     with pytest.raises(SetupError, match=r"linux-headers-.*scripts/setup"):
         environment.check_can_probe(modules_root=tmp_path)
+
+
+def test_a_missing_capability_is_named_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Root with CAP_SYS_ADMIN alone: enough for trace, not for the node agent."""
+    assert environment.missing_capabilities(environment.NODE_CAPABILITIES, 1 << 21) == [
+        "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"]
+    assert environment.missing_capabilities(environment.TRACE_CAPABILITIES, 1 << 21) == []
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(environment, "effective_capabilities", lambda: 1 << 21)
+    (tmp_path / os.uname().release / "build" / "include").mkdir(parents=True)
+    environment.check_can_probe(modules_root=tmp_path,
+                                capabilities=environment.TRACE_CAPABILITIES)
+    with pytest.raises(SetupError) as error:
+        environment.check_can_probe(modules_root=tmp_path)
+    assert one_line(error) == (
+        "gpuflight lacks CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, needed for the maps and mount "
+        "namespaces (/proc/PID/maps, /proc/PID/root) of processes with capabilities it "
+        "lacks: run it as root with CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH "
+        "(README: least privilege)")
 
 
 def test_arm64_is_refused_in_one_line(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from producer.environment import NODE_CAPABILITIES
 from tests.conftest import REPO, require
 from tests.support.compose import COMPOSE, FLEET, PROJECT, compose_config
 
@@ -20,7 +21,14 @@ def test_compose_file_is_valid_and_wires_the_producer_to_kafka() -> None:
     services = config["services"]
     assert isinstance(services, dict)
     producer = services["producer"]
-    assert producer["privileged"] is True and producer["pid"] == "host"
+    assert producer["pid"] == "host"
+    # Root with the capabilities the agent checks for and no other, not privileged.
+    assert not producer.get("privileged")
+    assert producer["cap_drop"] == ["ALL"]
+    assert [f"CAP_{name}" for name in producer["cap_add"]] == list(NODE_CAPABILITIES)
+    assert producer["security_opt"] == ["apparmor=unconfined"]  # seccomp stays the default
+    assert producer["ulimits"] == {"memlock": -1}  # BPF maps on kernels before 5.11
+    assert "user" not in producer
     assert producer["uts"] == "host"  # its host tag is the node's name
     assert producer["command"] == ["producer", "--kafka", "kafka:9092"]
     mounts = {Path(v["target"]) for v in producer["volumes"]}

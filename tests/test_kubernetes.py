@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from producer.environment import NODE_CAPABILITIES
 from tests.conftest import REPO
 
 KUBERNETES = REPO / "compose" / "kubernetes"
@@ -49,7 +50,14 @@ def test_the_producer_runs_on_every_gpu_node_with_what_it_needs() -> None:
     spec = found["DaemonSet/gpuflight-producer"]["spec"]["template"]["spec"]
     assert spec["hostPID"] is True and spec["hostNetwork"] is True
     (container,) = spec["containers"]
-    assert container["securityContext"]["privileged"] is True
+    # Root with the capabilities the agent checks for and no other, not privileged.
+    context = container["securityContext"]
+    assert context["privileged"] is False and context["runAsUser"] == 0
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert [f"CAP_{name}" for name in context["capabilities"]["add"]] == list(NODE_CAPABILITIES)
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["appArmorProfile"] == {"type": "Unconfined"}
+    assert "securityContext" not in spec or "privileged" not in str(spec["securityContext"])
     assert container["args"] == ["producer", "--kafka", "$(KAFKA_BOOTSTRAP)"]
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     mounts = {Path(volumes[m["name"]]) for m in container["volumeMounts"] if m["name"] in volumes}

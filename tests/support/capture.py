@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +24,18 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 class Producer:
     """`gpuflight producer --output OUT ...`, started and stopped like a service; ready when
-    its status file says so (`status`), its log in OUT.log (`log`, the lines so far)."""
+    its status file says so (`status`), its log in OUT.log (`log`, the lines so far);
+    `wrapper` runs it (e.g. setpriv with fewer capabilities)."""
 
     def __init__(self, out: Path, *extra: str, ready_timeout_s: float = 60,
-                 stop_timeout_s: float = 60) -> None:
+                 stop_timeout_s: float = 60, wrapper: Sequence[str] = ()) -> None:
         self.out = out
         self.stop_timeout_s = stop_timeout_s
         self.status_file = out.with_name(out.name + ".status")
         self.log_file = out.with_name(out.name + ".log")
         with self.log_file.open("wb") as log_out:
             self.proc = subprocess.Popen(
-                [*GPUFLIGHT, "producer", "--output", str(out), "--status-file",
+                [*wrapper, *GPUFLIGHT, "producer", "--output", str(out), "--status-file",
                  str(self.status_file), *extra],
                 stderr=log_out,
             )
