@@ -406,6 +406,45 @@ def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx
     assert (only_lost.launches, only_lost.lost_kernel) == (0, 4)
 
 
+def test_a_process_without_identity_holds_up_no_other_job(kafka_bootstrap: str, influx_url: str,
+                                                         names: str, tmp_path: Path) -> None:
+    """A batch whose process has no identity yet is parked, not waited for: the next host of
+    its partition is written and closed meanwhile; the batch reaches its job once the
+    identity comes, exactly (not the unknown-job fallback, which comes only after the wait)."""
+    feed = Feed(kafka_bootstrap, names)
+    waiting, steady = hosts_on_every_partition(names, feed.partitions, 2)[:2]  # one partition
+    t0 = past_window(30)
+    feed.events(waiting, 999, 5, launches([t0 + i for i in range(7)], 999, 8, 32))  # first
+    feed.events(waiting, 999, 5, launches([t0 + 5 * W], 999, 8, 32))
+    feed.process(steady, 300, 1, "steady:300")
+    feed.events(steady, 300, 1, launches([t0 + i for i in range(20)], 300, 8, 32))
+    feed.events(steady, 300, 1, launches([t0 + 5 * W], 300, 8, 32))  # closes window 0
+    feed.flush()
+    assert feed.event_partitions[waiting] == feed.event_partitions[steady]
+    worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
+                          extra=("--identity-wait", "600"))  # a wait the test would notice
+    try:
+        worker.start()
+        wait_for(lambda: rows(influx_url, f"SELECT verdict FROM memory_bound"
+                                          f" WHERE host = '{steady}' AND time = {t0}"),
+                 90, "the steady job's first window closed", worker)
+        steady_first = rows(influx_url, f"SELECT count FROM launches WHERE host = '{steady}'"
+                                        f" AND time = {t0}")
+        assert [r["count"] for r in steady_first] == [20]
+        assert rows(influx_url, f"SELECT * FROM launches WHERE host = '{waiting}'") == []
+        feed.process(waiting, 999, 5, "late:999")
+        feed.flush()
+        wait_for(lambda: rows(influx_url, f"SELECT verdict FROM memory_bound"
+                                          f" WHERE host = '{waiting}' AND time = {t0}"),
+                 90, "the parked job's first window closed", worker)
+        first = rows(influx_url, f"SELECT count FROM launches WHERE host = '{waiting}'"
+                                 f" AND time = {t0} GROUP BY job")
+        assert [(r["job"], r["count"]) for r in first] == [("late:999", 7)]
+        assert "no identity for" not in worker.output()
+    finally:
+        worker.stop()
+
+
 def test_event_types_reach_their_measurements(kafka_bootstrap: str, influx_url: str,
                                               names: str, worker: StreamWorker) -> None:
     """Allocations, frees, syncs and graph launches: memory, syncs, launches by api."""
