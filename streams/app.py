@@ -22,10 +22,10 @@ its events to arrive: an event is late only when it arrives more than host_idle_
 after it happened (a producer cut off from Kafka for longer, say).
 
 A message whose process identity (processes topic, read by another thread) has not arrived
-yet is parked in the table, never waited for in the agent (streams/parking.py): the rest of
-the partition flows on; it is resolved on the tick or by the process's next message, and
-goes to the job `unknown:PID` after `identity_wait_s`. Its host's windows stay open from its
-earliest event until then.
+yet is parked in the table, never waited for in the agent (streams/parking.py): the other
+hosts of the partition flow on, its host's later batches queue behind it in order; it is
+resolved on the tick or by the host's next message, and goes to the job `unknown:PID` after
+`identity_wait_s`. Its host's windows stay open from its earliest event until then.
 
 Messages that are not gpuflight messages of this version, and events of windows already
 closed (late beyond grace), go to PREFIX.deadletter.v1 with the reason in a header, and are

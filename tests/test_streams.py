@@ -29,6 +29,7 @@ from tests.support.streams_support import (
     Feed,
     StreamWorker,
     copies,
+    group_assignment,
     hosts_on_every_partition,
     launches,
     read_topic,
@@ -516,7 +517,11 @@ def test_two_workers_share_the_partitions_exactly(kafka_bootstrap: str, influx_u
 
     try:
         wait_for(lambda: took("one") and took("two"), 90, "both workers running", second)
-        time.sleep(3)  # the group has settled: each worker owns partitions
+        events_topic = wire.Topics.with_prefix(names).events
+        owned = wait_for(lambda: [m for m in group_assignment(
+            kafka_bootstrap, f"{names}-app", events_topic) if m], 60,
+            "the group settled: each worker owns partitions", second)
+        assert len(owned) == 2, owned
         publish(windows // 2)  # every partition has hosts
         want = windows * messages * per_message
 
@@ -561,7 +566,8 @@ def test_influxdb_away_then_back_loses_nothing(kafka_bootstrap: str, names: str,
     feed.flush()
     worker.start()
     try:
-        time.sleep(8)  # the worker is up, InfluxDB is not: writes fail and are retried
+        # The worker is up, InfluxDB is not: its writes fail and are retried.
+        wait_for(lambda: "unreachable" in worker.output(), 60, "a failed write", worker)
         assert worker.process is not None and worker.process.poll() is None, worker.output()
         stack.influx_up(tmp_path / "influx", port)
         stack.create_database(url, DATABASE)
