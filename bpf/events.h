@@ -19,137 +19,176 @@ enum gf_event_type {
 	GF_EV_GRAPH_INSTANTIATE = 9, /* a graph became an executable graph */
 };
 
-/* The function that was called. Values are part of the contract: append only. */
-enum gf_api {
-	GF_API_cudaLaunchKernel = 1,
-	GF_API_cudaLaunchKernel_ptsz = 2,
-	GF_API_cudaLaunchKernelExC = 3,
-	GF_API_cudaLaunchKernelExC_ptsz = 4,
-	GF_API_cudaLaunchCooperativeKernel = 5,
-	GF_API_cudaLaunchCooperativeKernel_ptsz = 6,
+/* The probe table: one row per probed CUDA function,
+ *
+ *   X(name, api id, layer, family, argument)
+ *
+ * layer: RUNTIME (libcudart) or DRIVER (libcuda); family: how bpf/cudart.bpf.c decodes the
+ * call and records it (GF_PROBE_<family>: `<name>_entry`, and `<name>_return` for the families
+ * that complete at return); argument: the family's constant (copy direction, allocation kind,
+ * memset element width, sync scope; 0 where it has none).
+ *
+ * It makes enum gf_api (below) and every probe program (cudart.bpf.c); producer/records.py
+ * mirrors it (PROBES), and tests/test_records.py checks the mirror against the compiled
+ * header and the programs against the preprocessed source. Ids are part of the contract:
+ * append only.
+ */
+#define GF_API_PROBES(X) \
+	X(cudaLaunchKernel, 1, RUNTIME, LAUNCH, 0) \
+	X(cudaLaunchKernel_ptsz, 2, RUNTIME, LAUNCH, 0) \
+	X(cudaLaunchKernelExC, 3, RUNTIME, LAUNCH_EX, 0) \
+	X(cudaLaunchKernelExC_ptsz, 4, RUNTIME, LAUNCH_EX, 0) \
+	X(cudaLaunchCooperativeKernel, 5, RUNTIME, LAUNCH, 0) \
+	X(cudaLaunchCooperativeKernel_ptsz, 6, RUNTIME, LAUNCH, 0) \
+	\
+	X(cudaMemcpy, 20, RUNTIME, MEMCPY, 0) \
+	X(cudaMemcpy_ptds, 21, RUNTIME, MEMCPY, 0) \
+	X(cudaMemcpyAsync, 22, RUNTIME, MEMCPY_ASYNC, 0) \
+	X(cudaMemcpyAsync_ptsz, 23, RUNTIME, MEMCPY_ASYNC, 0) \
+	X(cudaMemcpyPeer, 24, RUNTIME, COPY_PEER, 0) \
+	X(cudaMemcpyPeerAsync, 25, RUNTIME, COPY_PEER_ASYNC, 0) \
+	X(cudaMemcpy2D, 26, RUNTIME, MEMCPY_2D, 0) \
+	X(cudaMemcpy2D_ptds, 27, RUNTIME, MEMCPY_2D, 0) \
+	X(cudaMemcpy2DAsync, 28, RUNTIME, MEMCPY_2D_ASYNC, 0) \
+	X(cudaMemcpy2DAsync_ptsz, 29, RUNTIME, MEMCPY_2D_ASYNC, 0) \
+	\
+	X(cudaMemset, 40, RUNTIME, MEMSET, 1) \
+	X(cudaMemset_ptds, 41, RUNTIME, MEMSET, 1) \
+	X(cudaMemsetAsync, 42, RUNTIME, MEMSET_ASYNC, 1) \
+	X(cudaMemsetAsync_ptsz, 43, RUNTIME, MEMSET_ASYNC, 1) \
+	X(cudaMemset2D, 44, RUNTIME, MEMSET_2D, 0) \
+	X(cudaMemset2D_ptds, 45, RUNTIME, MEMSET_2D, 0) \
+	X(cudaMemset2DAsync, 46, RUNTIME, MEMSET_2D_ASYNC, 0) \
+	X(cudaMemset2DAsync_ptsz, 47, RUNTIME, MEMSET_2D_ASYNC, 0) \
+	X(cudaMemset3D, 48, RUNTIME, MEMSET_3D, 0) \
+	X(cudaMemset3D_ptds, 49, RUNTIME, MEMSET_3D, 0) \
+	X(cudaMemset3DAsync, 50, RUNTIME, MEMSET_3D_ASYNC, 0) \
+	X(cudaMemset3DAsync_ptsz, 51, RUNTIME, MEMSET_3D_ASYNC, 0) \
+	\
+	X(cudaMalloc, 60, RUNTIME, ALLOC, GF_ALLOC_DEVICE) \
+	X(cudaMallocAsync, 61, RUNTIME, ALLOC_ASYNC, 0) \
+	X(cudaMallocAsync_ptsz, 62, RUNTIME, ALLOC_ASYNC, 0) \
+	X(cudaMallocManaged, 63, RUNTIME, ALLOC, GF_ALLOC_MANAGED) \
+	X(cudaMallocHost, 64, RUNTIME, ALLOC, GF_ALLOC_HOST_PINNED) \
+	X(cudaHostAlloc, 65, RUNTIME, ALLOC, GF_ALLOC_HOST_PINNED) \
+	X(cudaMallocFromPoolAsync, 66, RUNTIME, ALLOC_POOL, 0) \
+	X(cudaMallocFromPoolAsync_ptsz, 67, RUNTIME, ALLOC_POOL, 0) \
+	\
+	X(cudaFree, 80, RUNTIME, FREE, 0) \
+	X(cudaFreeAsync, 81, RUNTIME, FREE_ASYNC, 0) \
+	X(cudaFreeAsync_ptsz, 82, RUNTIME, FREE_ASYNC, 0) \
+	X(cudaFreeHost, 83, RUNTIME, FREE, 0) \
+	\
+	X(cudaStreamSynchronize, 100, RUNTIME, SYNC, GF_SYNC_STREAM) \
+	X(cudaStreamSynchronize_ptsz, 101, RUNTIME, SYNC, GF_SYNC_STREAM) \
+	X(cudaDeviceSynchronize, 102, RUNTIME, SYNC, GF_SYNC_DEVICE) \
+	X(cudaEventSynchronize, 103, RUNTIME, SYNC, GF_SYNC_EVENT) \
+	\
+	X(cudaGraphLaunch, 120, RUNTIME, GRAPH_LAUNCH, 0) \
+	X(cudaGraphLaunch_ptsz, 121, RUNTIME, GRAPH_LAUNCH, 0) \
+	\
+	X(cudaStreamBeginCapture, 130, RUNTIME, CAPTURE_BEGIN, 0) \
+	X(cudaStreamBeginCapture_ptsz, 131, RUNTIME, CAPTURE_BEGIN, 0) \
+	X(cudaStreamEndCapture, 132, RUNTIME, CAPTURE_END, 0) \
+	X(cudaStreamEndCapture_ptsz, 133, RUNTIME, CAPTURE_END, 0) \
+	X(cudaGraphInstantiate, 134, RUNTIME, INSTANTIATE, 0) \
+	X(cudaGraphInstantiateWithFlags, 135, RUNTIME, INSTANTIATE, 0) \
+	X(cudaGraphInstantiateWithParams, 136, RUNTIME, INSTANTIATE, 0) \
+	X(cudaGraphInstantiateWithParams_ptsz, 137, RUNTIME, INSTANTIATE, 0) \
+	/* the driver API (libcuda): ids from 200 up (records.DRIVER_API_BASE) */ \
+	X(cuLaunchKernel, 200, DRIVER, LAUNCH, 0) \
+	X(cuLaunchKernel_ptsz, 201, DRIVER, LAUNCH, 0) \
+	X(cuLaunchKernelEx, 202, DRIVER, LAUNCH_EX, 0) \
+	X(cuLaunchKernelEx_ptsz, 203, DRIVER, LAUNCH_EX, 0) \
+	X(cuLaunchCooperativeKernel, 204, DRIVER, LAUNCH, 0) \
+	X(cuLaunchCooperativeKernel_ptsz, 205, DRIVER, LAUNCH, 0) \
+	\
+	X(cuMemcpyHtoD_v2, 220, DRIVER, COPY, GF_COPY_H2D) \
+	X(cuMemcpyHtoD_v2_ptds, 221, DRIVER, COPY, GF_COPY_H2D) \
+	X(cuMemcpyDtoH_v2, 222, DRIVER, COPY, GF_COPY_D2H) \
+	X(cuMemcpyDtoH_v2_ptds, 223, DRIVER, COPY, GF_COPY_D2H) \
+	X(cuMemcpyDtoD_v2, 224, DRIVER, COPY, GF_COPY_D2D) \
+	X(cuMemcpyDtoD_v2_ptds, 225, DRIVER, COPY, GF_COPY_D2D) \
+	X(cuMemcpyHtoDAsync_v2, 226, DRIVER, COPY_ASYNC, GF_COPY_H2D) \
+	X(cuMemcpyHtoDAsync_v2_ptsz, 227, DRIVER, COPY_ASYNC, GF_COPY_H2D) \
+	X(cuMemcpyDtoHAsync_v2, 228, DRIVER, COPY_ASYNC, GF_COPY_D2H) \
+	X(cuMemcpyDtoHAsync_v2_ptsz, 229, DRIVER, COPY_ASYNC, GF_COPY_D2H) \
+	X(cuMemcpyDtoDAsync_v2, 230, DRIVER, COPY_ASYNC, GF_COPY_D2D) \
+	X(cuMemcpyDtoDAsync_v2_ptsz, 231, DRIVER, COPY_ASYNC, GF_COPY_D2D) \
+	X(cuMemcpy, 232, DRIVER, COPY, GF_COPY_DEFAULT) \
+	X(cuMemcpy_ptds, 233, DRIVER, COPY, GF_COPY_DEFAULT) \
+	X(cuMemcpyAsync, 234, DRIVER, COPY_ASYNC, GF_COPY_DEFAULT) \
+	X(cuMemcpyAsync_ptsz, 235, DRIVER, COPY_ASYNC, GF_COPY_DEFAULT) \
+	X(cuMemcpyPeer, 236, DRIVER, COPY_PEER, 0) \
+	X(cuMemcpyPeer_ptds, 237, DRIVER, COPY_PEER, 0) \
+	X(cuMemcpyPeerAsync, 238, DRIVER, COPY_PEER_ASYNC, 0) \
+	X(cuMemcpyPeerAsync_ptsz, 239, DRIVER, COPY_PEER_ASYNC, 0) \
+	\
+	X(cuMemsetD8_v2, 250, DRIVER, MEMSET, 1) \
+	X(cuMemsetD8_v2_ptds, 251, DRIVER, MEMSET, 1) \
+	X(cuMemsetD16_v2, 252, DRIVER, MEMSET, 2) \
+	X(cuMemsetD16_v2_ptds, 253, DRIVER, MEMSET, 2) \
+	X(cuMemsetD32_v2, 254, DRIVER, MEMSET, 4) \
+	X(cuMemsetD32_v2_ptds, 255, DRIVER, MEMSET, 4) \
+	X(cuMemsetD8Async, 256, DRIVER, MEMSET_ASYNC, 1) \
+	X(cuMemsetD8Async_ptsz, 257, DRIVER, MEMSET_ASYNC, 1) \
+	X(cuMemsetD16Async, 258, DRIVER, MEMSET_ASYNC, 2) \
+	X(cuMemsetD16Async_ptsz, 259, DRIVER, MEMSET_ASYNC, 2) \
+	X(cuMemsetD32Async, 260, DRIVER, MEMSET_ASYNC, 4) \
+	X(cuMemsetD32Async_ptsz, 261, DRIVER, MEMSET_ASYNC, 4) \
+	\
+	X(cuMemAlloc_v2, 280, DRIVER, ALLOC, GF_ALLOC_DEVICE) \
+	X(cuMemAllocAsync, 281, DRIVER, ALLOC_ASYNC, 0) \
+	X(cuMemAllocAsync_ptsz, 282, DRIVER, ALLOC_ASYNC, 0) \
+	X(cuMemAllocManaged, 283, DRIVER, ALLOC, GF_ALLOC_MANAGED) \
+	X(cuMemAllocHost_v2, 284, DRIVER, ALLOC, GF_ALLOC_HOST_PINNED) \
+	X(cuMemHostAlloc, 285, DRIVER, ALLOC, GF_ALLOC_HOST_PINNED) \
+	X(cuMemFree_v2, 290, DRIVER, FREE, 0) \
+	X(cuMemFreeAsync, 291, DRIVER, FREE_ASYNC, 0) \
+	X(cuMemFreeAsync_ptsz, 292, DRIVER, FREE_ASYNC, 0) \
+	X(cuMemFreeHost, 293, DRIVER, FREE, 0) \
+	\
+	X(cuStreamSynchronize, 300, DRIVER, SYNC, GF_SYNC_STREAM) \
+	X(cuStreamSynchronize_ptsz, 301, DRIVER, SYNC, GF_SYNC_STREAM) \
+	X(cuCtxSynchronize, 302, DRIVER, SYNC, GF_SYNC_DEVICE) \
+	X(cuEventSynchronize, 303, DRIVER, SYNC, GF_SYNC_EVENT) \
+	\
+	X(cuGraphLaunch, 320, DRIVER, GRAPH_LAUNCH, 0) \
+	X(cuGraphLaunch_ptsz, 321, DRIVER, GRAPH_LAUNCH, 0) \
+	X(cuStreamBeginCapture_v2, 330, DRIVER, CAPTURE_BEGIN, 0) \
+	X(cuStreamBeginCapture_v2_ptsz, 331, DRIVER, CAPTURE_BEGIN, 0) \
+	X(cuStreamEndCapture, 332, DRIVER, CAPTURE_END, 0) \
+	X(cuStreamEndCapture_ptsz, 333, DRIVER, CAPTURE_END, 0) \
+	X(cuGraphInstantiateWithFlags, 334, DRIVER, INSTANTIATE, 0) \
+	X(cuGraphInstantiateWithParams, 335, DRIVER, INSTANTIATE, 0) \
+	X(cuGraphInstantiateWithParams_ptsz, 336, DRIVER, INSTANTIATE, 0)
 
-	GF_API_cudaMemcpy = 20,
-	GF_API_cudaMemcpy_ptds = 21,
-	GF_API_cudaMemcpyAsync = 22,
-	GF_API_cudaMemcpyAsync_ptsz = 23,
-	GF_API_cudaMemcpyPeer = 24,
-	GF_API_cudaMemcpyPeerAsync = 25,
-	GF_API_cudaMemcpy2D = 26,
-	GF_API_cudaMemcpy2D_ptds = 27,
-	GF_API_cudaMemcpy2DAsync = 28,
-	GF_API_cudaMemcpy2DAsync_ptsz = 29,
+/* The function that was called: GF_API_<name> = its id in GF_API_PROBES. */
+#define GF_API_ENUM(name, id, layer, family, arg) GF_API_##name = id,
+enum gf_api { GF_API_PROBES(GF_API_ENUM) };
+#undef GF_API_ENUM
 
-	GF_API_cudaMemset = 40,
-	GF_API_cudaMemset_ptds = 41,
-	GF_API_cudaMemsetAsync = 42,
-	GF_API_cudaMemsetAsync_ptsz = 43,
-	GF_API_cudaMemset2D = 44,
-	GF_API_cudaMemset2D_ptds = 45,
-	GF_API_cudaMemset2DAsync = 46,
-	GF_API_cudaMemset2DAsync_ptsz = 47,
-	GF_API_cudaMemset3D = 48,
-	GF_API_cudaMemset3D_ptds = 49,
-	GF_API_cudaMemset3DAsync = 50,
-	GF_API_cudaMemset3DAsync_ptsz = 51,
+/* Functions probed for kernel names and handle identities (struct gf_name_event), with no
+ * api id: X(name, layer, family, enum gf_name_kind). NAME: a handle and its name, at entry;
+ * HANDLE: a handle the call makes (read at return), NAMED_HANDLE: one and its name. */
+#define GF_NAME_PROBES(X) \
+	X(__cudaRegisterFunction, RUNTIME, NAME, GF_NAME_RUNTIME_FUNCTION) \
+	X(__cudaGetKernel, RUNTIME, HANDLE, GF_NAME_RUNTIME_KERNEL) \
+	X(cuModuleGetFunction, DRIVER, NAMED_HANDLE, GF_NAME_DRIVER_FUNCTION) \
+	X(cuLibraryGetKernel, DRIVER, NAMED_HANDLE, GF_NAME_DRIVER_KERNEL) \
+	X(cuKernelGetFunction, DRIVER, HANDLE, GF_NAME_KERNEL_FUNCTION) \
+	X(cuModuleLoadData, DRIVER, HANDLE, GF_NAME_MODULE) \
+	X(cuModuleLoadDataEx, DRIVER, HANDLE, GF_NAME_MODULE) \
+	X(cuLibraryLoadData, DRIVER, HANDLE, GF_NAME_MODULE)
 
-	GF_API_cudaMalloc = 60,
-	GF_API_cudaMallocAsync = 61,
-	GF_API_cudaMallocAsync_ptsz = 62,
-	GF_API_cudaMallocManaged = 63,
-	GF_API_cudaMallocHost = 64,
-	GF_API_cudaHostAlloc = 65,
-	GF_API_cudaMallocFromPoolAsync = 66,
-	GF_API_cudaMallocFromPoolAsync_ptsz = 67,
-
-	GF_API_cudaFree = 80,
-	GF_API_cudaFreeAsync = 81,
-	GF_API_cudaFreeAsync_ptsz = 82,
-	GF_API_cudaFreeHost = 83,
-
-	GF_API_cudaStreamSynchronize = 100,
-	GF_API_cudaStreamSynchronize_ptsz = 101,
-	GF_API_cudaDeviceSynchronize = 102,
-	GF_API_cudaEventSynchronize = 103,
-
-	GF_API_cudaGraphLaunch = 120,
-	GF_API_cudaGraphLaunch_ptsz = 121,
-
-	GF_API_cudaStreamBeginCapture = 130,
-	GF_API_cudaStreamBeginCapture_ptsz = 131,
-	GF_API_cudaStreamEndCapture = 132,
-	GF_API_cudaStreamEndCapture_ptsz = 133,
-	GF_API_cudaGraphInstantiate = 134,
-	GF_API_cudaGraphInstantiateWithFlags = 135,
-	GF_API_cudaGraphInstantiateWithParams = 136,
-	GF_API_cudaGraphInstantiateWithParams_ptsz = 137,
-
-	/* The driver API (libcuda): ids from 200 up (records.DRIVER_API_BASE). */
-	GF_API_cuLaunchKernel = 200,
-	GF_API_cuLaunchKernel_ptsz = 201,
-	GF_API_cuLaunchKernelEx = 202,
-	GF_API_cuLaunchKernelEx_ptsz = 203,
-	GF_API_cuLaunchCooperativeKernel = 204,
-	GF_API_cuLaunchCooperativeKernel_ptsz = 205,
-
-	GF_API_cuMemcpyHtoD_v2 = 220,
-	GF_API_cuMemcpyHtoD_v2_ptds = 221,
-	GF_API_cuMemcpyDtoH_v2 = 222,
-	GF_API_cuMemcpyDtoH_v2_ptds = 223,
-	GF_API_cuMemcpyDtoD_v2 = 224,
-	GF_API_cuMemcpyDtoD_v2_ptds = 225,
-	GF_API_cuMemcpyHtoDAsync_v2 = 226,
-	GF_API_cuMemcpyHtoDAsync_v2_ptsz = 227,
-	GF_API_cuMemcpyDtoHAsync_v2 = 228,
-	GF_API_cuMemcpyDtoHAsync_v2_ptsz = 229,
-	GF_API_cuMemcpyDtoDAsync_v2 = 230,
-	GF_API_cuMemcpyDtoDAsync_v2_ptsz = 231,
-	GF_API_cuMemcpy = 232,
-	GF_API_cuMemcpy_ptds = 233,
-	GF_API_cuMemcpyAsync = 234,
-	GF_API_cuMemcpyAsync_ptsz = 235,
-	GF_API_cuMemcpyPeer = 236,
-	GF_API_cuMemcpyPeer_ptds = 237,
-	GF_API_cuMemcpyPeerAsync = 238,
-	GF_API_cuMemcpyPeerAsync_ptsz = 239,
-
-	GF_API_cuMemsetD8_v2 = 250,
-	GF_API_cuMemsetD8_v2_ptds = 251,
-	GF_API_cuMemsetD16_v2 = 252,
-	GF_API_cuMemsetD16_v2_ptds = 253,
-	GF_API_cuMemsetD32_v2 = 254,
-	GF_API_cuMemsetD32_v2_ptds = 255,
-	GF_API_cuMemsetD8Async = 256,
-	GF_API_cuMemsetD8Async_ptsz = 257,
-	GF_API_cuMemsetD16Async = 258,
-	GF_API_cuMemsetD16Async_ptsz = 259,
-	GF_API_cuMemsetD32Async = 260,
-	GF_API_cuMemsetD32Async_ptsz = 261,
-
-	GF_API_cuMemAlloc_v2 = 280,
-	GF_API_cuMemAllocAsync = 281,
-	GF_API_cuMemAllocAsync_ptsz = 282,
-	GF_API_cuMemAllocManaged = 283,
-	GF_API_cuMemAllocHost_v2 = 284,
-	GF_API_cuMemHostAlloc = 285,
-	GF_API_cuMemFree_v2 = 290,
-	GF_API_cuMemFreeAsync = 291,
-	GF_API_cuMemFreeAsync_ptsz = 292,
-	GF_API_cuMemFreeHost = 293,
-
-	GF_API_cuStreamSynchronize = 300,
-	GF_API_cuStreamSynchronize_ptsz = 301,
-	GF_API_cuCtxSynchronize = 302,
-	GF_API_cuEventSynchronize = 303,
-
-	GF_API_cuGraphLaunch = 320,
-	GF_API_cuGraphLaunch_ptsz = 321,
-	GF_API_cuStreamBeginCapture_v2 = 330,
-	GF_API_cuStreamBeginCapture_v2_ptsz = 331,
-	GF_API_cuStreamEndCapture = 332,
-	GF_API_cuStreamEndCapture_ptsz = 333,
-	GF_API_cuGraphInstantiateWithFlags = 334,
-	GF_API_cuGraphInstantiateWithParams = 335,
-	GF_API_cuGraphInstantiateWithParams_ptsz = 336,
+/* Slots of the `drops` per-CPU array (producer/records.py: DropSlot). */
+enum gf_drop_slot {
+	GF_DROP_EVENTS = 0,    /* events lost: the `events` ring buffer was full */
+	GF_DROP_LOADER = 1,    /* loader notifications lost */
+	GF_DROP_RESERVED = 2,  /* never counted (returns without an entry are not losses) */
+	GF_DROP_NAMES = 3,     /* name records lost: the `names` ring buffer was full */
+	GF_DROP_FORWARDED = 4, /* not a loss: driver calls a probed runtime made, recorded once */
+	GF_DROP_SLOTS = 5,
 };
 
 /* What a record of the `names` ring buffer says (struct gf_name_event). */

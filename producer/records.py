@@ -1,11 +1,12 @@
 """Python mirror of bpf/events.h: enums, the record layout and the probe table.
 
 tests/test_records.py compiles the header and checks every value here against
-it, so the two cannot drift apart.
+it (and the BPF programs against the probe table), so they cannot drift apart.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
@@ -26,126 +27,6 @@ class EventType(IntEnum):
 
 TYPE_NAMES: Final[dict[int, str]] = {t.value: t.name.lower() for t in EventType}
 
-#: enum gf_api: the function that was called. Append only.
-API_IDS: Final[dict[str, int]] = {
-    "cudaLaunchKernel": 1,
-    "cudaLaunchKernel_ptsz": 2,
-    "cudaLaunchKernelExC": 3,
-    "cudaLaunchKernelExC_ptsz": 4,
-    "cudaLaunchCooperativeKernel": 5,
-    "cudaLaunchCooperativeKernel_ptsz": 6,
-    "cudaMemcpy": 20,
-    "cudaMemcpy_ptds": 21,
-    "cudaMemcpyAsync": 22,
-    "cudaMemcpyAsync_ptsz": 23,
-    "cudaMemcpyPeer": 24,
-    "cudaMemcpyPeerAsync": 25,
-    "cudaMemcpy2D": 26,
-    "cudaMemcpy2D_ptds": 27,
-    "cudaMemcpy2DAsync": 28,
-    "cudaMemcpy2DAsync_ptsz": 29,
-    "cudaMemset": 40,
-    "cudaMemset_ptds": 41,
-    "cudaMemsetAsync": 42,
-    "cudaMemsetAsync_ptsz": 43,
-    "cudaMemset2D": 44,
-    "cudaMemset2D_ptds": 45,
-    "cudaMemset2DAsync": 46,
-    "cudaMemset2DAsync_ptsz": 47,
-    "cudaMemset3D": 48,
-    "cudaMemset3D_ptds": 49,
-    "cudaMemset3DAsync": 50,
-    "cudaMemset3DAsync_ptsz": 51,
-    "cudaMalloc": 60,
-    "cudaMallocAsync": 61,
-    "cudaMallocAsync_ptsz": 62,
-    "cudaMallocManaged": 63,
-    "cudaMallocHost": 64,
-    "cudaHostAlloc": 65,
-    "cudaMallocFromPoolAsync": 66,
-    "cudaMallocFromPoolAsync_ptsz": 67,
-    "cudaFree": 80,
-    "cudaFreeAsync": 81,
-    "cudaFreeAsync_ptsz": 82,
-    "cudaFreeHost": 83,
-    "cudaStreamSynchronize": 100,
-    "cudaStreamSynchronize_ptsz": 101,
-    "cudaDeviceSynchronize": 102,
-    "cudaEventSynchronize": 103,
-    "cudaGraphLaunch": 120,
-    "cudaGraphLaunch_ptsz": 121,
-    "cudaStreamBeginCapture": 130,
-    "cudaStreamBeginCapture_ptsz": 131,
-    "cudaStreamEndCapture": 132,
-    "cudaStreamEndCapture_ptsz": 133,
-    "cudaGraphInstantiate": 134,
-    "cudaGraphInstantiateWithFlags": 135,
-    "cudaGraphInstantiateWithParams": 136,
-    "cudaGraphInstantiateWithParams_ptsz": 137,
-    "cuLaunchKernel": 200,
-    "cuLaunchKernel_ptsz": 201,
-    "cuLaunchKernelEx": 202,
-    "cuLaunchKernelEx_ptsz": 203,
-    "cuLaunchCooperativeKernel": 204,
-    "cuLaunchCooperativeKernel_ptsz": 205,
-    "cuMemcpyHtoD_v2": 220,
-    "cuMemcpyHtoD_v2_ptds": 221,
-    "cuMemcpyDtoH_v2": 222,
-    "cuMemcpyDtoH_v2_ptds": 223,
-    "cuMemcpyDtoD_v2": 224,
-    "cuMemcpyDtoD_v2_ptds": 225,
-    "cuMemcpyHtoDAsync_v2": 226,
-    "cuMemcpyHtoDAsync_v2_ptsz": 227,
-    "cuMemcpyDtoHAsync_v2": 228,
-    "cuMemcpyDtoHAsync_v2_ptsz": 229,
-    "cuMemcpyDtoDAsync_v2": 230,
-    "cuMemcpyDtoDAsync_v2_ptsz": 231,
-    "cuMemcpy": 232,
-    "cuMemcpy_ptds": 233,
-    "cuMemcpyAsync": 234,
-    "cuMemcpyAsync_ptsz": 235,
-    "cuMemcpyPeer": 236,
-    "cuMemcpyPeer_ptds": 237,
-    "cuMemcpyPeerAsync": 238,
-    "cuMemcpyPeerAsync_ptsz": 239,
-    "cuMemsetD8_v2": 250,
-    "cuMemsetD8_v2_ptds": 251,
-    "cuMemsetD16_v2": 252,
-    "cuMemsetD16_v2_ptds": 253,
-    "cuMemsetD32_v2": 254,
-    "cuMemsetD32_v2_ptds": 255,
-    "cuMemsetD8Async": 256,
-    "cuMemsetD8Async_ptsz": 257,
-    "cuMemsetD16Async": 258,
-    "cuMemsetD16Async_ptsz": 259,
-    "cuMemsetD32Async": 260,
-    "cuMemsetD32Async_ptsz": 261,
-    "cuMemAlloc_v2": 280,
-    "cuMemAllocAsync": 281,
-    "cuMemAllocAsync_ptsz": 282,
-    "cuMemAllocManaged": 283,
-    "cuMemAllocHost_v2": 284,
-    "cuMemHostAlloc": 285,
-    "cuMemFree_v2": 290,
-    "cuMemFreeAsync": 291,
-    "cuMemFreeAsync_ptsz": 292,
-    "cuMemFreeHost": 293,
-    "cuStreamSynchronize": 300,
-    "cuStreamSynchronize_ptsz": 301,
-    "cuCtxSynchronize": 302,
-    "cuEventSynchronize": 303,
-    "cuGraphLaunch": 320,
-    "cuGraphLaunch_ptsz": 321,
-    "cuStreamBeginCapture_v2": 330,
-    "cuStreamBeginCapture_v2_ptsz": 331,
-    "cuStreamEndCapture": 332,
-    "cuStreamEndCapture_ptsz": 333,
-    "cuGraphInstantiateWithFlags": 334,
-    "cuGraphInstantiateWithParams": 335,
-    "cuGraphInstantiateWithParams_ptsz": 336,
-}
-API_NAMES: Final[dict[int, str]] = {v: k for k, v in API_IDS.items()}
-
 LAYER_RUNTIME: Final = "runtime"
 LAYER_DRIVER: Final = "driver"
 #: API ids from this value up are driver API (libcuda) functions; below it, runtime ones.
@@ -157,66 +38,172 @@ def layer_of(api: int) -> str:
     return LAYER_DRIVER if api >= DRIVER_API_BASE else LAYER_RUNTIME
 
 
-#: Functions whose probe completes at return (result, duration, out-pointer).
-WITH_RETURN: Final[frozenset[str]] = frozenset(
+#: The families (bpf/cudart.bpf.c: GF_PROBE_<FAMILY>, GF_NAME_PROBE_<FAMILY>) whose
+#: probe completes at return (result, duration, out-pointer): `<name>_return` as well.
+RETURN_FAMILIES: Final[frozenset[str]] = frozenset(
     {
-        "cudaMemcpy",
-        "cudaMemcpy_ptds",
-        "cudaMemcpyPeer",
-        "cudaMemcpy2D",
-        "cudaMemcpy2D_ptds",
-        "cudaMalloc",
-        "cudaMallocAsync",
-        "cudaMallocAsync_ptsz",
-        "cudaMallocManaged",
-        "cudaMallocHost",
-        "cudaHostAlloc",
-        "cudaMallocFromPoolAsync",
-        "cudaMallocFromPoolAsync_ptsz",
-        "cudaFree",
-        "cudaFreeAsync",
-        "cudaFreeAsync_ptsz",
-        "cudaFreeHost",
-        "cudaStreamSynchronize",
-        "cudaStreamSynchronize_ptsz",
-        "cudaDeviceSynchronize",
-        "cudaEventSynchronize",
-        "cudaStreamEndCapture",
-        "cudaStreamEndCapture_ptsz",
-        "cudaGraphInstantiate",
-        "cudaGraphInstantiateWithFlags",
-        "cudaGraphInstantiateWithParams",
-        "cudaGraphInstantiateWithParams_ptsz",
-        "cuMemcpyHtoD_v2",
-        "cuMemcpyHtoD_v2_ptds",
-        "cuMemcpyDtoH_v2",
-        "cuMemcpyDtoH_v2_ptds",
-        "cuMemcpyDtoD_v2",
-        "cuMemcpyDtoD_v2_ptds",
-        "cuMemcpy",
-        "cuMemcpy_ptds",
-        "cuMemcpyPeer",
-        "cuMemcpyPeer_ptds",
-        "cuMemAlloc_v2",
-        "cuMemAllocAsync",
-        "cuMemAllocAsync_ptsz",
-        "cuMemAllocManaged",
-        "cuMemAllocHost_v2",
-        "cuMemHostAlloc",
-        "cuMemFree_v2",
-        "cuMemFreeAsync",
-        "cuMemFreeAsync_ptsz",
-        "cuMemFreeHost",
-        "cuStreamSynchronize",
-        "cuStreamSynchronize_ptsz",
-        "cuCtxSynchronize",
-        "cuEventSynchronize",
-        "cuStreamEndCapture",
-        "cuStreamEndCapture_ptsz",
-        "cuGraphInstantiateWithFlags",
-        "cuGraphInstantiateWithParams",
-        "cuGraphInstantiateWithParams_ptsz",
+        "memcpy", "memcpy_2d", "copy", "copy_peer", "alloc", "alloc_async", "alloc_pool",
+        "free", "free_async", "sync", "capture_end", "instantiate",
+        "handle", "named_handle",
     }
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A row of the probe table (bpf/events.h: GF_API_PROBES, GF_NAME_PROBES)."""
+
+    #: The probed function: BPF programs `<name>_entry` and, if it returns, `<name>_return`.
+    name: str
+    #: enum gf_api; None for a function probed only for names (struct gf_name_event).
+    api: int | None
+    #: LAYER_RUNTIME (libcudart) or LAYER_DRIVER (libcuda).
+    layer: str
+    #: How the BPF program decodes and records the call (the family's macro, lower case).
+    family: str
+
+    @property
+    def returns(self) -> bool:
+        """Whether the probe has a return half (attached as a uretprobe)."""
+        return self.family in RETURN_FAMILIES
+
+
+_R, _D = LAYER_RUNTIME, LAYER_DRIVER
+
+#: The probe table, in the header's order: what is attached, and enum gf_api (append only).
+PROBES: Final[tuple[Probe, ...]] = (
+    Probe("cudaLaunchKernel", 1, _R, "launch"),
+    Probe("cudaLaunchKernel_ptsz", 2, _R, "launch"),
+    Probe("cudaLaunchKernelExC", 3, _R, "launch_ex"),
+    Probe("cudaLaunchKernelExC_ptsz", 4, _R, "launch_ex"),
+    Probe("cudaLaunchCooperativeKernel", 5, _R, "launch"),
+    Probe("cudaLaunchCooperativeKernel_ptsz", 6, _R, "launch"),
+    Probe("cudaMemcpy", 20, _R, "memcpy"),
+    Probe("cudaMemcpy_ptds", 21, _R, "memcpy"),
+    Probe("cudaMemcpyAsync", 22, _R, "memcpy_async"),
+    Probe("cudaMemcpyAsync_ptsz", 23, _R, "memcpy_async"),
+    Probe("cudaMemcpyPeer", 24, _R, "copy_peer"),
+    Probe("cudaMemcpyPeerAsync", 25, _R, "copy_peer_async"),
+    Probe("cudaMemcpy2D", 26, _R, "memcpy_2d"),
+    Probe("cudaMemcpy2D_ptds", 27, _R, "memcpy_2d"),
+    Probe("cudaMemcpy2DAsync", 28, _R, "memcpy_2d_async"),
+    Probe("cudaMemcpy2DAsync_ptsz", 29, _R, "memcpy_2d_async"),
+    Probe("cudaMemset", 40, _R, "memset"),
+    Probe("cudaMemset_ptds", 41, _R, "memset"),
+    Probe("cudaMemsetAsync", 42, _R, "memset_async"),
+    Probe("cudaMemsetAsync_ptsz", 43, _R, "memset_async"),
+    Probe("cudaMemset2D", 44, _R, "memset_2d"),
+    Probe("cudaMemset2D_ptds", 45, _R, "memset_2d"),
+    Probe("cudaMemset2DAsync", 46, _R, "memset_2d_async"),
+    Probe("cudaMemset2DAsync_ptsz", 47, _R, "memset_2d_async"),
+    Probe("cudaMemset3D", 48, _R, "memset_3d"),
+    Probe("cudaMemset3D_ptds", 49, _R, "memset_3d"),
+    Probe("cudaMemset3DAsync", 50, _R, "memset_3d_async"),
+    Probe("cudaMemset3DAsync_ptsz", 51, _R, "memset_3d_async"),
+    Probe("cudaMalloc", 60, _R, "alloc"),
+    Probe("cudaMallocAsync", 61, _R, "alloc_async"),
+    Probe("cudaMallocAsync_ptsz", 62, _R, "alloc_async"),
+    Probe("cudaMallocManaged", 63, _R, "alloc"),
+    Probe("cudaMallocHost", 64, _R, "alloc"),
+    Probe("cudaHostAlloc", 65, _R, "alloc"),
+    Probe("cudaMallocFromPoolAsync", 66, _R, "alloc_pool"),
+    Probe("cudaMallocFromPoolAsync_ptsz", 67, _R, "alloc_pool"),
+    Probe("cudaFree", 80, _R, "free"),
+    Probe("cudaFreeAsync", 81, _R, "free_async"),
+    Probe("cudaFreeAsync_ptsz", 82, _R, "free_async"),
+    Probe("cudaFreeHost", 83, _R, "free"),
+    Probe("cudaStreamSynchronize", 100, _R, "sync"),
+    Probe("cudaStreamSynchronize_ptsz", 101, _R, "sync"),
+    Probe("cudaDeviceSynchronize", 102, _R, "sync"),
+    Probe("cudaEventSynchronize", 103, _R, "sync"),
+    Probe("cudaGraphLaunch", 120, _R, "graph_launch"),
+    Probe("cudaGraphLaunch_ptsz", 121, _R, "graph_launch"),
+    Probe("cudaStreamBeginCapture", 130, _R, "capture_begin"),
+    Probe("cudaStreamBeginCapture_ptsz", 131, _R, "capture_begin"),
+    Probe("cudaStreamEndCapture", 132, _R, "capture_end"),
+    Probe("cudaStreamEndCapture_ptsz", 133, _R, "capture_end"),
+    Probe("cudaGraphInstantiate", 134, _R, "instantiate"),
+    Probe("cudaGraphInstantiateWithFlags", 135, _R, "instantiate"),
+    Probe("cudaGraphInstantiateWithParams", 136, _R, "instantiate"),
+    Probe("cudaGraphInstantiateWithParams_ptsz", 137, _R, "instantiate"),
+    Probe("cuLaunchKernel", 200, _D, "launch"),
+    Probe("cuLaunchKernel_ptsz", 201, _D, "launch"),
+    Probe("cuLaunchKernelEx", 202, _D, "launch_ex"),
+    Probe("cuLaunchKernelEx_ptsz", 203, _D, "launch_ex"),
+    Probe("cuLaunchCooperativeKernel", 204, _D, "launch"),
+    Probe("cuLaunchCooperativeKernel_ptsz", 205, _D, "launch"),
+    Probe("cuMemcpyHtoD_v2", 220, _D, "copy"),
+    Probe("cuMemcpyHtoD_v2_ptds", 221, _D, "copy"),
+    Probe("cuMemcpyDtoH_v2", 222, _D, "copy"),
+    Probe("cuMemcpyDtoH_v2_ptds", 223, _D, "copy"),
+    Probe("cuMemcpyDtoD_v2", 224, _D, "copy"),
+    Probe("cuMemcpyDtoD_v2_ptds", 225, _D, "copy"),
+    Probe("cuMemcpyHtoDAsync_v2", 226, _D, "copy_async"),
+    Probe("cuMemcpyHtoDAsync_v2_ptsz", 227, _D, "copy_async"),
+    Probe("cuMemcpyDtoHAsync_v2", 228, _D, "copy_async"),
+    Probe("cuMemcpyDtoHAsync_v2_ptsz", 229, _D, "copy_async"),
+    Probe("cuMemcpyDtoDAsync_v2", 230, _D, "copy_async"),
+    Probe("cuMemcpyDtoDAsync_v2_ptsz", 231, _D, "copy_async"),
+    Probe("cuMemcpy", 232, _D, "copy"),
+    Probe("cuMemcpy_ptds", 233, _D, "copy"),
+    Probe("cuMemcpyAsync", 234, _D, "copy_async"),
+    Probe("cuMemcpyAsync_ptsz", 235, _D, "copy_async"),
+    Probe("cuMemcpyPeer", 236, _D, "copy_peer"),
+    Probe("cuMemcpyPeer_ptds", 237, _D, "copy_peer"),
+    Probe("cuMemcpyPeerAsync", 238, _D, "copy_peer_async"),
+    Probe("cuMemcpyPeerAsync_ptsz", 239, _D, "copy_peer_async"),
+    Probe("cuMemsetD8_v2", 250, _D, "memset"),
+    Probe("cuMemsetD8_v2_ptds", 251, _D, "memset"),
+    Probe("cuMemsetD16_v2", 252, _D, "memset"),
+    Probe("cuMemsetD16_v2_ptds", 253, _D, "memset"),
+    Probe("cuMemsetD32_v2", 254, _D, "memset"),
+    Probe("cuMemsetD32_v2_ptds", 255, _D, "memset"),
+    Probe("cuMemsetD8Async", 256, _D, "memset_async"),
+    Probe("cuMemsetD8Async_ptsz", 257, _D, "memset_async"),
+    Probe("cuMemsetD16Async", 258, _D, "memset_async"),
+    Probe("cuMemsetD16Async_ptsz", 259, _D, "memset_async"),
+    Probe("cuMemsetD32Async", 260, _D, "memset_async"),
+    Probe("cuMemsetD32Async_ptsz", 261, _D, "memset_async"),
+    Probe("cuMemAlloc_v2", 280, _D, "alloc"),
+    Probe("cuMemAllocAsync", 281, _D, "alloc_async"),
+    Probe("cuMemAllocAsync_ptsz", 282, _D, "alloc_async"),
+    Probe("cuMemAllocManaged", 283, _D, "alloc"),
+    Probe("cuMemAllocHost_v2", 284, _D, "alloc"),
+    Probe("cuMemHostAlloc", 285, _D, "alloc"),
+    Probe("cuMemFree_v2", 290, _D, "free"),
+    Probe("cuMemFreeAsync", 291, _D, "free_async"),
+    Probe("cuMemFreeAsync_ptsz", 292, _D, "free_async"),
+    Probe("cuMemFreeHost", 293, _D, "free"),
+    Probe("cuStreamSynchronize", 300, _D, "sync"),
+    Probe("cuStreamSynchronize_ptsz", 301, _D, "sync"),
+    Probe("cuCtxSynchronize", 302, _D, "sync"),
+    Probe("cuEventSynchronize", 303, _D, "sync"),
+    Probe("cuGraphLaunch", 320, _D, "graph_launch"),
+    Probe("cuGraphLaunch_ptsz", 321, _D, "graph_launch"),
+    Probe("cuStreamBeginCapture_v2", 330, _D, "capture_begin"),
+    Probe("cuStreamBeginCapture_v2_ptsz", 331, _D, "capture_begin"),
+    Probe("cuStreamEndCapture", 332, _D, "capture_end"),
+    Probe("cuStreamEndCapture_ptsz", 333, _D, "capture_end"),
+    Probe("cuGraphInstantiateWithFlags", 334, _D, "instantiate"),
+    Probe("cuGraphInstantiateWithParams", 335, _D, "instantiate"),
+    Probe("cuGraphInstantiateWithParams_ptsz", 336, _D, "instantiate"),
+    Probe("__cudaRegisterFunction", None, _R, "name"),
+    Probe("__cudaGetKernel", None, _R, "handle"),
+    Probe("cuModuleGetFunction", None, _D, "named_handle"),
+    Probe("cuLibraryGetKernel", None, _D, "named_handle"),
+    Probe("cuKernelGetFunction", None, _D, "handle"),
+    Probe("cuModuleLoadData", None, _D, "handle"),
+    Probe("cuModuleLoadDataEx", None, _D, "handle"),
+    Probe("cuLibraryLoadData", None, _D, "handle"),
+)
+
+#: enum gf_api: the function that was called, in the table's order.
+API_IDS: Final[dict[str, int]] = {p.name: p.api for p in PROBES if p.api is not None}
+API_NAMES: Final[dict[int, str]] = {v: k for k, v in API_IDS.items()}
+
+#: API functions whose probe completes at return (result, duration, out-pointer).
+WITH_RETURN: Final[frozenset[str]] = frozenset(
+    p.name for p in PROBES if p.api is not None and p.returns
 )
 
 #: The runtime and driver functions that have an api id (the rest of API_IDS is neither).
@@ -230,22 +217,16 @@ DRIVER_APIS: Final[frozenset[str]] = frozenset(
 #: Functions probed only for kernel names and handle identities (struct gf_name_event),
 #: by layer; each has `<name>_entry` and, where it returns a handle, `<name>_return`.
 RUNTIME_NAME_FUNCTIONS: Final[frozenset[str]] = frozenset(
-    {"__cudaRegisterFunction", "__cudaGetKernel"}
+    p.name for p in PROBES if p.api is None and p.layer == LAYER_RUNTIME
 )
 DRIVER_NAME_FUNCTIONS: Final[frozenset[str]] = frozenset(
-    {
-        "cuModuleGetFunction",
-        "cuLibraryGetKernel",
-        "cuKernelGetFunction",
-        "cuModuleLoadData",
-        "cuModuleLoadDataEx",
-        "cuLibraryLoadData",
-    }
+    p.name for p in PROBES if p.api is None and p.layer == LAYER_DRIVER
 )
-#: The name functions whose record is completed at return (all of them but one).
-NAME_WITH_RETURN: Final[frozenset[str]] = (
-    RUNTIME_NAME_FUNCTIONS | DRIVER_NAME_FUNCTIONS
-) - {"__cudaRegisterFunction"}
+#: The name functions whose record is completed at return.
+NAME_WITH_RETURN: Final[frozenset[str]] = frozenset(
+    p.name for p in PROBES if p.api is None and p.returns
+)
+
 
 class NameKind(IntEnum):
     """enum gf_name_kind."""
@@ -335,12 +316,24 @@ RECORD_DTYPE: Final = np.dtype(
     }
 )
 
-#: Slots of the `drops` per-CPU array.
-DROP_EVENTS: Final = 0
-DROP_LOADER: Final = 1
-#: Name records lost because the `names` ring buffer was full.
-DROP_NAMES: Final = 3
-#: Not a loss: driver calls made by a probed runtime, left out as the runtime's event.
-FORWARDED: Final = 4
-#: Slots in the `drops` array.
-DROP_SLOTS: Final = 5
+class DropSlot(IntEnum):
+    """enum gf_drop_slot: the slots of the `drops` per-CPU array."""
+
+    #: Events lost because the `events` ring buffer was full.
+    EVENTS = 0
+    #: Loader notifications lost.
+    LOADER = 1
+    #: Never counted.
+    RESERVED = 2
+    #: Name records lost because the `names` ring buffer was full.
+    NAMES = 3
+    #: Not a loss: driver calls made by a probed runtime, left out as the runtime's event.
+    FORWARDED = 4
+
+
+#: Slots in the `drops` array (GF_DROP_SLOTS).
+DROP_SLOTS: Final = len(DropSlot)
+DROP_EVENTS: Final = DropSlot.EVENTS
+DROP_LOADER: Final = DropSlot.LOADER
+DROP_NAMES: Final = DropSlot.NAMES
+FORWARDED: Final = DropSlot.FORWARDED

@@ -5,8 +5,9 @@ One agent consumes, co-partitioned (all keyed by host, with the same partition c
   PREFIX.events.v1     raw events → the (host, job) states of a Faust table
   PREFIX.nvml.v1       GPU samples → gpu / gpu_process points, and utilisation for verdicts
   PREFIX.metrics.v1    producer counters → pipeline points
-  APP_ID.ticks         one message per partition per tick, sent by every worker's timer: the
-                       wall-clock beat at which each partition's jobs are written and closed
+  APP_ID.ticks         one message per partition per tick, sent by the leader worker's timer:
+                       the wall-clock beat at which each partition's jobs are written and
+                       closed, and its parked messages resolved
 
 so every state is read and written by the worker that owns its partition, inside the agent,
 and its changelog record lands in that partition. Several workers with the same app id share
@@ -20,6 +21,12 @@ still close. Hence host time never runs ahead of the host's real time by more th
 its events to arrive: an event is late only when it arrives more than host_idle_s + grace
 after it happened (a producer cut off from Kafka for longer, say).
 
+A message whose process identity (processes topic, read by another thread) has not arrived
+yet is parked in the table, never waited for in the agent (streams/parking.py): the other
+hosts of the partition flow on, its host's later batches queue behind it in order; it is
+resolved on the tick or by the host's next message, and goes to the job `unknown:PID` after
+`identity_wait_s`. Its host's windows stay open from its earliest event until then.
+
 Messages that are not gpuflight messages of this version, and events of windows already
 closed (late beyond grace), go to PREFIX.deadletter.v1 with the reason in a header, and are
 counted. Anomalies and memory-bound alerts go to
@@ -28,7 +35,6 @@ PREFIX.alerts.v1 as JSON, keyed by host.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import defaultdict
@@ -45,6 +51,7 @@ from streams import measurements as m
 from streams.aggregate import gpu_points, lost_points, pipeline_point
 from streams.identities import UNKNOWN_JOB_FORMAT, Directory, DirectoryReader
 from streams.measurements import Fields, Point, Tags
+from streams.parking import EVENTS, METRICS, Parked, ParkingLot, is_parked_key
 from streams.settings import StreamSettings
 from streams.sink import Batch, InfluxSink
 from streams.windows import JobState, state_key
@@ -58,6 +65,17 @@ GPU_SAMPLES_KEPT: Final = 4096
 MAX_POLL_MESSAGES: Final = 32
 
 Token = tuple[bytes, int, int, bool]
+
+
+@dataclass(frozen=True)
+class _Message:
+    """A message taken again from where it was parked (what dead letters need of it)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
 
 
 @dataclass
@@ -126,6 +144,8 @@ class Worker:
         self._fallback_jobs: dict[tuple[str, int, int], str] = {}
         #: (host, pid) with drops and no identity after a wait: not waited for again.
         self._lossy_unknown: set[tuple[str, int]] = set()
+        #: Messages waiting for a process identity (also in the table).
+        self._parking = ParkingLot()
         #: (topic, partition) → offset of the last message taken.
         self._positions: dict[tuple[str, int], int] = {}
 
@@ -145,33 +165,59 @@ class Worker:
                 self.gpu.add(gpus, self.directory)
                 await self.sink.put(Batch(gpu_points(gpus, self._nvml_job(gpus))))
             elif topic == self.topics.metrics:
-                metrics = wire.decode_metrics(message.value)
-                lost = lost_points(metrics, await self._jobs_of_lossy_pids(metrics))
-                await self.sink.put(Batch([pipeline_point(metrics), *lost]))
+                await self._metrics(message)
         except (wire.WireError, KeyError, TypeError, ValueError) as exc:
             await self._dead_letter(message, reason="malformed", detail=str(exc))
 
-    async def _jobs_of_lossy_pids(self, record: wire.MetricsRecord) -> Callable[[int], str]:
-        """The jobs of the pids a metrics record counts drops for (metrics name pids only: the
-        latest process of each), waiting for an identity as events do, once per pid."""
+    async def _metrics(self, message: Any) -> None:
+        """Pipeline counters now; the drops by pid once each pid's job is known (metrics name
+        pids only: the latest process of each), parked while one is not, once per pid."""
+        metrics = wire.decode_metrics(message.value)
+        await self.sink.put(Batch([pipeline_point(metrics)]))
+        self._index_partition(message.partition)
+        if self._parking.contains(message.topic, message.partition, message.offset):
+            return  # redelivered after a restart: its parked copy is resolved on the tick
+        if self._unknown_lossy_pids(metrics):
+            self._park(message, METRICS, (metrics.host, 0, 0), 0)
+            return
+        await self._lost(metrics)
+
+    def _unknown_lossy_pids(self, record: wire.MetricsRecord) -> set[int]:
         host = record.host
-        pids = {*record.dropped_kernel_by_pid, *record.dropped_user_by_pid}
-        unknown = {p for p in pids if self.directory.latest_job(host, p) is None
-                   and (host, p) not in self._lossy_unknown}
-        deadline = time.monotonic() + self.settings.identity_wait_s
-        while unknown and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            unknown = {p for p in unknown if self.directory.latest_job(host, p) is None}
-        self._lossy_unknown.update((host, p) for p in unknown)
-        return lambda pid: (self.directory.latest_job(host, pid)
-                            or UNKNOWN_JOB_FORMAT.format(pid=pid))
+        return {p for p in (*record.dropped_kernel_by_pid, *record.dropped_user_by_pid)
+                if self.directory.latest_job(host, p) is None
+                and (host, p) not in self._lossy_unknown}
+
+    async def _lost(self, record: wire.MetricsRecord) -> None:
+        host = record.host
+        lost = lost_points(record, lambda pid: (self.directory.latest_job(host, pid)
+                                                or UNKNOWN_JOB_FORMAT.format(pid=pid)))
+        if lost:
+            await self.sink.put(Batch(lost))
 
     def _nvml_job(self, record: wire.NvmlRecord) -> Callable[[int], str | None]:
         return lambda pid: self.directory.latest_job(record.host, pid)
 
     async def _events(self, message: Any) -> None:
         batch = wire.decode_events(message.value)
-        job = await self._job_of(batch)
+        self._index_partition(message.partition)
+        if self._parking.contains(message.topic, message.partition, message.offset):
+            self.stats.duplicates += 1  # redelivered after a restart: its copy waits
+            return
+        process = (batch.host, batch.pid, batch.start_time)
+        if self._parking.holds(batch.host):
+            await self._resolve_host(batch.host)  # the host's parked batches first, in order
+        job = self._job_of(process)
+        if job is None or self._parking.holds(batch.host):
+            min_ts = int(batch.events["ts_ns"].min()) if len(batch.events) else 0
+            self._park(message, EVENTS, process, min_ts)
+            return
+        await self._apply(message, batch, job)
+
+    def _job_of(self, process: tuple[str, int, int]) -> str | None:
+        return self.directory.job(*process) or self._fallback_jobs.get(process)
+
+    async def _apply(self, message: Any, batch: wire.EventBatch, job: str) -> None:
         key = state_key(batch.host, job)
         state = self._load(key, batch.host, job, message.partition)
         names = {handle: name.short for handle, name in batch.kernels.items()}
@@ -193,24 +239,72 @@ class Worker:
             await self._dead_letter(message, reason="late", value=wire.encode_events(late),
                                     detail=f"{len(applied.late)} events of closed windows")
 
-    async def _job_of(self, batch: wire.EventBatch) -> str:
-        who = (batch.host, batch.pid, batch.start_time)
-        job = self.directory.job(*who) or self._fallback_jobs.get(who)
-        deadline = time.monotonic() + self.settings.identity_wait_s
-        while job is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            job = self.directory.job(*who)
-        if job is None:
-            job = self._fallback_jobs[who] = UNKNOWN_JOB_FORMAT.format(pid=batch.pid)
-            self.stats.unknown_identities += 1
-            log.warning("no identity for %s pid %d after %.0f s; its job is %s",
-                        batch.host, batch.pid, self.settings.identity_wait_s, job)
-        return job
+    # -- parked messages -----------------------------------------------------------------------
+
+    def _park(self, message: Any, kind: str, process: tuple[str, int, int],
+              min_ts_ns: int) -> None:
+        host, pid, start_time = process
+        parked = Parked(kind, host, pid, start_time, message.topic, message.partition,
+                        message.offset, message.key, bytes(message.value), min_ts_ns,
+                        time.monotonic_ns())
+        self.table[parked.table_key] = parked.to_bytes()
+        self._parking.add(parked)
+        if kind == EVENTS and host in self._clocks:  # waiting, not silent
+            self._clocks[host] = (self._clocks[host][0], time.time_ns())
+        log.debug("parked %s of %s pid %d: no identity yet", kind, host, pid)
+
+    async def _unpark(self, parked: Parked, job: str | None = None) -> None:
+        """Apply a parked message (to `job`, for events), then delete its parked copy: a
+        crash in between applies nothing twice (the job state's offset check: the host's
+        batches are applied in order)."""
+        message = _Message(parked.topic, parked.partition, parked.offset, parked.key,
+                           parked.value)
+        if parked.kind == EVENTS:
+            assert job is not None
+            await self._apply(message, wire.decode_events(parked.value), job)
+        else:
+            record = wire.decode_metrics(parked.value)
+            unknown = self._unknown_lossy_pids(record)
+            self._lossy_unknown.update((record.host, p) for p in unknown)
+            await self._lost(record)
+        del self.table[parked.table_key]
+        self._parking.remove(parked)
+
+    async def _resolve_parked(self, partition: int) -> None:
+        """Parked messages whose identities arrived, or whose wait is over."""
+        wait_ns = round(self.settings.identity_wait_s * 1e9)
+        for host in sorted({p.host for p in self._parking.of_partition(partition)
+                            if p.kind == EVENTS}):
+            await self._resolve_host(host)
+        for parked in self._parking.of_partition(partition):
+            if parked.kind == METRICS and (
+                    time.monotonic_ns() - parked.since_ns >= wait_ns
+                    or not self._unknown_lossy_pids(wire.decode_metrics(parked.value))):
+                await self._unpark(parked)
+
+    async def _resolve_host(self, host: str) -> None:
+        """The host's parked batches, in order, up to the first whose identity is still
+        awaited; one that waited `identity_wait_s` goes to the unknown-job fallback."""
+        wait_ns = round(self.settings.identity_wait_s * 1e9)
+        for parked in self._parking.of_host(host):
+            process = parked.process
+            job = self._job_of(process)
+            if job is None and time.monotonic_ns() - parked.since_ns >= wait_ns:
+                job = self._fallback_jobs[process] = UNKNOWN_JOB_FORMAT.format(pid=parked.pid)
+                self.stats.unknown_identities += 1
+                log.warning("no identity for %s pid %d after %.0f s; its job is %s",
+                            parked.host, parked.pid, self.settings.identity_wait_s, job)
+            if job is None:
+                return
+            await self._unpark(parked, job)
 
     async def _tick(self, partition: int) -> None:
         settings = self.settings.windows
+        keys = self._keys_of(partition)
+        await self._resolve_parked(partition)
+        keys |= self._by_partition.get(partition, set())
         now = time.time_ns()
-        for key in sorted(self._keys_of(partition)):
+        for key in sorted(keys):
             state = self._states[key]
             changed = False
             for token in self._acked.pop(key, ()):
@@ -238,6 +332,12 @@ class Worker:
         latest, seen = self._clocks.setdefault(state.host, (state.max_ts_ns, now))
         if state.max_ts_ns > latest:  # recovered from the changelog, not seen since
             latest, seen = self._clocks[state.host] = (state.max_ts_ns, now)
+        if self._parking.holds(state.host):
+            # Its batches wait for an identity: the host is not silent, and its windows from
+            # the earliest waiting event on stay open.
+            self._clocks[state.host] = (latest, now)
+            held = self._parking.hold_ns(state.host)
+            return latest if held is None else min(latest, held)
         return latest + max(now - seen - round(self.settings.host_idle_s * 1e9), 0)
 
     def _written(self, token: Token) -> None:
@@ -269,10 +369,18 @@ class Worker:
         self._by_partition[state.partition].add(key)
 
     def _keys_of(self, partition: int) -> set[bytes]:
+        self._index_partition(partition)
+        return set(self._by_partition.get(partition, ()))
+
+    def _index_partition(self, partition: int) -> None:
         if partition not in self._indexed:
-            # First tick since this partition was assigned: its states came from the
-            # changelog (recovery), not through this worker's agent.
+            # First message since this partition was assigned: its states (and parked
+            # messages) came from the changelog (recovery), not through this worker's agent.
+            since = time.monotonic_ns()
             for key, value in list(self.table.items()):
+                if is_parked_key(key):
+                    self._index_parked(key, value, partition, since)
+                    continue
                 if key in self._states:
                     continue
                 try:
@@ -283,10 +391,20 @@ class Worker:
                 if state.partition == partition:
                     self._index(key, state)
             self._indexed.add(partition)
-        return set(self._by_partition.get(partition, ()))
+
+    def _index_parked(self, key: bytes, value: bytes, partition: int, since: int) -> None:
+        try:
+            parked = Parked.from_bytes(value, since)
+        except ValueError as exc:
+            log.error("dropping unreadable parked message %r: %s", key, exc)
+            return
+        if parked.partition == partition and not self._parking.contains(
+                parked.topic, partition, parked.offset):
+            self._parking.add(parked)
 
     def forget_partitions(self) -> None:
         """After a rebalance: states may have moved; read them again from the table."""
+        self._parking.clear()
         self._states.clear()
         self._by_partition.clear()
         self._indexed.clear()
@@ -450,7 +568,8 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
         async for event in stream.events():
             await worker.handle(event.message)
 
-    @app.timer(settings.tick_s)  # type: ignore[untyped-decorator]
+    # One worker (the group's leader) beats for every partition.
+    @app.timer(settings.tick_s, on_leader=True)  # type: ignore[untyped-decorator]
     async def tick() -> None:
         await worker.send_ticks(partitions)
 

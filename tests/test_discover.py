@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,8 @@ from elftools.elf.sections import SymbolTableSection
 
 from producer import discover, elfsyms
 from producer.discover import Classifier, LibraryFile, LibraryKey, Snapshot
-from tests.conftest import REPO, require
+from tests.conftest import require
+from tests.support.probe_table import header_rows
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ELF_SOURCES = FIXTURES / "elf"
@@ -284,8 +284,7 @@ def test_nvidia_runtimes_define_every_probed_function() -> None:
 
 
 def test_runtime_symbols_match_events_header() -> None:
-    header = (REPO / "bpf" / "events.h").read_text()
-    ids = {name: int(value) for name, value in re.findall(r"\bGF_API_(\w+)\s*=\s*(\d+)", header)}
+    ids = {name: api for name, api, _, _ in header_rows() if api is not None}
     assert tuple(n for n, v in ids.items() if v < 200) == discover.RUNTIME_API_NAMES
     assert tuple(n for n, v in ids.items() if v >= 200) == discover.DRIVER_API_NAMES
     assert all(n.startswith("cuda") for n in discover.RUNTIME_API_NAMES)

@@ -11,6 +11,7 @@ import pytest
 
 from producer import records
 from tests.conftest import REPO
+from tests.support.probe_table import bpf_programs, compiled_values, header_rows
 
 HEADER = REPO / "bpf" / "events.h"
 
@@ -22,9 +23,36 @@ def _enum(name: str) -> dict[str, int]:
     return {m[0]: int(m[1]) for m in re.findall(r"(\w+)\s*=\s*(\d+)", body.group(1))}
 
 
-def test_api_ids_match_header() -> None:
-    header = {k.removeprefix("GF_API_"): v for k, v in _enum("gf_api").items()}
-    assert header == records.API_IDS
+def test_probe_table_matches_header() -> None:
+    """records.PROBES is the header's probe table, row for row, in order."""
+    mirror = [(p.name, p.api, p.layer.upper(), p.family.upper()) for p in records.PROBES]
+    assert header_rows() == mirror
+
+
+def test_api_enum_is_the_probe_table(tmp_path: Path) -> None:
+    """The compiled enum gf_api (generated from the table) has every id of the mirror."""
+    values = compiled_values(tmp_path, [f"GF_API_{name}" for name in records.API_IDS])
+    assert {e.removeprefix("GF_API_"): v for e, v in values.items()} == records.API_IDS
+    assert len(set(records.API_IDS.values())) == len(records.API_IDS)
+
+
+def test_layers_follow_the_api_ids() -> None:
+    for probe in records.PROBES:
+        if probe.api is not None:
+            assert probe.layer == records.layer_of(probe.api), probe
+    assert records.RUNTIME_NAME_FUNCTIONS and records.DRIVER_NAME_FUNCTIONS
+
+
+def test_drop_slots_match_header(tmp_path: Path) -> None:
+    header = _enum("gf_drop_slot")
+    assert header.pop("GF_DROP_SLOTS") == records.DROP_SLOTS == len(records.DropSlot)
+    assert header == {f"GF_DROP_{slot.name}": slot.value for slot in records.DropSlot}
+    values = compiled_values(tmp_path, [*header, "GF_DROP_SLOTS"])
+    assert values == {**header, "GF_DROP_SLOTS": records.DROP_SLOTS}
+    # The BPF source counts by name: no bare slot numbers.
+    source = (REPO / "bpf" / "cudart.bpf.c").read_text()
+    assert "BPF_PERCPU_ARRAY(drops, u64, GF_DROP_SLOTS)" in source
+    assert not re.search(r"gf_count_drop\(\d|u32 slot = \d", source)
 
 
 def test_event_types_match_header() -> None:
@@ -67,26 +95,12 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
     assert int(out["loader"]) == records.LOADER_EVENT_DTYPE.itemsize
 
 
-def test_every_api_has_bpf_functions() -> None:
-    """Each API has `<name>_entry` in the BPF sources, and `_return` exactly when declared."""
-    source = "\n".join(p.read_text() for p in sorted((REPO / "bpf").glob("*.bpf.c")))
-    with_return = (
-        "MEMCPY|MEMCPY_2D|ALLOC|ALLOC_ASYNC|ALLOC_POOL|CAPTURE_END_PROBE|INSTANTIATE_PROBE|"
-        "CU_COPY|CU_COPY_PEER|CU_ALLOC|CU_ALLOC_ASYNC|CU_FREE|CU_FREE_ASYNC|CU_SYNC|"
-        "CU_CAPTURE_END|CU_INSTANTIATE|CU_MODULE"
-    )
-    entry_only = (
-        "LAUNCH|LAUNCH_EX|MEMCPY_ASYNC|MEMCPY_2D_ASYNC|MEMSET|MEMSET_ASYNC|MEMSET_2D|"
-        "MEMSET_2D_ASYNC|CAPTURE_BEGIN_PROBE|CU_LAUNCH|CU_LAUNCH_EX|CU_COPY_ASYNC|"
-        "CU_COPY_PEER_ASYNC|CU_MEMSET|CU_MEMSET_ASYNC|CU_CAPTURE_BEGIN"
-    )
-    defined = set(re.findall(r"int (\w+)_entry\(struct pt_regs", source))
-    defined |= set(re.findall(rf"^GF_(?:{with_return}|{entry_only})\((\w+)", source, re.M))
-    probed = set(records.API_IDS) | records.RUNTIME_NAME_FUNCTIONS | records.DRIVER_NAME_FUNCTIONS
-    assert defined >= probed, probed - defined
-    returns = set(re.findall(r"^GF_RETURN\((\w+)\)", source, re.M))
-    returns |= set(re.findall(r"int (\w+)_return\(struct pt_regs", source))
-    returns |= set(re.findall(rf"^GF_(?:{with_return})\((\w+)", source, re.M))
+def test_bpf_programs_are_the_probe_table(tmp_path: Path) -> None:
+    """The preprocessed BPF source has `<name>_entry` for every row of the table and
+    `<name>_return` exactly for the rows whose family returns: what probes.py attaches."""
+    entries, returns = bpf_programs(tmp_path)
+    assert entries == {p.name for p in records.PROBES}
+    assert returns == {p.name for p in records.PROBES if p.returns}
     assert returns == records.WITH_RETURN | records.NAME_WITH_RETURN
 
 

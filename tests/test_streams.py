@@ -29,6 +29,7 @@ from tests.support.streams_support import (
     Feed,
     StreamWorker,
     copies,
+    group_assignment,
     hosts_on_every_partition,
     launches,
     read_topic,
@@ -406,6 +407,45 @@ def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx
     assert (only_lost.launches, only_lost.lost_kernel) == (0, 4)
 
 
+def test_a_process_without_identity_holds_up_no_other_job(kafka_bootstrap: str, influx_url: str,
+                                                         names: str, tmp_path: Path) -> None:
+    """A batch whose process has no identity yet is parked, not waited for: the next host of
+    its partition is written and closed meanwhile; the batch reaches its job once the
+    identity comes, exactly (not the unknown-job fallback, which comes only after the wait)."""
+    feed = Feed(kafka_bootstrap, names)
+    waiting, steady = hosts_on_every_partition(names, feed.partitions, 2)[:2]  # one partition
+    t0 = past_window(30)
+    feed.events(waiting, 999, 5, launches([t0 + i for i in range(7)], 999, 8, 32))  # first
+    feed.events(waiting, 999, 5, launches([t0 + 5 * W], 999, 8, 32))
+    feed.process(steady, 300, 1, "steady:300")
+    feed.events(steady, 300, 1, launches([t0 + i for i in range(20)], 300, 8, 32))
+    feed.events(steady, 300, 1, launches([t0 + 5 * W], 300, 8, 32))  # closes window 0
+    feed.flush()
+    assert feed.event_partitions[waiting] == feed.event_partitions[steady]
+    worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
+                          extra=("--identity-wait", "600"))  # a wait the test would notice
+    try:
+        worker.start()
+        wait_for(lambda: rows(influx_url, f"SELECT verdict FROM memory_bound"
+                                          f" WHERE host = '{steady}' AND time = {t0}"),
+                 90, "the steady job's first window closed", worker)
+        steady_first = rows(influx_url, f"SELECT count FROM launches WHERE host = '{steady}'"
+                                        f" AND time = {t0}")
+        assert [r["count"] for r in steady_first] == [20]
+        assert rows(influx_url, f"SELECT * FROM launches WHERE host = '{waiting}'") == []
+        feed.process(waiting, 999, 5, "late:999")
+        feed.flush()
+        wait_for(lambda: rows(influx_url, f"SELECT verdict FROM memory_bound"
+                                          f" WHERE host = '{waiting}' AND time = {t0}"),
+                 90, "the parked job's first window closed", worker)
+        first = rows(influx_url, f"SELECT count FROM launches WHERE host = '{waiting}'"
+                                 f" AND time = {t0} GROUP BY job")
+        assert [(r["job"], r["count"]) for r in first] == [("late:999", 7)]
+        assert "no identity for" not in worker.output()
+    finally:
+        worker.stop()
+
+
 def test_event_types_reach_their_measurements(kafka_bootstrap: str, influx_url: str,
                                               names: str, worker: StreamWorker) -> None:
     """Allocations, frees, syncs and graph launches: memory, syncs, launches by api."""
@@ -477,7 +517,11 @@ def test_two_workers_share_the_partitions_exactly(kafka_bootstrap: str, influx_u
 
     try:
         wait_for(lambda: took("one") and took("two"), 90, "both workers running", second)
-        time.sleep(3)  # the group has settled: each worker owns partitions
+        events_topic = wire.Topics.with_prefix(names).events
+        owned = wait_for(lambda: [m for m in group_assignment(
+            kafka_bootstrap, f"{names}-app", events_topic) if m], 60,
+            "the group settled: each worker owns partitions", second)
+        assert len(owned) == 2, owned
         publish(windows // 2)  # every partition has hosts
         want = windows * messages * per_message
 
@@ -522,7 +566,8 @@ def test_influxdb_away_then_back_loses_nothing(kafka_bootstrap: str, names: str,
     feed.flush()
     worker.start()
     try:
-        time.sleep(8)  # the worker is up, InfluxDB is not: writes fail and are retried
+        # The worker is up, InfluxDB is not: its writes fail and are retried.
+        wait_for(lambda: "unreachable" in worker.output(), 60, "a failed write", worker)
         assert worker.process is not None and worker.process.poll() is None, worker.output()
         stack.influx_up(tmp_path / "influx", port)
         stack.create_database(url, DATABASE)

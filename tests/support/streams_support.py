@@ -242,3 +242,18 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str,
 
 def windows_of(start_ns: int, count: int, window_ns: int) -> Iterator[int]:
     return iter(range(start_ns, start_ns + count * window_ns, window_ns))
+
+
+def group_assignment(bootstrap: str, group: str, topic: str) -> list[set[int]]:
+    """The partitions of `topic` each member of a settled (Stable) consumer group owns, one
+    set per member ([] while the group rebalances)."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    (future,) = admin.describe_consumer_groups([group], request_timeout=10).values()
+    found = future.result()
+    if found.state != ConsumerGroupState.STABLE:
+        return []
+    return [{tp.partition for tp in member.assignment.topic_partitions if tp.topic == topic}
+            for member in found.members]
