@@ -141,6 +141,13 @@ class Probes:
             return self.attached[library.key]
         if library.key in self.failed:
             return None
+        attached = self._attach_file(library)
+        if attached is None:
+            log.warning("skipping %s: %s", library.path, self.failed[library.key].reason)
+        return attached
+
+    def _attach_file(self, library: LibraryFile) -> AttachedFile | None:
+        """Attach to a file not tried before; a failure is kept in `failed`, not logged."""
         fds: list[int] = []
         try:
             if library.kind == "loader":
@@ -150,14 +157,13 @@ class Probes:
         except AttachError as exc:
             self._detach(fds)
             self.failed[library.key] = SkippedFile(library, str(exc), exc.errno)
-            log.warning("skipping %s: %s", library.path, exc)  # once per file
             return None
         self.attached[library.key] = attached
         self._links[library.key] = fds
         if attached.unprobed:
             log.warning(
-                "%s: %d function(s) could not be probed (%s); the file's other %d probes are attached",
-                library.path, len(attached.unprobed),
+                "%s: %d function(s) could not be probed (%s); the file's other %d probes are "
+                "attached", library.path, len(attached.unprobed),
                 "; ".join(f"{name}: {why}" for name, why in sorted(attached.unprobed.items())),
                 attached.probes,
             )
@@ -168,16 +174,19 @@ class Probes:
         """Attach `library` (this process's own dynamic loader) before any other file: a
         kernel that refuses uprobes to this process (not root, capabilities missing) ends the
         command in one line here, rather than skipping every file it would meet."""
-        if self.attach(library) is not None:
+        if library.key in self.attached or library.key in self.failed:
+            return
+        if self._attach_file(library) is not None:
             return
         skipped = self.failed[library.key]
         if skipped.errno in (errno.EPERM, errno.EACCES):
             raise SetupError(
                 f"the kernel refused to attach a uprobe ({os.strerror(skipped.errno)}): "
-                "gpuflight needs root, or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, "
-                "CAP_DAC_READ_SEARCH and CAP_SYS_RESOURCE (CAP_SYS_ADMIN before Linux 5.8), "
-                "and /proc/sys/kernel/perf_event_paranoid allowing them"
+                "gpuflight needs root, or CAP_SYS_ADMIN (the kernel's uprobe PMU asks for it; "
+                "CAP_PERFMON is not enough) with CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and "
+                "CAP_DAC_READ_SEARCH"
             )
+        log.warning("skipping %s: %s", library.path, skipped.reason)
 
     def _program(self, name: str) -> int:
         """The fd of the loaded BPF program `name` (bcc loads each once)."""
@@ -510,7 +519,7 @@ class UprobeLinks:
             ctypes.c_long(a) if isinstance(a, int) else a for a in args)))
         if result < 0:
             err = ctypes.get_errno()
-            raise OSError(err, _strerror(err))
+            raise OSError(err, os.strerror(err))
         return result
 
 
@@ -525,7 +534,7 @@ def _strerror(err: int) -> str:
 
 
 def _reason(exc: OSError) -> str:
-    return exc.strerror or str(exc)
+    return _strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
 
 
 def _raise_open_files_limit() -> bool:
