@@ -17,7 +17,7 @@ import resource
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -109,7 +109,7 @@ class Probes:
         source = settings.bpf_dir / "cudart.bpf.c"
         if not source.is_file():
             raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
-        self._uprobes = UprobeLinks()
+        self._uprobes: Uprobes = UprobeLinks()
         try:
             self._bpf: Any = BPF(src_file=str(source).encode(), cflags=settings.cflags())
         except Exception as exc:
@@ -415,6 +415,13 @@ FILE_ERRNOS = frozenset({
     errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ELOOP, errno.EPERM, errno.EACCES,
     errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENODEV, errno.ENOSYS,
 })
+
+
+class Uprobes(Protocol):
+    """How Probes attaches a program to one uprobe and detaches it (the seam tests fake)."""
+
+    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool) -> int: ...
+    def detach(self, fd: int) -> None: ...
 
 
 class _PerfEventAttr(ctypes.Structure):
