@@ -59,7 +59,7 @@ class BpfTrace:
         binary = shutil.which("bpftrace")
         assert binary is not None
         script = (f'BEGIN {{ printf("ready\\n"); }} uprobe:{library}:{function} '
-                  f'{{ @calls = count(); }} END {{ printf("calls %d\\n", @calls); clear(@calls); }}')
+                  f'{{ @calls++; }} END {{ printf("calls %d\\n", @calls); clear(@calls); }}')
         self.proc = subprocess.Popen([binary, "-e", script], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         assert self.proc.stdout is not None
@@ -77,7 +77,7 @@ class BpfTrace:
     def stop(self) -> int:
         """The calls it counted."""
         self.proc.send_signal(signal.SIGINT)
-        rest, _ = self.proc.communicate(timeout=60)
+        rest, _ = self.proc.communicate(timeout=60)  # waits, and closes the pipe
         text = "".join(self.lines) + rest
         found = re.search(r"^calls (\d+)$", text, re.MULTILINE)
         assert found, text
@@ -109,6 +109,11 @@ class Caller:
         self.proc.stdin.flush()
         assert self.proc.stdout.readline() == "done\n"
         assert self.proc.wait(60) == 0
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate(timeout=60)  # waits, and closes the pipes
 
 
 def _mismatches(since: int) -> list[str]:
@@ -150,7 +155,8 @@ def test_beside_another_tracer_both_see_every_call(
     try:
         library = producer.wait_for_library(str(own_runtime.parent))
         assert library["unprobed"] == {}, library
-        assert producer.status()["skipped"] == []
+        # (The loader may be held by a tracer the kernel will not share with: not this test's.)
+        assert [s for s in producer.status()["skipped"] if s["kind"] != "loader"] == []
         if other is None:
             other = BpfTrace(own_runtime, "cudaDeviceSynchronize")
         caller.go()
@@ -159,12 +165,18 @@ def test_beside_another_tracer_both_see_every_call(
         events = producer.stop()
     finally:
         producer.kill()
+        caller.close()
         if other is not None and other.proc.poll() is None:
             other.proc.kill()
+            other.proc.communicate(timeout=60)
     syncs = [e for e in events if e["pid"] == caller.pid and e["api"] == "cudaDeviceSynchronize"]
     assert len(syncs) == CALLS
     assert counted == CALLS
-    assert not [m for m in _mismatches(dmesg_before) if f"inode: {inode} " in m]
+    # Neither tracer (both register with ref_ctr_offset 0) was refused on this file. (A tracer
+    # registering with another value, e.g. an older gpuflight, would be: "(new): 0x6".)
+    refused = [m for m in _mismatches(dmesg_before)
+               if f"inode: {inode} " in m and "ref_ctr_offset(new): 0x0" in m]
+    assert not refused
 
 
 # ---- many files: no probe quota -------------------------------------------------------------
