@@ -375,7 +375,7 @@ class Probes:
         def release() -> None:
             self._detach(fds)
             try:
-                self._bpf.cleanup()
+                self._cleanup_bcc()
             except Exception as exc:  # bcc's own tracepoints, maps and programs
                 log.warning("bcc failed to clean up (%s): the kernel releases what is left "
                             "when gpuflight exits", exc)
@@ -385,6 +385,11 @@ class Probes:
             _release_in_background(release)
         else:
             release()
+
+
+    def _cleanup_bcc(self) -> None:
+        """bcc's own: its tracepoints, maps and programs."""
+        self._bpf.cleanup()
 
 
 # ---- uprobes: the kernel's uprobe PMU and one BPF link each ---------------------------------
