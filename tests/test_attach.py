@@ -19,7 +19,10 @@ from typing import Any
 
 import pytest
 
-from producer import trace
+from producer import elfsyms, trace
+from producer.discover import LibraryFile
+from producer.probes import Probes
+from producer.settings import CaptureSettings
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import GPUFLIGHT, Producer, read_events, wait_for_probe_releases
 from tests.workloads import build, expected
@@ -46,6 +49,39 @@ def run_trace(cmd: list[str], out: Path, timeout_s: float = TIMEOUT_S
                           capture_output=True, text=True, timeout=timeout_s, check=False)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
+
+
+# ---- the registration itself ---------------------------------------------------------------
+
+
+def test_each_probe_is_a_link_with_no_reference_counter(bindir: Path) -> None:
+    """What the kernel holds for each probe (its fdinfo): a perf link at the function's file
+    offset with ref_ctr_offset 0, not the garbage python3-bpfcc 0.26 passes."""
+    lib = build.build_lockfirst(bindir)
+    probes = Probes(CaptureSettings())
+    try:
+        st = lib.stat()
+        attached = probes.attach(LibraryFile((st.st_dev, st.st_ino), str(lib), str(lib),
+                                             "runtime"))
+        # No process maps the file: the kernel checks no instruction yet, so all 4 functions
+        # (3 with a return probe) are accepted, the lock-prefixed one too.
+        assert attached is not None and attached.probes == 7
+        fds = probes._links[(st.st_dev, st.st_ino)]
+        assert len(fds) == attached.probes
+        infos = [dict(line.split(":\t", 1) for line in
+                      Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines() if ":\t" in line)
+                 for fd in fds]
+        assert {i["link_type"] for i in infos} == {"perf"}
+        assert {i["event_type"] for i in infos} == {"uprobe", "uretprobe"}
+        assert {i["ref_ctr_offset"] for i in infos} == {"0x0"}
+        address = elfsyms.function_addresses(str(lib), frozenset({"cudaMemcpy"}))["cudaMemcpy"]
+        memcpy = elfsyms.vaddr_to_file_offset(str(lib), address)
+        assert memcpy is not None
+        assert sum(int(i["offset"], 16) == memcpy for i in infos) == 2  # entry and return
+        assert all(int(Path(f"/proc/self/fdinfo/{fd}").read_text().split("flags:\t")[1]
+                       .split()[0], 8) & os.O_CLOEXEC for fd in fds)
+    finally:
+        probes.close()
 
 
 # ---- beside another tracer -----------------------------------------------------------------
