@@ -1,7 +1,9 @@
 """Load the BPF program, attach it to library files, and read what it reports.
 
-The only module that imports bcc. Attachment is once per library file (inode):
-a uprobe on a file covers every process that maps it, now or later.
+The only module that imports bcc. bcc compiles and loads the program and reads its maps; the
+uprobes are attached here, through the kernel's uprobe PMU and a BPF link each (UprobeLinks:
+why not bcc's attach_uprobe is told there). Attachment is once per library file (inode): a
+uprobe on a file covers every process that maps it, now or later.
 """
 
 from __future__ import annotations
