@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from producer import discover
 from producer.decode import Enricher
@@ -62,8 +63,20 @@ class Capture:
         self._next_rescan = 0.0
         self.stats = CaptureStats()
         self.probes = Probes(settings)
+        self._check_permitted()
         if settings.pids is not None:
             self.probes.add_to_scope(settings.pids)
+
+    def _check_permitted(self) -> None:
+        """Attach our own dynamic loader first. It is probed anyway (a traced command is a
+        copy of us until it execs; node-wide we are one of the processes), and a kernel that
+        refuses uprobes to us says so here, in one line, rather than file after file."""
+        own = discover.scan_pid(Path("/proc"), os.getpid(), cache=self._classifier)
+        for library in own.libraries.values():
+            if library.kind == "loader":
+                self.probes.check_permitted(library)
+                return
+        log.debug("no dynamic loader of our own to try a probe on")
 
     # -- discovery ---------------------------------------------------------
 

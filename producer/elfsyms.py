@@ -41,6 +41,7 @@ __all__ = [
     "local_statics",
     "symbol_address",
     "symbol_at",
+    "vaddr_to_file_offset",
 ]
 
 # pyelftools names type 10 (STT_GNU_IFUNC) after the range it opens, STT_LOOS.
@@ -104,6 +105,18 @@ def file_offset_to_vaddr(path: str, file_offset: int) -> int | None:
     """The virtual address (st_value terms) of the byte at `file_offset` of a loaded segment."""
     table = _cached(path, ("functions",), _read_function_table)
     return None if table is None else _to_vaddr(table.loads, file_offset)
+
+
+def vaddr_to_file_offset(path: str, vaddr: int) -> int | None:
+    """The file offset of the byte at virtual address `vaddr` (st_value terms) of a loaded
+    segment: where a uprobe on the function at `vaddr` goes. None outside every segment."""
+    loads = _cached(path, ("loads",), _read_loads)
+    if loads is None:
+        return None
+    for p_offset, p_filesz, p_vaddr in loads:
+        if p_vaddr <= vaddr < p_vaddr + p_filesz:
+            return vaddr - p_vaddr + p_offset
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,6 +417,15 @@ def _read_function_table(f: BinaryIO) -> _FunctionTable:
         sizes=tuple(s for _, (s, _) in ordered),
         names=tuple(n for _, (_, n) in ordered),
         loads=loads,
+    )
+
+
+def _read_loads(f: BinaryIO) -> tuple[tuple[int, int, int], ...]:
+    """(p_offset, p_filesz, p_vaddr) of each PT_LOAD segment: the program headers only."""
+    return tuple(
+        (seg["p_offset"], seg["p_filesz"], seg["p_vaddr"])
+        for seg in ELFFile(f).iter_segments()
+        if seg["p_type"] == "PT_LOAD"
     )
 
 

@@ -21,7 +21,11 @@ class SetupError(GpuflightError):
 
 
 class AttachError(GpuflightError):
-    """A library file could not be probed."""
+    """A library file could not be probed; `errno` is the kernel's answer, when it gave one."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class UsageError(GpuflightError):

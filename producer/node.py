@@ -107,11 +107,13 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     destinations = ", ".join(
         ([str(output)] if output else []) + ([f"Kafka {kafka.bootstrap}"] if kafka else [])
     )
+    skipped = capture.probes.skipped_cuda()
     log.info(
-        "ready: capturing %s into %s, %d library file(s) attached",
+        "ready: capturing %s into %s, %d library file(s) attached%s",
         scope,
         destinations,
         capture.probes.runtime_files(),
+        f", {len(skipped)} CUDA file(s) NOT probed (warned above)" if skipped else "",
     )
     _status(status, capture, STATE_READY, force=True)
     interval = kafka.metrics_interval_s if kafka else LOG_INTERVAL_S

@@ -1,7 +1,9 @@
 """Load the BPF program, attach it to library files, and read what it reports.
 
-The only module that imports bcc. Attachment is once per library file (inode):
-a uprobe on a file covers every process that maps it, now or later.
+The only module that imports bcc. bcc compiles and loads the program and reads its maps; the
+uprobes are attached here, through the kernel's uprobe PMU and a BPF link each (UprobeLinks:
+why not bcc's attach_uprobe is told there). Attachment is once per library file (inode): a
+uprobe on a file covers every process that maps it, now or later.
 """
 
 from __future__ import annotations
@@ -9,11 +11,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import errno
+import fcntl
 import logging
 import os
+import resource
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -68,6 +74,8 @@ _PROBED: dict[str, frozenset[str]] = {
     "driver": DRIVER_SYMBOLS | DRIVER_NAME_FUNCTIONS,
 }
 _WITH_RETURN = WITH_RETURN | NAME_WITH_RETURN
+#: The kinds of file whose loss costs the user CUDA calls (a loader's costs only timeliness).
+CUDA_KINDS = frozenset({"runtime", "driver"})
 
 
 @dataclass
@@ -75,6 +83,18 @@ class AttachedFile:
     library: LibraryFile
     probes: int
     functions: frozenset[str]
+    #: Functions the file defines that could not be probed (the kernel refused that one
+    #: function, e.g. its first instruction), with why: the others are probed all the same.
+    unprobed: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A library file that is not probed at all, and why."""
+
+    library: LibraryFile
+    reason: str
+    errno: int | None = None
 
 
 class Probes:
@@ -91,12 +111,16 @@ class Probes:
         source = settings.bpf_dir / "cudart.bpf.c"
         if not source.is_file():
             raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
+        self._uprobes: Uprobes = UprobeLinks()
         try:
             self._bpf: Any = BPF(src_file=str(source).encode(), cflags=settings.cflags())
         except Exception as exc:
             raise SetupError(f"the BPF program did not compile or load: {exc}") from exc
+        self._program_type: int = BPF.KPROBE
         self.attached: dict[tuple[int, int], AttachedFile] = {}
-        self.failed: dict[tuple[int, int], str] = {}
+        self.failed: dict[tuple[int, int], SkippedFile] = {}
+        #: The fds that hold each attached file's probes (closing them detaches).
+        self._links: dict[tuple[int, int], list[int]] = {}
         self._loader_events: list[LoaderEvent] = []
         self._names: list[bytes] = []
         self._bpf[b"loader_events"].open_ring_buffer(self._on_loader_event)
@@ -108,32 +132,96 @@ class Probes:
     # -- attaching --------------------------------------------------------
 
     def attach(self, library: LibraryFile) -> AttachedFile | None:
-        """Attach to a library file once; a file that fails is logged once and skipped."""
+        """Attach to a library file once; a file that fails is logged once and skipped.
+
+        A function the kernel refuses to probe costs that function only (logged once with the
+        file, kept in `unprobed`); a failure that concerns the whole file (it is gone, out of
+        reach, or this process is out of file descriptors) detaches what was attached to it
+        and skips the file: a file is either probed or listed in `failed`, never half done
+        unsaid."""
         if library.key in self.attached:
             return self.attached[library.key]
         if library.key in self.failed:
             return None
+        attached = self._attach_file(library)
+        if attached is None:
+            log.warning("skipping %s: %s", library.path, self.failed[library.key].reason)
+        return attached
+
+    def _attach_file(self, library: LibraryFile) -> AttachedFile | None:
+        """Attach to a file not tried before; a failure is kept in `failed`, not logged."""
+        fds: list[int] = []
         try:
             if library.kind == "loader":
-                attached = self._attach_loader(library)
+                attached = self._attach_loader(library, fds)
             else:
-                attached = self._attach_runtime(library)
+                attached = self._attach_runtime(library, fds)
         except AttachError as exc:
-            self.failed[library.key] = str(exc)
-            log.warning("skipping %s: %s", library.path, exc)  # once per file
+            self._detach(fds)
+            self.failed[library.key] = SkippedFile(library, str(exc), exc.errno)
             return None
         self.attached[library.key] = attached
+        self._links[library.key] = fds
+        if attached.unprobed:
+            log.warning(
+                "%s: %d function(s) could not be probed (%s); the file's other %d probes are "
+                "attached", library.path, len(attached.unprobed),
+                "; ".join(f"{name}: {why}" for name, why in sorted(attached.unprobed.items())),
+                attached.probes,
+            )
         log.debug("attached %d probes to %s (%s)", attached.probes, library.path, library.kind)
         return attached
 
-    def _attach_runtime(self, library: LibraryFile) -> AttachedFile:
+    def check_permitted(self, library: LibraryFile) -> None:
+        """Attach `library` (this process's own dynamic loader) before any other file: a
+        kernel that refuses uprobes to this process (not root, capabilities missing) ends the
+        command in one line here, rather than skipping every file it would meet."""
+        if library.key in self.attached or library.key in self.failed:
+            return
+        if self._attach_file(library) is not None:
+            return
+        skipped = self.failed[library.key]
+        if skipped.errno in (errno.EPERM, errno.EACCES):
+            raise SetupError(
+                f"the kernel refused to attach a uprobe ({os.strerror(skipped.errno)}): "
+                "gpuflight needs root, or CAP_SYS_ADMIN (the kernel's uprobe PMU asks for it; "
+                "CAP_PERFMON is not enough) with CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and "
+                "CAP_DAC_READ_SEARCH"
+            )
+        log.warning("skipping %s: %s", library.path, skipped.reason)
+
+    def _program(self, name: str) -> int:
+        """The fd of the loaded BPF program `name` (bcc loads each once)."""
+        return int(self._bpf.load_func(name.encode(), self._program_type).fd)
+
+    def _attach_function(
+        self, library: LibraryFile, name: str, offset: int, fds: list[int]
+    ) -> int:
+        """The entry probe of `name` at file `offset`, and its return probe where one is
+        needed: both or neither. Returns how many probes; raises OSError."""
+        entry = self._uprobes.attach(self._program(f"{name}_entry"), library.host_path,
+                                     offset, retprobe=False)
+        if name not in _WITH_RETURN:
+            fds.append(entry)
+            return 1
+        try:
+            ret = self._uprobes.attach(self._program(f"{name}_return"), library.host_path,
+                                       offset, retprobe=True)
+        except BaseException:
+            self._detach([entry])
+            raise
+        fds += (entry, ret)
+        return 2
+
+    def _attach_runtime(self, library: LibraryFile, fds: list[int]) -> AttachedFile:
         """A runtime or driver file: its API functions and its name functions."""
         addresses = elfsyms.function_addresses(library.host_path, _PROBED[library.kind])
         functions = frozenset(addresses)
         if not functions & (RUNTIME_SYMBOLS | DRIVER_SYMBOLS):
             raise AttachError(f"defines none of the CUDA {library.kind} functions we probe")
         probes = 0
-        path = library.host_path.encode()
+        unprobed: dict[str, str] = {}
+        first_errno: int | None = None
         claimed: dict[int, str] = {}
         for name in sorted(functions):
             # Two names of one function (an alias) would fire two probes per call.
@@ -141,30 +229,56 @@ class Probes:
                 log.debug("%s: %s is %s, probed once", library.path, name, claimed[addresses[name]])
                 continue
             claimed[addresses[name]] = name
+            offset = elfsyms.vaddr_to_file_offset(library.host_path, addresses[name])
+            if offset is None:
+                unprobed[name] = "its address is outside the file's loaded segments"
+                continue
             try:
-                self._bpf.attach_uprobe(
-                    name=path, sym=name.encode(), fn_name=f"{name}_entry".encode()
-                )
-                probes += 1
-                if name in _WITH_RETURN:
-                    self._bpf.attach_uretprobe(
-                        name=path, sym=name.encode(), fn_name=f"{name}_return".encode()
-                    )
-                    probes += 1
-            except Exception as exc:
-                raise AttachError(f"cannot attach to {name}: {exc}") from exc
-        return AttachedFile(library, probes, functions)
+                probes += self._attach_function(library, name, offset, fds)
+            except OSError as exc:
+                if exc.errno in FILE_ERRNOS:
+                    raise AttachError(f"cannot attach to {name}: {_reason(exc)}",
+                                      exc.errno) from exc
+                first_errno = first_errno if first_errno is not None else exc.errno
+                unprobed[name] = _reason(exc)
+        if not probes:
+            some = "; ".join(f"{n}: {why}" for n, why in sorted(unprobed.items())[:3])
+            raise AttachError(f"none of its functions could be probed ({some})", first_errno)
+        return AttachedFile(library, probes, functions - unprobed.keys(), unprobed)
 
-    def _attach_loader(self, library: LibraryFile) -> AttachedFile:
+    def _attach_loader(self, library: LibraryFile, fds: list[int]) -> AttachedFile:
+        address = elfsyms.symbol_address(library.host_path, LOADER_SYMBOL)
+        offset = None if address is None else elfsyms.vaddr_to_file_offset(
+            library.host_path, address)
+        if offset is None:
+            raise AttachError(f"defines no {LOADER_SYMBOL} to probe")
         try:
-            self._bpf.attach_uprobe(
-                name=library.host_path.encode(),
-                sym=LOADER_SYMBOL.encode(),
-                fn_name=b"on_loader_change",
-            )
-        except Exception as exc:
-            raise AttachError(f"cannot attach to {LOADER_SYMBOL}: {exc}") from exc
+            fds.append(self._uprobes.attach(self._program("on_loader_change"),
+                                            library.host_path, offset, retprobe=False))
+        except OSError as exc:
+            raise AttachError(f"cannot attach to {LOADER_SYMBOL}: {_reason(exc)}",
+                              exc.errno) from exc
         return AttachedFile(library, 1, frozenset({LOADER_SYMBOL}))
+
+    def _detach(self, fds: Iterable[int]) -> int:
+        """Close each fd (each detaches one probe); a failure is logged, and the rest go on.
+        Returns how many failed."""
+        failures = 0
+        first = ""
+        for fd in fds:
+            try:
+                self._uprobes.detach(fd)
+            except OSError as exc:
+                failures += 1
+                first = first or _reason(exc)
+        if failures:
+            log.warning("%d probe(s) could not be detached (%s): the kernel releases them when "
+                        "gpuflight exits", failures, first)
+        return failures
+
+    def skipped_cuda(self) -> list[SkippedFile]:
+        """The CUDA runtime and driver files that are not probed at all."""
+        return [s for s in self.failed.values() if s.library.kind in CUDA_KINDS]
 
     def runtime_files(self) -> int:
         """How many runtime library files are probed."""
@@ -247,16 +361,211 @@ class Probes:
         )
 
     def close(self, background: bool = True) -> None:
-        """Detach everything. Releasing a uprobe costs the kernel ~0.1 s (it waits
-        for a grace period), one probe after another: with `background`, a
-        detached grandchild that inherited the probes releases them, and we return
-        at once."""
-        self.ring.close()
+        """Detach everything; never raises (a failure to detach is logged: the kernel
+        releases whatever this process still holds when it exits). Releasing a uprobe
+        costs the kernel ~0.1 s (it waits for a grace period), one probe after another:
+        with `background`, a detached grandchild that inherited the probes releases them,
+        and we return at once."""
+        try:
+            self.ring.close()
+        except Exception as exc:
+            log.warning("closing the event ring failed: %s", exc)
+        fds = [fd for group in self._links.values() for fd in group]
+        self._links.clear()
         atexit.unregister(self._bpf.cleanup)
+
+        def release() -> None:
+            self._detach(fds)
+            try:
+                self._cleanup_bcc()
+            except Exception as exc:  # bcc's own tracepoints, maps and programs
+                log.warning("bcc failed to clean up (%s): the kernel releases what is left "
+                            "when gpuflight exits", exc)
+                log.debug("the cleanup failure", exc_info=exc)
+
         if background:
-            _release_in_background(self._bpf.cleanup)
+            _release_in_background(release)
         else:
-            self._bpf.cleanup()
+            release()
+
+
+    def _cleanup_bcc(self) -> None:
+        """bcc's own: its tracepoints, maps and programs."""
+        self._bpf.cleanup()
+
+
+# ---- uprobes: the kernel's uprobe PMU and one BPF link each ---------------------------------
+#
+# Not bcc's attach_uprobe: Debian's python3-bpfcc 0.26 declares libbcc's 7-argument
+# bpf_attach_uprobe with 6 arguments, so the 7th, ref_ctr_offset, is whatever the stack holds;
+# the kernel registers the uprobe with it, and then refuses any other tracer's uprobe on the
+# same function (its ref_ctr_offset is 0: "ref_ctr_offset mismatch" in dmesg), or ours when the
+# other came first. bcc also falls back to tracefs events, whose removal fails with EBUSY while
+# a copy of the fd is open, and stops at 1000 open probes per process. So, as libbpf does:
+# perf_event_open(2) on the uprobe PMU with ref_ctr_offset 0, then a BPF link to the program.
+# One fd per probe; closing it detaches.
+
+_NR_PERF_EVENT_OPEN = 298  # x86-64, the one machine the probes support (environment.py)
+_NR_BPF = 321
+_BPF_LINK_CREATE = 28
+_BPF_PERF_EVENT = 41
+_PERF_FLAG_FD_CLOEXEC = 1 << 3
+_PERF_EVENT_IOC_ENABLE = 0x2400
+_PERF_EVENT_IOC_SET_BPF = 0x40042408
+_PERF_ATTR_DISABLED = 1  # perf_event_attr's first flag bit
+UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
+#: The kernel's own ENOTSUPP (not EOPNOTSUPP): an instruction it cannot probe.
+ENOTSUPP = 524
+#: Errors that concern a whole file (or this process), not one function: the file is skipped
+#: rather than every function tried in vain.
+FILE_ERRNOS = frozenset({
+    errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ELOOP, errno.EPERM, errno.EACCES,
+    errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENODEV, errno.ENOSYS,
+})
+
+
+class Uprobes(Protocol):
+    """How Probes attaches a program to one uprobe and detaches it (the seam tests fake)."""
+
+    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool) -> int: ...
+    def detach(self, fd: int) -> None: ...
+
+
+class _PerfEventAttr(ctypes.Structure):
+    """struct perf_event_attr as far as config2 (PERF_ATTR_SIZE_VER1)."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),  # bit `retprobe`; ref_ctr_offset in bits 32-63
+        ("sample_period", ctypes.c_uint64),
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),  # uprobe_path
+        ("config2", ctypes.c_uint64),  # probe_offset
+    ]
+
+
+class _LinkCreate(ctypes.Structure):
+    """union bpf_attr as BPF_LINK_CREATE reads it for a perf event."""
+
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("target_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("bpf_cookie", ctypes.c_uint64),
+    ]
+
+
+class UprobeLinks:
+    """Attaches BPF programs to uprobes; the seam tests replace to make one fail."""
+
+    def __init__(self, pmu: Path = UPROBE_PMU) -> None:
+        try:
+            self._type = int((pmu / "type").read_text())
+            retprobe = (pmu / "format" / "retprobe").read_text().strip()  # "config:0"
+            self._retprobe = 1 << int(retprobe.removeprefix("config:"))
+        except (OSError, ValueError) as exc:
+            raise SetupError(f"this kernel has no uprobe PMU ({pmu}): gpuflight needs "
+                             "Linux 4.17 or later with CONFIG_UPROBE_EVENTS") from exc
+        self._syscall = ctypes.CDLL(None, use_errno=True).syscall
+        self._syscall.restype = ctypes.c_long
+        self._links = True  # BPF links for perf events, until the kernel says it has none
+
+    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
+        """An fd holding a uprobe at `offset` of the file at `path` that runs `prog_fd`;
+        OSError with the kernel's errno when it refuses. Each probe holds a file descriptor
+        (~85 per runtime file): out of them, the soft limit is raised towards the hard one
+        (only then, so that a traced command started before inherits the usual limit)."""
+        try:
+            return self._attach(prog_fd, path, offset, retprobe)
+        except OSError as exc:
+            if exc.errno != errno.EMFILE or not _raise_open_files_limit():
+                raise
+        return self._attach(prog_fd, path, offset, retprobe)
+
+    def _attach(self, prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
+        name = ctypes.create_string_buffer(os.fsencode(path))
+        attr = _PerfEventAttr(
+            type=self._type,
+            size=ctypes.sizeof(_PerfEventAttr),
+            config=self._retprobe if retprobe else 0,  # ref_ctr_offset 0: not a USDT semaphore
+            flags=_PERF_ATTR_DISABLED,
+            config1=ctypes.addressof(name),
+            config2=offset,
+        )
+        event = self._call(_NR_PERF_EVENT_OPEN, ctypes.byref(attr), -1, 0, -1,
+                           _PERF_FLAG_FD_CLOEXEC)
+        try:
+            if self._links:
+                link = _LinkCreate(prog_fd=prog_fd, target_fd=event, attach_type=_BPF_PERF_EVENT)
+                try:
+                    fd = self._call(_NR_BPF, _BPF_LINK_CREATE, ctypes.byref(link),
+                                    ctypes.sizeof(link))
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    self._links = False  # before Linux 5.15: the perf event holds the program
+                else:
+                    try:
+                        fcntl.ioctl(event, _PERF_EVENT_IOC_ENABLE, 0)
+                    except BaseException:
+                        os.close(fd)
+                        raise
+                    os.close(event)  # the link holds the event
+                    return fd
+            fcntl.ioctl(event, _PERF_EVENT_IOC_SET_BPF, prog_fd)
+            fcntl.ioctl(event, _PERF_EVENT_IOC_ENABLE, 0)
+            return event
+        except BaseException:
+            os.close(event)
+            raise
+
+    def detach(self, fd: int) -> None:
+        os.close(fd)
+
+    def _call(self, number: int, *args: Any) -> int:
+        result = int(self._syscall(ctypes.c_long(number), *(
+            ctypes.c_long(a) if isinstance(a, int) else a for a in args)))
+        if result < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return result
+
+
+def _strerror(err: int) -> str:
+    if err == ENOTSUPP:
+        return "the kernel cannot probe the instruction there (ENOTSUPP)"
+    if err in (errno.EMFILE, errno.ENFILE):
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return (f"{os.strerror(err)}: each probe holds a file descriptor, and the limit is "
+                f"{soft} (raise it: ulimit -n, or LimitNOFILE= for a service)")
+    return os.strerror(err)
+
+
+def _reason(exc: OSError) -> str:
+    return _strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+
+
+def _raise_open_files_limit() -> bool:
+    """Double the soft limit on open files, up to the hard one; whether it went up."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max(soft * 2, 1024)
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if want <= soft:
+        return False
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (OSError, ValueError) as exc:
+        log.debug("cannot raise the open files limit from %d: %s", soft, exc)
+        return False
+    log.debug("open files limit raised from %d to %d for the probes", soft, want)
+    return True
 
 
 def _release_in_background(cleanup: Callable[[], None]) -> None:
@@ -275,5 +584,7 @@ def _release_in_background(cleanup: Callable[[], None]) -> None:
             os._exit(0)
     os.close(read_end)
     os.waitpid(child, 0)
-    cleanup()  # cheap now: the grandchild still holds each probe
-    os.close(write_end)
+    try:
+        cleanup()  # cheap now: the grandchild still holds each probe
+    finally:
+        os.close(write_end)

@@ -5,8 +5,9 @@ whenever the set of probed library files changes, at most every `interval_s` oth
 when it stops:
 
     {"v": 1, "state": "ready" | "stopped", "pid": AGENT PID, "started_ns", "updated_ns",
-     "libraries": [{"path", "kind": "runtime" | "driver" | "loader", "probes": N}, ...],
-     "skipped": [{"file": "DEV:INODE", "reason"}, ...],
+     "libraries": [{"path", "kind": "runtime" | "driver" | "loader", "probes": N,
+                    "unprobed": {FUNCTION: "why", ...}}, ...],
+     "skipped": [{"file": "MAJOR:MINOR:INODE", "path", "kind", "reason"}, ...],
      "captured": N, "dropped_kernel": N,
      "outputs": [{"name", "failure": null | "why", "lost": N}, ...]}
 
@@ -43,6 +44,15 @@ class _Attached(Protocol):
     def library(self) -> _Library: ...
     @property
     def probes(self) -> int: ...
+    @property
+    def unprobed(self) -> Mapping[str, str]: ...
+
+
+class _Skipped(Protocol):
+    @property
+    def library(self) -> _Library: ...
+    @property
+    def reason(self) -> str: ...
 
 
 class StatusFile:
@@ -53,7 +63,7 @@ class StatusFile:
         self._interval_s = interval_s
         self._started_ns = time.time_ns()
         self._next = 0.0
-        self._libraries: tuple[tuple[str, str, int], ...] = ()
+        self._libraries: tuple[tuple[str, str, int, tuple[tuple[str, str], ...]], ...] = ()
         self._failed = False
 
     def due(self, attached: Mapping[Any, _Attached]) -> bool:
@@ -66,14 +76,15 @@ class StatusFile:
         state: str,
         *,
         attached: Mapping[Any, _Attached],
-        skipped: Mapping[Any, str],
+        skipped: Mapping[Any, _Skipped],
         captured: int,
         dropped_kernel: int,
         outputs: list[tuple[str, str | None, int]],
         force: bool = False,
     ) -> None:
         """Write the status now when forced, when the probed files changed, or when due."""
-        libraries = tuple(sorted((a.library.path, a.library.kind, a.probes)
+        libraries = tuple(sorted((a.library.path, a.library.kind, a.probes,
+                                  tuple(sorted(a.unprobed.items())))
                                  for a in attached.values()))
         now = time.monotonic()
         if not force and libraries == self._libraries and now < self._next:
@@ -86,9 +97,11 @@ class StatusFile:
             "pid": os.getpid(),
             "started_ns": self._started_ns,
             "updated_ns": time.time_ns(),
-            "libraries": [{"path": p, "kind": k, "probes": n} for p, k, n in libraries],
-            "skipped": [{"file": _file(key), "reason": reason}
-                        for key, reason in sorted(skipped.items(), key=lambda kv: str(kv[0]))],
+            "libraries": [{"path": p, "kind": k, "probes": n, "unprobed": dict(u)}
+                          for p, k, n, u in libraries],
+            "skipped": [{"file": _file(key), "path": s.library.path, "kind": s.library.kind,
+                         "reason": s.reason}
+                        for key, s in sorted(skipped.items(), key=lambda kv: str(kv[0]))],
             "captured": captured,
             "dropped_kernel": dropped_kernel,
             "outputs": [{"name": n, "failure": f, "lost": lost} for n, f, lost in outputs],

@@ -23,7 +23,7 @@ from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import TRACE_CAPABILITIES, check_can_probe
 from producer.errors import UsageError
-from producer.probes import DropCounts
+from producer.probes import CUDA_KINDS, DropCounts, Probes
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink, SummarySink
 from producer.summary import Summary, render
@@ -43,6 +43,29 @@ class TraceResult:
 #: The exit code of a trace whose command succeeded but whose --output could not be written
 #: in full (sysexits' EX_IOERR); otherwise the command's own exit code is trace's.
 EXIT_OUTPUT_INCOMPLETE = 74
+#: The exit code of a trace whose command succeeded but in which no CUDA library file could be
+#: probed while some file failed to be (sysexits' EX_UNAVAILABLE): a summary of nothing.
+EXIT_NOT_TRACED = 69
+
+
+def attach_report(probes: Probes) -> tuple[list[str], bool]:
+    """The summary's lines about files that could not be probed, in full or in part, and
+    whether nothing was traced at all: no CUDA file probed, and some file skipped."""
+    lines: list[str] = []
+    for skipped in sorted(probes.failed.values(), key=lambda s: s.library.path):
+        what = "CUDA library" if skipped.library.kind in CUDA_KINDS else "dynamic loader"
+        lines.append(f"  NOT PROBED: {what} {skipped.library.path} ({skipped.library.kind}): "
+                     f"{skipped.reason}")
+    for attached in sorted(probes.attached.values(), key=lambda a: a.library.path):
+        if attached.unprobed:
+            names = ", ".join(f"{name} ({why})" for name, why in sorted(attached.unprobed.items()))
+            lines.append(f"  partly probed: {attached.library.path}: {len(attached.unprobed)} "
+                         f"function(s) not probed, calls to them are not counted: {names}")
+    probed = any(a.library.kind in CUDA_KINDS for a in probes.attached.values())
+    nothing = bool(probes.failed) and not probed
+    if nothing:
+        lines.append("  nothing was traced: no CUDA library of the command could be probed")
+    return lines, nothing
 
 
 def _reason(exc: BaseException) -> str:
@@ -176,6 +199,12 @@ def run(
                   sink.lost)
     if failed and exit_code == 0:
         exit_code = EXIT_OUTPUT_INCOMPLETE
+    attach_lines, nothing_traced = attach_report(capture.probes)
+    if nothing_traced:
+        log.error("nothing was traced: %s", "; ".join(
+            f"{s.library.path}: {s.reason}" for s in capture.probes.failed.values()))
+        if exit_code == 0:
+            exit_code = EXIT_NOT_TRACED
     result = TraceResult(
         exit_code=exit_code,
         wall_s=wall_s,
@@ -185,7 +214,8 @@ def run(
     )
     if print_summary:
         title = " ".join(argv)
-        print("\n" + render(result.summary, title, wall_s, drops.events) + "\n", file=sys.stderr)
+        text = "\n".join([render(result.summary, title, wall_s, drops.events), *attach_lines])
+        print("\n" + text + "\n", file=sys.stderr)
     if drops.events:
         log.warning("%d events were dropped in the kernel (ring buffer full)", drops.events)
     return result

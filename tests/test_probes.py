@@ -1,50 +1,236 @@
-"""Attaching: a library file that cannot be probed is skipped and logged once."""
+"""Attaching: a file is probed whole, or in part with each function it lacks named, or skipped
+with why (logged once); detaching never raises. The kernel is replaced by a fake attach seam
+here; tests/test_coexist.py runs the real one."""
 
 from __future__ import annotations
 
+import errno
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from producer import elfsyms
 from producer.discover import LibraryFile
-from producer.probes import Probes
+from producer.errors import SetupError
+from producer.probes import ENOTSUPP, Probes, UprobeLinks
+from producer.records import NAME_WITH_RETURN, WITH_RETURN
 from tests.workloads import build
 
 
-class RefusingBPF:
+class FakeUprobes:
+    """The seam Probes attaches through: hands out fake fds, or fails as `refuse` says."""
+
+    def __init__(self, refuse: Callable[[str, int, bool], int | None] = lambda *_: None,
+                 fail_detach: frozenset[int] = frozenset()) -> None:
+        self.refuse = refuse
+        self.fail_detach = fail_detach
+        self.held: dict[int, tuple[str, int, bool]] = {}
+        self.detached: list[int] = []
+        self._next = 1000
+
+    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
+        err = self.refuse(path, offset, retprobe)
+        if err is not None:
+            raise OSError(err, f"refused ({err})")
+        self._next += 1
+        self.held[self._next] = (path, offset, retprobe)
+        return self._next
+
+    def detach(self, fd: int) -> None:
+        if fd in self.fail_detach:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        del self.held[fd]
+        self.detached.append(fd)
+
+
+class FakeFunction:
+    fd = 7
+
+
+class FakeBPF:
     def __init__(self) -> None:
-        self.calls = 0
+        self.cleaned = False
 
-    def attach_uprobe(self, **_kwargs: Any) -> None:
-        self.calls += 1
-        raise Exception("Failed to attach BPF to uprobe")  # what bcc raises
+    def load_func(self, _name: bytes, _kind: int) -> FakeFunction:
+        return FakeFunction()
+
+    def cleanup(self) -> None:
+        self.cleaned = True
 
 
-def test_unattachable_library_is_skipped_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+class FakeRing:
+    def close(self) -> None:
+        pass
+
+
+def make_probes(uprobes: FakeUprobes) -> Probes:
     probes = Probes.__new__(Probes)  # no BPF program: only the attach bookkeeping is tested
-    probes.attached, probes.failed = {}, {}
-    bpf = RefusingBPF()
-    probes._bpf = bpf
-    library = build.nvidia_runtime_dir(12) / "libcudart.so.12"
-    target = LibraryFile(key=(1, 2), path="/opt/x/libcudart.so.12", host_path=str(library),
-                         kind="runtime")
+    probes.attached, probes.failed, probes._links = {}, {}, {}
+    probes._bpf, probes._uprobes, probes._program_type = FakeBPF(), uprobes, 2
+    probes.ring = FakeRing()  # type: ignore[assignment]
+    return probes
+
+
+def runtime(path: Path, key: tuple[int, int] = (1, 2)) -> LibraryFile:
+    return LibraryFile(key=key, path="/opt/x/" + path.name, host_path=str(path), kind="runtime")
+
+
+@pytest.fixture(scope="module")
+def stub_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build.build_simgpu(tmp_path_factory.mktemp("simgpu")) / "libcudart.so.12"
+
+
+def offset_of(path: Path, name: str) -> int:
+    address = elfsyms.function_addresses(str(path), frozenset({name}))[name]
+    offset = elfsyms.vaddr_to_file_offset(str(path), address)
+    assert offset is not None
+    return offset
+
+
+def test_every_function_gets_its_probes_at_its_file_offset(stub_runtime: Path) -> None:
+    uprobes = FakeUprobes()
+    probes = make_probes(uprobes)
+    attached = probes.attach(runtime(stub_runtime))
+    assert attached is not None and not attached.unprobed
+    assert attached.probes == len(uprobes.held)
+    where = {(offset, ret) for _path, offset, ret in uprobes.held.values()}
+    assert (offset_of(stub_runtime, "cudaLaunchKernel"), False) in where
+    assert (offset_of(stub_runtime, "cudaLaunchKernel"), True) not in where  # launches: entry only
+    for name in ("cudaMemcpy", "cudaMalloc"):  # a result or a duration: a return probe too
+        assert name in WITH_RETURN | NAME_WITH_RETURN
+        offset = offset_of(stub_runtime, name)
+        assert {(offset, False), (offset, True)} <= where
+
+
+def test_a_function_the_kernel_refuses_costs_only_itself(
+    stub_runtime: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    refused = offset_of(stub_runtime, "cudaDeviceSynchronize")
+    uprobes = FakeUprobes(lambda _p, offset, _r: ENOTSUPP if offset == refused else None)
+    probes = make_probes(uprobes)
+    whole = make_probes(FakeUprobes()).attach(runtime(stub_runtime))
+    assert whole is not None
+    with caplog.at_level(logging.WARNING):
+        attached = probes.attach(runtime(stub_runtime))
+        probes.attach(runtime(stub_runtime))  # a later scan finds it again: no second warning
+    assert attached is not None
+    assert list(attached.unprobed) == ["cudaDeviceSynchronize"]
+    assert "cannot probe the instruction" in attached.unprobed["cudaDeviceSynchronize"]
+    assert attached.probes == whole.probes - 2  # its entry and return probes, no other
+    assert "cudaDeviceSynchronize" not in attached.functions
+    assert not any(offset == refused for _p, offset, _r in uprobes.held.values())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "cudaDeviceSynchronize" in warnings[0]
+
+
+def test_a_refused_return_probe_takes_its_entry_probe_with_it(stub_runtime: Path) -> None:
+    memcpy = offset_of(stub_runtime, "cudaMemcpy")
+    uprobes = FakeUprobes(lambda _p, offset, ret: errno.EINVAL if offset == memcpy and ret
+                          else None)
+    attached = make_probes(uprobes).attach(runtime(stub_runtime))
+    assert attached is not None and list(attached.unprobed) == ["cudaMemcpy"]
+    assert not any(offset == memcpy for _p, offset, _r in uprobes.held.values())  # neither
+    assert len(uprobes.detached) == 1  # the entry probe, attached then taken back
+
+
+@pytest.mark.parametrize("err", [errno.EMFILE, errno.ENOENT, errno.EACCES])
+def test_a_failure_of_the_whole_file_detaches_what_was_attached(
+    stub_runtime: Path, err: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Half-way through the file: no probe of it stays behind, and the reason is kept."""
+    calls = [0]
+
+    def refuse(_path: str, _offset: int, _ret: bool) -> int | None:
+        calls[0] += 1
+        return err if calls[0] > 10 else None
+
+    uprobes = FakeUprobes(refuse)
+    probes = make_probes(uprobes)
+    target = runtime(stub_runtime)
     with caplog.at_level(logging.WARNING):
         assert probes.attach(target) is None
-        assert probes.attach(target) is None  # a later scan finds it again
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert "skipping /opt/x/libcudart.so.12: cannot attach to" in warnings[0]
-    assert bpf.calls == 1
+        assert probes.attach(target) is None  # once skipped, not tried again
+    assert not uprobes.held and len(uprobes.detached) == 10
     assert target.key in probes.failed and target.key not in probes.attached
+    assert probes.failed[target.key].errno == err
+    assert calls[0] == 11  # the rest of the file was not tried in vain
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("skipping /opt/x/libcudart.so.12:")
+    assert probes.skipped_cuda() == [probes.failed[target.key]]
 
 
-def test_a_file_without_runtime_functions_is_refused(tmp_path: Any) -> None:
-    probes = Probes.__new__(Probes)
-    probes.attached, probes.failed = {}, {}
-    probes._bpf = RefusingBPF()
+def test_a_file_whose_every_function_is_refused_is_skipped(stub_runtime: Path) -> None:
+    probes = make_probes(FakeUprobes(lambda *_: errno.EINVAL))
+    target = runtime(stub_runtime)
+    assert probes.attach(target) is None
+    assert "none of its functions could be probed" in probes.failed[target.key].reason
+
+
+def test_a_file_without_runtime_functions_is_refused(tmp_path: Path) -> None:
+    probes = make_probes(FakeUprobes())
     not_elf = tmp_path / "libcudart.so.12"
     not_elf.write_text("not an ELF file")
     target = LibraryFile(key=(3, 4), path=str(not_elf), host_path=str(not_elf), kind="runtime")
     assert probes.attach(target) is None
-    assert "defines none of the CUDA runtime functions" in probes.failed[(3, 4)]
+    assert "defines none of the CUDA runtime functions" in probes.failed[(3, 4)].reason
+
+
+def _loader() -> LibraryFile:
+    path = elfsyms.interpreter("/proc/self/exe")
+    assert path is not None
+    return LibraryFile(key=(5, 6), path=path, host_path=path, kind="loader")
+
+
+@pytest.mark.parametrize("err", [errno.EPERM, errno.EACCES])
+def test_a_kernel_refusing_uprobes_for_privilege_is_one_setup_error(err: int) -> None:
+    probes = make_probes(FakeUprobes(lambda *_: err))
+    with pytest.raises(SetupError) as raised:
+        probes.check_permitted(_loader())
+    message = str(raised.value)
+    assert "\n" not in message and "refused to attach a uprobe" in message
+    assert "CAP_SYS_ADMIN" in message
+
+
+def test_a_loader_refused_for_another_reason_is_only_skipped() -> None:
+    """E.g. another tracer holds a probe there that the kernel will not share: logged, and
+    the trace summary says so, but capture goes on."""
+    probes = make_probes(FakeUprobes(lambda *_: errno.EINVAL))
+    probes.check_permitted(_loader())
+    assert probes.failed[(5, 6)].errno == errno.EINVAL
+    assert probes.skipped_cuda() == []
+
+
+def test_a_failing_detach_is_logged_and_the_rest_are_detached(
+    stub_runtime: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    uprobes = FakeUprobes()
+    probes = make_probes(uprobes)
+    attached = probes.attach(runtime(stub_runtime))
+    assert attached is not None
+    stuck = sorted(uprobes.held)[3]
+    uprobes.fail_detach = frozenset({stuck})
+    with caplog.at_level(logging.WARNING):
+        probes.close(background=False)  # never raises
+    assert list(uprobes.held) == [stuck]
+    assert len(uprobes.detached) == attached.probes - 1
+    assert any("1 probe(s) could not be detached (Device or resource busy)" in r.getMessage()
+               for r in caplog.records)
+    assert probes._bpf.cleaned  # bcc's own cleanup ran all the same
+
+
+def test_without_a_uprobe_pmu_the_error_says_what_the_kernel_lacks(tmp_path: Path) -> None:
+    with pytest.raises(SetupError) as raised:
+        UprobeLinks(pmu=tmp_path / "no-such-pmu")
+    assert "no uprobe PMU" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_offsets_are_file_offsets(tmp_path: Any) -> None:
+    """A symbol's address converts through its PT_LOAD segment (what the kernel wants)."""
+    lib = build.build_simgpu(tmp_path) / "libcudart.so.12"
+    address = elfsyms.function_addresses(str(lib), frozenset({"cudaMalloc"}))["cudaMalloc"]
+    offset = elfsyms.vaddr_to_file_offset(str(lib), address)
+    assert offset is not None and elfsyms.file_offset_to_vaddr(str(lib), offset) == address
+    assert elfsyms.vaddr_to_file_offset(str(lib), 1 << 40) is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from producer import status
@@ -18,11 +18,20 @@ class _Library:
 class _Attached:
     library: _Library
     probes: int
+    unprobed: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Skipped:
+    library: _Library
+    reason: str
 
 
 def _update(file: status.StatusFile, state: str, attached: dict[object, _Attached],
             force: bool = False) -> None:
-    file.update(state, attached=attached, skipped={(2049, 7): "defines none of them"},
+    skipped = {(2049, 7): _Skipped(_Library("/opt/libcudart.so.11", "runtime"),
+                                   "defines none of them")}
+    file.update(state, attached=attached, skipped=skipped,
                 captured=12, dropped_kernel=1, outputs=[("--output x", None, 0)], force=force)
 
 
@@ -31,13 +40,18 @@ def test_the_status_is_written_whole_and_read_back(tmp_path: Path) -> None:
     assert status.read(path) is None  # none yet
     file = status.StatusFile(path, interval_s=3600)
     attached: dict[object, _Attached] = {
-        (1, 2): _Attached(_Library("/lib/libcudart.so.12", "runtime"), 84)}
+        (1, 2): _Attached(_Library("/lib/libcudart.so.12", "runtime"), 84),
+        (1, 3): _Attached(_Library("/lib/libcuda.so.1", "driver"), 101,
+                          {"cuMemFree_v2": "the kernel cannot probe the instruction there"})}
     _update(file, status.STATE_READY, attached, force=True)
     got = status.read(path)
     assert got is not None and got["state"] == "ready" and got["captured"] == 12
-    assert got["libraries"] == [{"path": "/lib/libcudart.so.12", "kind": "runtime",
-                                 "probes": 84}]
-    assert got["skipped"] == [{"file": "8:1:7", "reason": "defines none of them"}]
+    assert got["libraries"] == [
+        {"path": "/lib/libcuda.so.1", "kind": "driver", "probes": 101,
+         "unprobed": {"cuMemFree_v2": "the kernel cannot probe the instruction there"}},
+        {"path": "/lib/libcudart.so.12", "kind": "runtime", "probes": 84, "unprobed": {}}]
+    assert got["skipped"] == [{"file": "8:1:7", "path": "/opt/libcudart.so.11", "kind": "runtime",
+                               "reason": "defines none of them"}]
     assert got["outputs"] == [{"name": "--output x", "failure": None, "lost": 0}]
     assert [p.name for p in tmp_path.iterdir()] == ["status.json"]  # no temporary left
 

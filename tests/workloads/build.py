@@ -233,3 +233,19 @@ def build_procaddress(outdir: Path, driver: Driver) -> Path:
         [*link_args(lib_dir, LIBCUDA_SONAME), "-ldl"],
         inputs=[lib_dir / LIBCUDA_SONAME],
     )
+
+
+LOCKFIRST_SOURCE = WORKLOADS_DIR / "lockfirst.c"
+
+
+def build_lockfirst(outdir: Path, all_locked: bool = False) -> Path:
+    """Build a stub runtime (libcudart.so.12) whose cudaDeviceSynchronize starts with a
+    lock-prefixed instruction, which uprobes refuse; with `all_locked`, every function does.
+    Returns the library file (for `build_dlopen`'s --lib)."""
+    lib_dir = Path(outdir) / ("lockall" if all_locked else "lockfirst")
+    return compile_c(
+        lib_dir / SIMGPU_SONAME,
+        [LOCKFIRST_SOURCE],
+        ["-shared", "-fPIC", f"-Wl,-soname,{SIMGPU_SONAME}",
+         *(["-DGF_ALL_LOCKED"] if all_locked else [])],
+    )
