@@ -47,6 +47,7 @@ __all__ = [
     "function_addresses",
     "interpreter",
     "local_statics",
+    "referenced_functions",
     "symbol_address",
     "symbol_at",
 ]
@@ -56,6 +57,10 @@ __all__ = [
 MAX_SECTION_BYTES = 1 << 30
 #: The most section or program headers read (the ELF extension allows 2**32).
 _MAX_HEADERS = 1 << 20
+#: The most executable code searched for references (referenced_functions).
+_MAX_CODE_SCANNED = 1 << 28
+#: Code is searched in chunks of this many bytes (memory stays ~40x this).
+_CODE_CHUNK = 1 << 22
 #: The longest symbol name read back by symbol_at (C++ template kernels run to a few KB).
 _MAX_NAME_BYTES = 1 << 16
 
@@ -84,6 +89,18 @@ def function_addresses(path: str, wanted: frozenset[str]) -> dict[str, int]:
     """st_value of each function in `wanted` that `path` defines (one read for all names)."""
     found = _definitions(path, wanted)
     return {name: d.value for name, d in found.items() if d.is_function}
+
+
+def referenced_functions(path: str, wanted: frozenset[str]) -> frozenset[str] | None:
+    """Of the functions in `wanted` that `path` defines in .symtab only (a runtime linked in
+    statically and hidden, as in NCCL or NVSHMEM), those its own code refers to: the target
+    of a rel32 displacement anywhere in its executable sections (call, jmp, lea of the
+    address) or of a relative relocation (an address stored in data).
+
+    None when that cannot be told cheaply, so every defined function is worth probing: one
+    of them is exported (.dynsym: any file may call it), none is referred to, the file is not
+    x86-64 position-independent code, or its code is larger than _MAX_CODE_SCANNED."""
+    return _cached(path, ("refs", wanted), lambda fd, size: _read_references(fd, size, wanted))
 
 
 def symbol_address(path: str, name: str) -> int | None:
@@ -225,7 +242,10 @@ def _cached(
 # --- reading -------------------------------------------------------------------------------
 
 _ELF_MAGIC = b"\x7fELF"
-_SHT_SYMTAB, _SHT_DYNSYM, _SHT_NOBITS = 2, 11, 8
+_SHT_PROGBITS, _SHT_SYMTAB, _SHT_RELA, _SHT_DYNSYM, _SHT_NOBITS = 1, 2, 4, 11, 8
+_SHF_EXECINSTR = 0x4
+_EM_X86_64 = 62
+_R_X86_64_RELATIVE = 8
 _PT_LOAD, _PT_INTERP = 1, 3
 _ET_DYN = 3
 _STT_OBJECT, _STT_FUNC, _STT_GNU_IFUNC = 1, 2, 10
@@ -248,10 +268,10 @@ def _spread(fields: list[tuple[str, str, int]], endian: str, itemsize: int) -> n
 # Elf32_Shdr / Elf64_Shdr, Elf32_Phdr / Elf64_Phdr, Elf32_Sym / Elf64_Sym: (name, format,
 # offset), by ELF class.
 _SECTION_FIELDS = {
-    1: [("type", "u4", 4), ("offset", "u4", 16), ("size", "u4", 20), ("link", "u4", 24),
-        ("entsize", "u4", 36)],
-    2: [("type", "u4", 4), ("offset", "u8", 24), ("size", "u8", 32), ("link", "u4", 40),
-        ("entsize", "u8", 56)],
+    1: [("type", "u4", 4), ("flags", "u4", 8), ("addr", "u4", 12), ("offset", "u4", 16),
+        ("size", "u4", 20), ("link", "u4", 24), ("entsize", "u4", 36)],
+    2: [("type", "u4", 4), ("flags", "u8", 8), ("addr", "u8", 16), ("offset", "u8", 24),
+        ("size", "u8", 32), ("link", "u4", 40), ("entsize", "u8", 56)],
 }
 _SEGMENT_FIELDS = {
     1: [("type", "u4", 0), ("offset", "u4", 4), ("vaddr", "u4", 8), ("filesz", "u4", 16)],
@@ -271,6 +291,8 @@ _SYMBOL_SIZE = {1: 16, 2: 24}
 class _Section(NamedTuple):
     number: int
     type: int
+    flags: int
+    addr: int
     offset: int
     size: int
     link: int
@@ -285,6 +307,7 @@ class _Elf(NamedTuple):
     endian: str  # "<" or ">"
     elfclass: int  # 1 or 2
     e_type: int
+    machine: int
     sections: tuple[_Section, ...]  # every header, sound or not
     loads: tuple[tuple[int, int, int], ...]  # (p_offset, p_filesz, p_vaddr) of each PT_LOAD
     interp: tuple[int, int] | None  # (p_offset, p_filesz) of PT_INTERP
@@ -309,7 +332,7 @@ def _open_elf(fd: int, size: int) -> _Elf | None:
     raw = _pread(fd, size, 16, ehdr.size)
     if raw is None:
         return None
-    e_type, _m, _v, _e, phoff, shoff, _f, _eh, phentsize, phnum, shentsize, shnum, _x = (
+    e_type, machine, _v, _e, phoff, shoff, _f, _eh, phentsize, phnum, shentsize, shnum, _x = (
         ehdr.unpack(raw)
     )
     section_fields = (_SECTION_FIELDS[elfclass], _SECTION_SIZE[elfclass])
@@ -331,10 +354,12 @@ def _open_elf(fd: int, size: int) -> _Elf | None:
         elif kind == _PT_INTERP and interp is None:
             interp = (offset, filesz)
     return _Elf(
-        fd, size, endian, elfclass, e_type,
+        fd, size, endian, elfclass, e_type, machine,
         tuple(
-            _Section(i, int(s["type"]), int(s["offset"]), int(s["size"]), int(s["link"]),
-                     int(s["entsize"]))
+            _Section(
+                i, int(s["type"]), int(s["flags"]), int(s["addr"]), int(s["offset"]),
+                int(s["size"]), int(s["link"]), int(s["entsize"]),
+            )
             for i, s in enumerate(sections if sections is not None else ())
         ),
         tuple(loads), interp,
@@ -412,28 +437,38 @@ def _read_definitions(fd: int, size: int, wanted: frozenset[str]) -> dict[str, _
         return {}
     found: dict[str, _Definition] = {}
     for table, strtab in _symbol_tables(elf):
-        strings = _section_bytes(elf, strtab)
-        if strings is None:
-            continue
-        offsets = _name_offsets(strings, wanted)
-        if not offsets:
-            continue
-        symbols = _read_symbols(elf, table)
-        if symbols is None:
-            continue
-        hits = np.flatnonzero(
-            np.isin(symbols["name"], np.fromiter(offsets, dtype=np.uint32, count=len(offsets)))
-            & (symbols["shndx"] != _SHN_UNDEF)
-            & (symbols["value"] != 0)
-        )
-        for index in hits.tolist():
-            symbol = symbols[index]
-            name = _string_at(strings, int(symbol["name"])).split("@", 1)[0]
-            if name in wanted:
-                kind = int(symbol["info"]) & 0xF
-                found.setdefault(
-                    name, _Definition(int(symbol["value"]), kind in (_STT_FUNC, _STT_GNU_IFUNC))
-                )
+        for name, definition in _table_definitions(elf, table, strtab, wanted).items():
+            found.setdefault(name, definition)
+    return found
+
+
+def _table_definitions(
+    elf: _Elf, table: _Section, strtab: _Section, wanted: frozenset[str]
+) -> dict[str, _Definition]:
+    """The definitions of wanted names in one symbol table."""
+    strings = _section_bytes(elf, strtab)
+    if strings is None:
+        return {}
+    offsets = _name_offsets(strings, wanted)
+    if not offsets:
+        return {}
+    symbols = _read_symbols(elf, table)
+    if symbols is None:
+        return {}
+    hits = np.flatnonzero(
+        np.isin(symbols["name"], np.fromiter(offsets, dtype=np.uint32, count=len(offsets)))
+        & (symbols["shndx"] != _SHN_UNDEF)
+        & (symbols["value"] != 0)
+    )
+    found: dict[str, _Definition] = {}
+    for index in hits.tolist():
+        symbol = symbols[index]
+        name = _string_at(strings, int(symbol["name"])).split("@", 1)[0]
+        if name in wanted:
+            kind = int(symbol["info"]) & 0xF
+            found.setdefault(
+                name, _Definition(int(symbol["value"]), kind in (_STT_FUNC, _STT_GNU_IFUNC))
+            )
     return found
 
 
@@ -628,3 +663,88 @@ def _read_interpreter(fd: int, size: int) -> str | None:
     if not raw:
         return None
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape") or None
+
+
+def _read_references(fd: int, size: int, wanted: frozenset[str]) -> frozenset[str] | None:
+    elf = _open_elf(fd, size)
+    if elf is None or elf.machine != _EM_X86_64 or elf.e_type != _ET_DYN or elf.elfclass != 2:
+        return None
+    hidden: dict[str, int] = {}
+    for table, strtab in _symbol_tables(elf):
+        defined = _table_definitions(elf, table, strtab, wanted)
+        if table.type == _SHT_DYNSYM and any(d.is_function for d in defined.values()):
+            return None  # exported: other files call it
+        for name, definition in defined.items():
+            if definition.is_function:
+                hidden.setdefault(name, definition.value)
+    if not hidden:
+        return frozenset()
+    code = [
+        s for s in elf.sections
+        if s.type == _SHT_PROGBITS and s.flags & _SHF_EXECINSTR and s.size
+    ]
+    if not code or sum(s.size for s in code) > _MAX_CODE_SCANNED:
+        return None
+    addresses = np.array(sorted(set(hidden.values())), dtype=np.int64)
+    seen = np.zeros(len(addresses), dtype=bool)
+    functions = _read_function_table(fd, size)
+    for section in code:
+        for start in range(0, section.size, _CODE_CHUNK):
+            # 3 bytes of overlap: a displacement may straddle two chunks.
+            length = min(_CODE_CHUNK + 3, section.size - start)
+            raw = _pread(fd, size, section.offset + start, length)
+            if raw is None:
+                return None
+            targets = _rel32_targets(raw, section.addr + start)
+            sites = np.flatnonzero(np.isin(targets, addresses))
+            for site, target in zip(sites.tolist(), targets[sites].tolist(), strict=True):
+                if _from_outside_the_runtime(fd, size, functions, section.addr + start + site):
+                    seen[np.searchsorted(addresses, target)] = True
+    for section in elf.sections:
+        if section.type == _SHT_RELA and section.entsize == 24:
+            raw = _section_bytes(elf, section)
+            if raw is None:
+                continue
+            rela = np.frombuffer(raw, dtype=elf.endian + "u8", count=len(raw) // 24 * 3)
+            rela = rela.reshape(-1, 3)
+            relative = rela[(rela[:, 1] & 0xFFFFFFFF) == _R_X86_64_RELATIVE, 2].astype(np.int64)
+            seen |= np.isin(addresses, relative)
+    if not seen.any():  # a runtime nothing refers to: nothing to tell by, probe all of it
+        return None
+    referenced = {int(a) for a in addresses[seen].tolist()}
+    return frozenset(name for name, value in hidden.items() if value in referenced)
+
+
+#: Functions of a statically linked runtime itself: their references to its API functions are
+#: the runtime's own business (cudaMallocHost calling cudaMalloc), not the file's calls.
+_RUNTIME_INTERNAL = ("cuda", "libcudart_static_")
+
+
+def _from_outside_the_runtime(
+    fd: int, size: int, functions: _FunctionTable | None, site: int
+) -> bool:
+    """Whether the code at address `site` is in a function that is not the runtime's own (a
+    site in no function's bounds is the runtime's unnamed code)."""
+    if functions is None:
+        return True
+    i = int(np.searchsorted(functions.starts, site, side="right")) - 1
+    if i < 0 or site >= int(functions.starts[i]) + max(int(functions.sizes[i]), 1):
+        return False
+    name = _read_name(fd, size, functions, i)
+    return name is None or not name.startswith(_RUNTIME_INTERNAL)
+
+
+def _rel32_targets(code: bytes, vaddr: int) -> npt.NDArray[np.int64]:
+    """Where a rel32 displacement at each byte of `code` (loaded at `vaddr`) would point,
+    taking the displacement as the instruction's last four bytes (call, jmp, lea, mov)."""
+    if len(code) < 4:
+        return np.empty(0, np.int64)
+    b = np.frombuffer(code, dtype=np.uint8)
+    n = len(b) - 3
+    disp = (
+        b[:n].astype(np.uint32)
+        | (b[1 : n + 1].astype(np.uint32) << 8)
+        | (b[2 : n + 2].astype(np.uint32) << 16)
+        | (b[3 : n + 3].astype(np.uint32) << 24)
+    ).view(np.int32)
+    return np.arange(vaddr + 4, vaddr + 4 + n, dtype=np.int64) + disp

@@ -225,3 +225,62 @@ def test_two_million_symbols(tmp_path: Path) -> None:
     # The function table covers every filler function; the one at 0x1000 is named.
     vaddr_of = elfsyms.file_offset_to_vaddr(str(path), 0x1000)
     assert vaddr_of is None  # no PT_LOAD segments: no address to map to
+
+
+# --- a runtime linked into another library: only what that library calls ---------------------
+
+STATIC_RUNTIME = r"""
+#define HIDDEN __attribute__((visibility("hidden"), noinline))
+HIDDEN int cudaMalloc(void **p, unsigned long n) { *p = 0; return (int)n; }
+HIDDEN int cudaFree(void *p) { return p != 0; }
+HIDDEN int cudaLaunchKernel(const void *f) { return f != 0; }
+/* The runtime's own code calling one of its API functions is not the library's call. */
+HIDDEN int cudaMallocHost(void **p, unsigned long n) { return cudaMalloc(p, n) + 1; }
+int nccl_alloc(void **p) { return cudaMalloc(p, 64); }
+int nccl_launch(void) { return cudaLaunchKernel((const void *)nccl_alloc); }
+"""
+
+
+def _compile(tmp_path: Path, name: str, source: str, *flags: str) -> Path:
+    import shutil
+    import subprocess
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    out = tmp_path / name
+    subprocess.run(["cc", "-O1", "-fPIC", "-shared", *flags, "-o", str(out), str(src)], check=True)
+    return out
+
+
+def test_a_static_runtime_is_probed_only_where_its_file_calls_it(tmp_path: Path) -> None:
+    lib = _compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME)
+    wanted = discover.RUNTIME_SYMBOLS
+    assert elfsyms.defined_functions(str(lib), wanted) == {
+        "cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"
+    }
+    assert elfsyms.referenced_functions(str(lib), wanted) == {"cudaMalloc", "cudaLaunchKernel"}
+
+
+def test_an_exported_runtime_is_probed_whole(tmp_path: Path) -> None:
+    lib = _compile(tmp_path, "libcudart.so.12", STATIC_RUNTIME.replace('"hidden"', '"default"'))
+    assert elfsyms.referenced_functions(str(lib), discover.RUNTIME_SYMBOLS) is None
+
+
+def test_nccl_and_nvshmem_are_probed_for_what_they_call() -> None:
+    from tests.test_simgpu import frameworks_python
+
+    python = frameworks_python()
+    if python is None:
+        pytest.skip("no frameworks venv (scripts/setup-frameworks)")
+    site = next(python.parent.parent.glob("lib/python3*/site-packages"))
+    for path in ("nvidia/nccl/lib/libnccl.so.2", "nvidia/nvshmem/lib/libnvshmem_host.so.3"):
+        lib = str(site / path)
+        if not os.path.exists(lib):
+            continue
+        defined = elfsyms.defined_functions(lib, discover.RUNTIME_SYMBOLS)
+        called = elfsyms.referenced_functions(lib, discover.RUNTIME_SYMBOLS)
+        assert called is not None
+        assert {"cudaLaunchKernel", "cudaMalloc", "cudaMemcpyAsync"} <= called < defined, path
+        assert len(called) <= len(defined) // 2, (path, sorted(called))
