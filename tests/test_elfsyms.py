@@ -260,7 +260,8 @@ def test_a_static_runtime_is_probed_only_where_its_file_calls_it(tmp_path: Path)
     assert elfsyms.defined_functions(str(lib), wanted) == {
         "cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"
     }
-    assert elfsyms.referenced_functions(str(lib), wanted) == {"cudaMalloc", "cudaLaunchKernel"}
+    called = elfsyms.referenced_functions(str(lib), wanted)
+    assert called == frozenset({"cudaMalloc", "cudaLaunchKernel"})
 
 
 def test_an_exported_runtime_is_probed_whole(tmp_path: Path) -> None:
