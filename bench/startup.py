@@ -251,9 +251,11 @@ def main() -> None:
     print(f"\nWall time, {args.rounds} rounds alternating (median, all runs):\n")
     print("| program | alone | under trace | traced / alone |")
     print("| --- | --- | --- | --- |")
+    def runs(times: list[float]) -> str:
+        return " / ".join(f"{t:.1f}" for t in times)
+
     for script, w in walls.items():
         alone, traced = statistics.median(w["alone"]), statistics.median(w["traced"])
-        runs = lambda xs: " / ".join(f"{x:.1f}" for x in xs)  # noqa: E731
         print(f"| {script} | {alone:.2f} s ({runs(w['alone'])}) | {traced:.2f} s "
               f"({runs(w['traced'])}) | {traced / alone:.1f}x |")
 

@@ -285,3 +285,20 @@ def test_nccl_and_nvshmem_are_probed_for_what_they_call() -> None:
         assert called is not None
         assert {"cudaLaunchKernel", "cudaMalloc", "cudaMemcpyAsync"} <= called < defined, path
         assert len(called) <= len(defined) // 2, (path, sorted(called))
+
+
+def test_discovery_probes_a_static_runtime_for_what_its_file_calls(tmp_path: Path) -> None:
+    from tests.test_discover import FakeProc
+
+    nccl = _compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME)
+    cudart = _compile(tmp_path, "libcudart.so.12", STATIC_RUNTIME.replace('"hidden"', '"default"'))
+    proc = FakeProc(tmp_path / "proc")
+    proc.process(100)
+    proc.map(100, "/usr/lib/libnccl.so.2", nccl)
+    proc.map(100, "/usr/lib/libcudart.so.12", cudart)
+    libraries = {lib.path: lib for lib in discover.scan(proc.root).libraries.values()}
+    linked_in = libraries["/usr/lib/libnccl.so.2"]
+    assert linked_in.kind == "runtime"
+    assert linked_in.symbols == {"cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"}
+    assert linked_in.probe_only == frozenset({"cudaMalloc", "cudaLaunchKernel"})
+    assert libraries["/usr/lib/libcudart.so.12"].probe_only is None
