@@ -126,10 +126,11 @@ class Capture:
             and attached[key].library.kind in ("runtime", "driver")
             and (pid, key) in snapshot.text_ranges
         )
-        if ranges:
-            # Launch handles are named from these later, maybe after the process exits.
-            self.enricher.kernels.remember_maps(pid)
         if ranges and self._text.get(pid) != ranges:
+            # Launch handles are named from these later, maybe after the process exits. Read
+            # when the process maps a CUDA file, not on every dlopen after (a PyTorch start-up
+            # makes hundreds, and the names it will need are recorded by then).
+            self.enricher.kernels.remember_maps(pid)
             self.probes.set_text_ranges(pid, ranges)
             self._text[pid] = ranges
 

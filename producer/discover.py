@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from producer import elfsyms
-from producer.records import API_IDS, DRIVER_APIS, RUNTIME_APIS
+from producer.records import API_IDS, DRIVER_APIS, RUNTIME_APIS, RUNTIME_NAME_FUNCTIONS
 
 __all__ = [
     "DRIVER_API_NAMES",
@@ -53,6 +53,8 @@ DRIVER_API_NAMES: tuple[str, ...] = tuple(name for name in API_IDS if name in DR
 DRIVER_SYMBOLS: frozenset[str] = frozenset(DRIVER_API_NAMES)
 # One read of a file answers both questions.
 _CLASSIFYING_SYMBOLS = RUNTIME_SYMBOLS | DRIVER_SYMBOLS
+# What a runtime linked into another file is probed for, if its code calls it.
+_REFERENCED_SYMBOLS = RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS
 
 # The loader calls this empty function after every change to its link map (dlopen, start-up).
 LOADER_SYMBOL = "_dl_debug_state"
@@ -86,6 +88,9 @@ class LibraryFile:
     kind: Kind
     # the RUNTIME_SYMBOLS (DRIVER_SYMBOLS, LOADER_SYMBOL) it defines
     symbols: frozenset[str] = frozenset()
+    #: A runtime linked statically into the file (NCCL, NVSHMEM): the runtime functions its
+    #: own code calls, the only ones worth probing. None: every function it defines.
+    probe_only: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,7 @@ class _Verdict:
     runtime: frozenset[str]
     driver: frozenset[str]
     loader: bool | None  # None: not asked yet (only loader candidates are)
+    probe_only: frozenset[str] | None = None  # see LibraryFile.probe_only
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +187,10 @@ class Classifier:
             kind, symbols = "driver", verdict.driver
         else:
             return None
-        return LibraryFile(key, _path_of(located.mapping), located.host_path, kind, symbols)
+        probe_only = verdict.probe_only if kind == "runtime" else None
+        return LibraryFile(
+            key, _path_of(located.mapping), located.host_path, kind, symbols, probe_only
+        )
 
     def _forget_all_but(self, keys: Iterable[LibraryKey]) -> None:
         """Drop what is known about every file not in `keys`."""
@@ -207,7 +216,15 @@ class Classifier:
         verdict = self._verdicts.get(key)
         if verdict is None or verdict.identity != identity:
             found = elfsyms.defined_functions(located.host_path, _CLASSIFYING_SYMBOLS)
-            verdict = _Verdict(identity, found & RUNTIME_SYMBOLS, found & DRIVER_SYMBOLS, None)
+            runtime = found & RUNTIME_SYMBOLS
+            # Read only for a runtime: the rare file, and the code search costs a pass over
+            # its executable sections.
+            probe_only = (
+                elfsyms.referenced_functions(located.host_path, _REFERENCED_SYMBOLS)
+                if runtime
+                else None
+            )
+            verdict = _Verdict(identity, runtime, found & DRIVER_SYMBOLS, None, probe_only)
         if loader_candidate and verdict.loader is None:
             defined = elfsyms.defined_functions(located.host_path, _LOADER_SYMBOLS)
             verdict = replace(verdict, loader=LOADER_SYMBOL in defined)

@@ -31,6 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import cxxfilt
@@ -213,6 +214,41 @@ def _template_args(full: str) -> str | None:
     return None
 
 
+#: Addresses closer than this are read in one span of /proc/PID/mem.
+_SPAN_GAP = 1 << 16
+#: The longest span read at once.
+_MAX_SPAN = 1 << 24
+
+
+def _read_words(mem: int, base: int, addresses: list[int]) -> list[int]:
+    """The 8-byte little-endian words at base + each address (ascending) of a process's
+    memory (0 where unreadable), read in few spans: nvcc's statics lie together in .bss."""
+    words = [0] * len(addresses)
+    first = 0
+    while first < len(addresses):
+        last = first
+        while (
+            last + 1 < len(addresses)
+            and addresses[last + 1] - addresses[last] <= _SPAN_GAP
+            and addresses[last + 1] - addresses[first] + 8 <= _MAX_SPAN
+        ):
+            last += 1
+        span_start = base + addresses[first]
+        try:
+            raw = os.pread(mem, addresses[last] - addresses[first] + 8, span_start)
+        except (OSError, OverflowError, ValueError):
+            raw = b""
+        for i in range(first, last + 1):
+            at = addresses[i] - addresses[first]
+            if at + 8 <= len(raw):
+                words[i] = int.from_bytes(raw[at : at + 8], "little")
+            elif first != last:  # the span crossed unreadable memory: this word alone
+                words[i] = _read_words(mem, base, [addresses[i]])[0]
+        first = last + 1
+    return words
+
+
+@lru_cache(maxsize=65536)
 def _kernel_of_handle_static(symbol: str) -> str | None:
     """The kernel symbol a `__handle` static belongs to: `_ZZ<encoding>E8__handle` is local
     to the function `_Z<encoding>`, nvcc's `__device_stub_<kernel symbol>` (or the kernel)."""
@@ -233,7 +269,7 @@ class _Process:
     function_kernels: dict[int, int] = field(default_factory=dict)  # CUfunction → CUkernel
     modules: dict[int, int] = field(default_factory=dict)  # module/library → image address
     resolved: dict[int, KernelName] = field(default_factory=dict)
-    statics: dict[int, str] = field(default_factory=dict)  # cudaKernel_t → kernel symbol
+    statics: dict[int, str] = field(default_factory=dict)  # cudaKernel_t → its __handle static
     statics_read_at: float = float("-inf")
     guessed: set[int] = field(default_factory=set)  # handles named by address, not by record
 
@@ -379,10 +415,13 @@ class KernelNames:
         ):
             state.statics_read_at = time.monotonic()
             state.statics.update(self._read_handle_statics(pid))
-        return state.statics.get(handle)
+        static = state.statics.get(handle)
+        return None if static is None else _kernel_of_handle_static(static)
 
     def _read_handle_statics(self, pid: int) -> dict[int, str]:
-        """cudaKernel_t value → kernel symbol, for every `__handle` static `pid` maps."""
+        """cudaKernel_t value → the `__handle` static's symbol, for every one `pid` maps
+        that holds a handle. Demangled only when a launch asks (`_kernel_of_handle_static`):
+        libtorch_cuda.so has 24,000 of them and a scan must not demangle them all."""
         maps = self._read_maps(pid)
         if not maps:
             return {}
@@ -392,27 +431,22 @@ class KernelNames:
             if mapping.path.startswith("/") and mapping.offset == 0:
                 bases.setdefault((mapping.inode, mapping.path), mapping.start)
         try:
-            mem = open(f"{self._proc_root}/{pid}/mem", "rb")  # noqa: SIM115
+            mem = os.open(f"{self._proc_root}/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return {}
-        with mem:
+        try:
             for (inode, path), start in bases.items():
                 opened = self._open_path(pid, _Mapping(start, start, 0, inode, path))
                 statics = elfsyms.local_statics(opened, HANDLE_STATIC) if opened else None
-                if statics is None:
+                if statics is None or not statics.objects:
                     continue
                 base = start - (statics.first_vaddr & ~0xFFF) if statics.relocatable else 0
-                for value, symbol in statics.objects:
-                    kernel = _kernel_of_handle_static(symbol)
-                    if kernel is None:
-                        continue
-                    try:
-                        mem.seek(base + value)
-                        raw = mem.read(8)
-                    except (OSError, OverflowError, ValueError):
-                        continue
-                    if len(raw) == 8 and int.from_bytes(raw, "little"):
-                        found[int.from_bytes(raw, "little")] = kernel
+                handles = _read_words(mem, base, [value for value, _ in statics.objects])
+                for handle, (_, symbol) in zip(handles, statics.objects, strict=True):
+                    if handle:
+                        found[handle] = symbol
+        finally:
+            os.close(mem)
         return found
 
     # -- by address ---------------------------------------------------------

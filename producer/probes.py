@@ -216,6 +216,8 @@ class Probes:
     def _attach_runtime(self, library: LibraryFile, fds: list[int]) -> AttachedFile:
         """A runtime or driver file: its API functions and its name functions."""
         addresses = elfsyms.function_addresses(library.host_path, _PROBED[library.kind])
+        if library.probe_only is not None:  # a runtime linked into the file: what it calls
+            addresses = {n: a for n, a in addresses.items() if n in library.probe_only}
         functions = frozenset(addresses)
         if not functions & (RUNTIME_SYMBOLS | DRIVER_SYMBOLS):
             raise AttachError(f"defines none of the CUDA {library.kind} functions we probe")

@@ -1,0 +1,266 @@
+"""Start-up cost: a PyTorch program alone and under `gpuflight trace`, and the CPU the node
+agent spends on each new library file.
+
+    sudo .venv/bin/python bench/startup.py [--rounds R] [--scripts import,mlp] [--baseline REV]
+
+Wall time: real PyTorch (the frameworks venv of scripts/setup-frameworks, or
+$GF_FRAMEWORKS_PYTHON) on the simulated GPU (gpuflight/simgpu), two programs:
+
+  import   python -c 'import torch; torch.ones(1024, device="cuda") * 2'
+  mlp      tests/frameworks/compile_mlp.py (torch.compile max-autotune of a small MLP, fresh
+           Inductor and Triton caches each run)
+
+run alone and under `gpuflight trace`, alternating (which goes first alternates too), R
+rounds; the table gives the median of each and their ratio.
+
+Per new library file: the CPU time (this thread's) that classifying a file the agent has not
+seen costs — what discovery reads (the runtime and driver functions it defines, and, for a
+runtime, the ones its code calls) and what kernel naming reads (nvcc's `__handle` statics) —
+for libtorch_cuda.so, libcublasLt.so.13, libnccl.so.2 and a generated library with a 48 MB
+.symtab of 2 million symbols (issue 17, defect 6). With `--baseline REV` the same runs in a
+`git archive` of REV too, side by side in fresh interpreters.
+
+Needs root (BPF) for the traced runs; the per-file figures need none (`--no-trace`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+IMPORT_SCRIPT = 'import torch; torch.ones(1024, device="cuda") * 2'
+FILES = (
+    "torch/lib/libtorch_cuda.so",
+    "nvidia/cu13/lib/libcublasLt.so.13",
+    "nvidia/nccl/lib/libnccl.so.2",
+)
+BIG_SYMTAB = "generated: 2M-symbol .symtab"
+
+
+def frameworks_python() -> Path:
+    env = os.environ.get("GF_FRAMEWORKS_PYTHON")
+    path = Path(env) if env else ROOT / ".cache" / "frameworks" / "venv" / "bin" / "python"
+    if not path.is_file():
+        sys.exit("no frameworks venv: run scripts/setup-frameworks or set GF_FRAMEWORKS_PYTHON")
+    return path
+
+
+def site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+# --- wall time ---------------------------------------------------------------------------------
+
+
+def command(script: str, python: Path) -> list[str]:
+    if script == "import":
+        return [str(python), "-c", IMPORT_SCRIPT]
+    # max-autotune: the matmuls go through Triton templates (cuBLAS cannot start on the
+    # simulated GPU).
+    return [str(python), str(ROOT / "tests" / "frameworks" / "compile_mlp.py"), "max-autotune"]
+
+
+def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path) -> float:
+    run_env = dict(env)
+    cache = Path(tempfile.mkdtemp(dir=tmp))
+    run_env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
+    run_env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    if traced:
+        run_env["PYTHONPATH"] = str(ROOT)
+        # The command's environment (LD_PRELOAD of the simulated GPU) reaches it through env.
+        argv = [
+            sys.executable, "-m", "gpuflight", "trace", "--",
+            "env", f"LD_PRELOAD={env['LD_PRELOAD']}", *argv,
+        ]
+        run_env.pop("LD_PRELOAD")
+    started = time.perf_counter()
+    proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(argv[:6])}… failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def wall_times(scripts: list[str], rounds: int, python: Path, tmp: Path) -> dict[str, Any]:
+    from gpuflight.simgpu.build import build
+
+    sim = build(tmp / "simgpu")
+    env = {**os.environ, **sim.env(devices=1, counts=tmp / "counts.json")}
+    results: dict[str, Any] = {}
+    for script in scripts:
+        argv = command(script, python)
+        timed(argv, env, False, tmp)  # warm the page cache: the first run reads 6 GB of wheels
+        alone: list[float] = []
+        traced: list[float] = []
+        for i in range(rounds):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            for under_trace in order:
+                t = timed(argv, env, under_trace, tmp)
+                (traced if under_trace else alone).append(t)
+                print(f"  {script} {'traced' if under_trace else 'alone '} {t:7.2f} s",
+                      file=sys.stderr)
+        results[script] = {"alone": alone, "traced": traced}
+    return results
+
+
+# --- CPU per new library file -------------------------------------------------------------------
+
+_FILE_COSTS = r"""
+import json, os, sys, time
+from producer import discover, elfsyms
+from producer.records import RUNTIME_NAME_FUNCTIONS
+out = {}
+for label, path in json.loads(sys.argv[1]):
+    elfsyms.clear_cache()
+    started = time.thread_time()
+    found = elfsyms.defined_functions(path, discover.RUNTIME_SYMBOLS | discover.DRIVER_SYMBOLS)
+    called = None
+    if found & discover.RUNTIME_SYMBOLS and hasattr(elfsyms, "referenced_functions"):
+        wanted = discover.RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS
+        called = elfsyms.referenced_functions(path, wanted)
+    statics = elfsyms.local_statics(path, "__handle")
+    cpu = time.thread_time() - started
+    started = time.thread_time()
+    elfsyms.file_offset_to_vaddr(path, 0)  # every function, by address (naming fallback)
+    out[label] = {
+        "cpu_s": cpu,
+        "table_cpu_s": time.thread_time() - started,
+        "mb": os.path.getsize(path) / 1e6,
+        "runtime_functions": len(found & discover.RUNTIME_SYMBOLS),
+        "probed": None if called is None else len(called),
+        "handle_statics": 0 if statics is None else len(statics.objects),
+    }
+print(json.dumps(out))
+"""
+
+
+def big_symtab(path: Path, symbols: int = 2_000_000) -> Path:
+    """A shared object whose .symtab holds `symbols` functions (24 bytes each) and one
+    cudaMalloc: the shape of the file in issue 17, defect 6."""
+    import numpy as np
+
+    sym = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+                    ("value", "<u8"), ("size", "<u8")])
+    table = np.zeros(symbols + 3, sym)
+    strings = b"\0filler_function\0cudaMalloc\0_ZZ4stubvE8__handle\0"
+    table["name"][1:-2] = 1
+    table["name"][-2] = 17
+    table["name"][-1] = 28
+    table["info"][-1] = 0x11  # global object: nvcc's __handle static
+    table["info"][1:-1] = 0x12  # global function
+    table["shndx"][1:] = 1
+    table["value"][1:] = np.arange(symbols + 2, dtype=np.uint64) * 16 + 0x1000
+    body = bytearray(64)
+    strtab_at = len(body)
+    body += strings + b"\0" * (-len(strings) % 8)
+    symtab_at = len(body)
+    body += table.tobytes()
+    shoff = len(body)
+    body += bytes(64)
+    body += struct.pack("<IIQQQQIIQQ", 0, 3, 0, 0, strtab_at, len(strings), 0, 0, 1, 0)
+    body += struct.pack("<IIQQQQIIQQ", 0, 2, 0, 0, symtab_at, table.nbytes, 1, 0, 8, 24)
+    body[:64] = struct.pack("<16sHHIQQQIHHHHHH", b"\x7fELF\x02\x01\x01" + bytes(9), 3, 62, 1,
+                            0, 0, shoff, 0, 64, 56, 0, 64, 3, 0)
+    path.write_bytes(bytes(body))
+    return path
+
+
+def file_costs(tree: Path, files: list[tuple[str, str]], rounds: int) -> dict[str, Any]:
+    """Per file: the median CPU over `rounds` fresh interpreters running `tree`'s code."""
+    runs: list[dict[str, Any]] = []
+    for _ in range(rounds):
+        proc = subprocess.run(
+            [sys.executable, "-c", _FILE_COSTS, json.dumps(files)],
+            env={**os.environ, "PYTHONPATH": str(tree)},
+            cwd=tree,  # -c puts the working directory first on sys.path
+            capture_output=True, text=True, check=True,
+        )
+        runs.append(json.loads(proc.stdout))
+    merged: dict[str, Any] = {}
+    for label in runs[0]:
+        merged[label] = dict(runs[0][label])
+        for key in ("cpu_s", "table_cpu_s"):
+            merged[label][key] = statistics.median(r[label][key] for r in runs)
+    return merged
+
+
+def archive(rev: str, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True,
+                         check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+    return into
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scripts", default="import,mlp")
+    parser.add_argument("--baseline", help="a git revision to compare the per-file CPU with")
+    parser.add_argument("--no-trace", action="store_true", help="per-file CPU only")
+    args = parser.parse_args()
+    python = frameworks_python()
+    site = site_packages(python)
+    print(f"{platform.node()} {platform.machine()} Linux {platform.release()}, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    with tempfile.TemporaryDirectory(prefix="gf-startup-") as tmp_name:
+        tmp = Path(tmp_name)
+        files = [(f, str(site / f)) for f in FILES if (site / f).exists()]
+        files.append((BIG_SYMTAB, str(big_symtab(tmp / "libbig.so"))))
+        costs = {"this tree": file_costs(ROOT, files, args.rounds)}
+        if args.baseline:
+            costs[args.baseline] = file_costs(archive(args.baseline, tmp / "base"), files,
+                                              args.rounds)
+        print("\nCPU per new library file (median of fresh interpreters):\n")
+        head = " | ".join(f"{tree}: classify + statics / all functions" for tree in costs)
+        print(f"| file | MB | {head} | runtime functions defined | probed |")
+        print("| --- | --- |" + " --- |" * len(costs) + " --- | --- |")
+        for label, _ in files:
+            mine = costs["this tree"][label]
+            cells = " | ".join(
+                f"{c[label]['cpu_s']:.2f} s / {c[label]['table_cpu_s']:.2f} s"
+                for c in costs.values()
+            )
+            probed = "all" if mine["probed"] is None else mine["probed"]
+            if not mine["runtime_functions"]:
+                probed = "-"
+            print(f"| {label} | {mine['mb']:.0f} | {cells} | {mine['runtime_functions']} "
+                  f"| {probed} |")
+        if args.no_trace:
+            return
+        if os.geteuid() != 0:
+            sys.exit("the traced runs need root (BPF): run with sudo, or --no-trace")
+        walls = wall_times(args.scripts.split(","), args.rounds, python, tmp)
+    print(f"\nWall time, {args.rounds} rounds alternating (median, all runs):\n")
+    print("| program | alone | under trace | traced / alone |")
+    print("| --- | --- | --- | --- |")
+    def runs(times: list[float]) -> str:
+        return " / ".join(f"{t:.1f}" for t in times)
+
+    for script, w in walls.items():
+        alone, traced = statistics.median(w["alone"]), statistics.median(w["traced"])
+        print(f"| {script} | {alone:.2f} s ({runs(w['alone'])}) | {traced:.2f} s "
+              f"({runs(w['traced'])}) | {traced / alone:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

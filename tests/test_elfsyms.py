@@ -1,0 +1,304 @@
+"""producer/elfsyms.py on files made to hurt it: sizes and offsets that lie, sparse files
+that claim hundreds of GB, and symbol tables of millions of entries.
+
+The files are generated here (a minimal ELF64 writer): every field can be set to what an
+attacker would choose, which a compiler never does.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from producer import discover, elfsyms
+
+SYM = np.dtype([
+    ("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+    ("value", "<u8"), ("size", "<u8"),
+])
+STT_OBJECT, STT_FUNC, STB_GLOBAL = 1, 2, 1
+SHT_STRTAB, SHT_SYMTAB, SHT_DYNSYM = 3, 2, 11
+GB = 1 << 30
+
+
+@dataclass
+class Section:
+    type: int
+    data: bytes
+    link: int = 0
+    entsize: int = 0
+    offset: int = 0  # set by build()
+    size: int | None = None  # what the header claims (None: the data's length)
+
+
+def strings_and_symbols(
+    names: list[tuple[str, int]], filler: int = 0
+) -> tuple[bytes, np.ndarray]:
+    """A string table and symbols: `filler` unnamed-looking functions, then `names` (name,
+    type), each defined at its own address."""
+    table = bytearray(b"\0")
+    symbols = np.zeros(1 + filler + len(names), SYM)  # entry 0 is the null symbol
+    if filler:
+        # Many symbols share one filler name: the table's size is the symbols', not the names'.
+        table += b"filler_function_name\0"
+        symbols["name"][1 : 1 + filler] = 1
+        symbols["info"][1 : 1 + filler] = (STB_GLOBAL << 4) | STT_FUNC
+        symbols["shndx"][1 : 1 + filler] = 1
+        symbols["value"][1 : 1 + filler] = np.arange(filler, dtype=np.uint64) * 16 + 0x1000
+    for i, (name, kind) in enumerate(names, start=1 + filler):
+        symbols[i] = (len(table), (STB_GLOBAL << 4) | kind, 0, 1, 0x100000 + 64 * i, 16)
+        table += name.encode() + b"\0"
+    return bytes(table), symbols
+
+
+def build(sections: list[Section], e_shnum: int | None = None) -> bytes:
+    """An ELF64 little-endian shared object: the header, the sections' data, their headers."""
+    out = bytearray(64)
+    for section in sections:
+        out += b"\0" * (-len(out) % 8)
+        section.offset = len(out)
+        out += section.data
+    out += b"\0" * (-len(out) % 8)
+    shoff = len(out)
+    out += bytes(64)  # section 0
+    for s in sections:
+        size = len(s.data) if s.size is None else s.size
+        out += struct.pack("<IIQQQQIIQQ", 0, s.type, 0, 0, s.offset, size, s.link, 0, 8, s.entsize)
+    shnum = len(sections) + 1 if e_shnum is None else e_shnum
+    header = struct.pack(
+        "<16sHHIQQQIHHHHHH",
+        b"\x7fELF\x02\x01\x01" + bytes(9), 3, 62, 1, 0, 0, shoff, 0, 64, 56, 0, 64, shnum, 0,
+    )
+    out[:64] = header
+    return bytes(out)
+
+
+def runtime_like(**dynstr: int) -> tuple[list[Section], set[str]]:
+    """.dynstr/.dynsym naming two runtime functions, .strtab/.symtab naming them too."""
+    names = [("cudaMalloc", STT_FUNC), ("cudaLaunchKernel", STT_FUNC)]
+    strings, symbols = strings_and_symbols(names)
+    sections = [
+        Section(SHT_STRTAB, strings, **dynstr),  # 1: .dynstr
+        Section(SHT_DYNSYM, symbols.tobytes(), link=1, entsize=SYM.itemsize),  # 2: .dynsym
+        Section(SHT_STRTAB, strings),  # 3: .strtab
+        Section(SHT_SYMTAB, symbols.tobytes(), link=3, entsize=SYM.itemsize),  # 4: .symtab
+    ]
+    return sections, {"cudaMalloc", "cudaLaunchKernel"}
+
+
+def every_question(path: Path) -> None:
+    """Ask everything elfsyms answers; none of it may raise."""
+    elfsyms.clear_cache()
+    p = str(path)
+    elfsyms.defined_functions(p, discover.RUNTIME_SYMBOLS)
+    elfsyms.function_addresses(p, discover.RUNTIME_SYMBOLS)
+    elfsyms.symbol_address(p, "cudaMalloc")
+    elfsyms.symbol_at(p, 0x100)
+    elfsyms.file_offset_to_vaddr(p, 0x100)
+    elfsyms.local_statics(p, "__handle")
+    elfsyms.interpreter(p)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    elfsyms.clear_cache()
+    yield
+    elfsyms.clear_cache()
+
+
+def test_generated_runtime_is_read(tmp_path: Path) -> None:
+    sections, names = runtime_like()
+    path = tmp_path / "libcudart.so.12"
+    path.write_bytes(build(sections))
+    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == names
+    assert elfsyms.symbol_address(str(path), "cudaMalloc") == 0x100000 + 64
+
+
+def test_a_string_table_claiming_200_gb_is_not_read(tmp_path: Path) -> None:
+    # Issue 17, defect 1: the .dynstr size field says 200 GB; the file is small.
+    sections, names = runtime_like(size=200 * GB)
+    path = tmp_path / "libcudart.so.12"
+    path.write_bytes(build(sections))
+    every_question(path)
+    # The sound tables still answer: .symtab names both functions.
+    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == names
+
+
+def test_a_sparse_file_of_200_gb_is_not_read_whole(tmp_path: Path) -> None:
+    # The same, as the sweep did it: the file really is 200 GB long (sparse, a few KB on
+    # disk) and .dynstr runs to its end, inside the file.
+    sections, names = runtime_like()
+    path = tmp_path / "libcudart.so.12"
+    data = build(sections)
+    dynstr_at = sections[0].offset
+    sections[0].size = 200 * GB - dynstr_at
+    data = build(sections)
+    path.write_bytes(data)
+    try:
+        os.truncate(path, 200 * GB)
+    except OSError as exc:
+        pytest.skip(f"this file system cannot hold a sparse 200 GB file: {exc}")
+    assert path.stat().st_size == 200 * GB
+    assert path.stat().st_blocks * 512 < 1 << 24  # sparse: nothing was written
+    every_question(path)
+    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == names
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["offset", "size", "link", "entsize", "e_shnum", "symbol_name", "symbol_shndx"],
+)
+@pytest.mark.parametrize("value", [0, 1, 7, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 2**63, 2**64 - 1])
+def test_lying_fields_never_raise(tmp_path: Path, field: str, value: int) -> None:
+    sections, _ = runtime_like()
+    path = tmp_path / "libx.so"
+    data = bytearray(build(sections))
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    dynsym = shoff + 2 * 64  # section 2's header
+    if field == "e_shnum":
+        struct.pack_into("<H", data, 0x3C, value & 0xFFFF)
+    elif field == "offset":
+        struct.pack_into("<Q", data, dynsym + 24, value)
+    elif field == "size":
+        struct.pack_into("<Q", data, dynsym + 32, value)
+    elif field == "link":
+        struct.pack_into("<I", data, dynsym + 40, value & 0xFFFFFFFF)
+    elif field == "entsize":
+        struct.pack_into("<Q", data, dynsym + 56, value)
+    else:
+        first = sections[1].offset + SYM.itemsize  # the first real symbol of .dynsym
+        if field == "symbol_name":
+            struct.pack_into("<I", data, first, value & 0xFFFFFFFF)
+        else:
+            struct.pack_into("<H", data, first + 6, value & 0xFFFF)
+    path.write_bytes(bytes(data))
+    every_question(path)
+
+
+def test_extended_section_count_that_lies(tmp_path: Path) -> None:
+    # e_shnum 0: the count is section 0's sh_size, here 2**40.
+    sections, _ = runtime_like()
+    data = bytearray(build(sections, e_shnum=0))
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    struct.pack_into("<Q", data, shoff + 32, 1 << 40)
+    path = tmp_path / "libx.so"
+    path.write_bytes(bytes(data))
+    every_question(path)
+    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == frozenset()
+
+
+def test_a_file_shrinking_between_header_and_tables(tmp_path: Path) -> None:
+    # Read with pread, not mmap: a short read is a bad file, never SIGBUS.
+    sections, _ = runtime_like()
+    data = build(sections)
+    path = tmp_path / "libx.so"
+    path.write_bytes(data[: sections[3].offset + 8])
+    every_question(path)
+
+
+def test_two_million_symbols(tmp_path: Path) -> None:
+    # Issue 17, defect 6: a 48 MB .symtab. Found right (the time it takes is in
+    # bench/startup.py: a vectorised pass, not a Python loop per symbol).
+    names = [
+        ("cudaMalloc", STT_FUNC),
+        ("_ZZ24__device_stub__Z1kPfS_E8__handle", STT_OBJECT),
+        ("cudaFree", STT_OBJECT),  # an object of that name is no function
+    ]
+    strings, symbols = strings_and_symbols(names, filler=2_000_000)
+    assert symbols.nbytes >= 48_000_000
+    sections = [
+        Section(SHT_STRTAB, strings),
+        Section(SHT_SYMTAB, symbols.tobytes(), link=1, entsize=SYM.itemsize),
+    ]
+    path = tmp_path / "libbig.so"
+    path.write_bytes(build(sections))
+    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == {"cudaMalloc"}
+    statics = elfsyms.local_statics(str(path), "__handle")
+    assert statics is not None
+    assert [name for _, name in statics.objects] == ["_ZZ24__device_stub__Z1kPfS_E8__handle"]
+    # The function table covers every filler function; the one at 0x1000 is named.
+    vaddr_of = elfsyms.file_offset_to_vaddr(str(path), 0x1000)
+    assert vaddr_of is None  # no PT_LOAD segments: no address to map to
+
+
+# --- a runtime linked into another library: only what that library calls ---------------------
+
+STATIC_RUNTIME = r"""
+#define HIDDEN __attribute__((visibility("hidden"), noinline))
+HIDDEN int cudaMalloc(void **p, unsigned long n) { *p = 0; return (int)n; }
+HIDDEN int cudaFree(void *p) { return p != 0; }
+HIDDEN int cudaLaunchKernel(const void *f) { return f != 0; }
+/* The runtime's own code calling one of its API functions is not the library's call. */
+HIDDEN int cudaMallocHost(void **p, unsigned long n) { return cudaMalloc(p, n) + 1; }
+int nccl_alloc(void **p) { return cudaMalloc(p, 64); }
+int nccl_launch(void) { return cudaLaunchKernel((const void *)nccl_alloc); }
+"""
+
+
+def _compile(tmp_path: Path, name: str, source: str, *flags: str) -> Path:
+    import shutil
+    import subprocess
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    out = tmp_path / name
+    subprocess.run(["cc", "-O1", "-fPIC", "-shared", *flags, "-o", str(out), str(src)], check=True)
+    return out
+
+
+def test_a_static_runtime_is_probed_only_where_its_file_calls_it(tmp_path: Path) -> None:
+    lib = _compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME)
+    wanted = discover.RUNTIME_SYMBOLS
+    assert elfsyms.defined_functions(str(lib), wanted) == {
+        "cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"
+    }
+    called = elfsyms.referenced_functions(str(lib), wanted)
+    assert called == frozenset({"cudaMalloc", "cudaLaunchKernel"})
+
+
+def test_an_exported_runtime_is_probed_whole(tmp_path: Path) -> None:
+    lib = _compile(tmp_path, "libcudart.so.12", STATIC_RUNTIME.replace('"hidden"', '"default"'))
+    assert elfsyms.referenced_functions(str(lib), discover.RUNTIME_SYMBOLS) is None
+
+
+def test_nccl_and_nvshmem_are_probed_for_what_they_call() -> None:
+    from tests.test_simgpu import frameworks_python
+
+    python = frameworks_python()
+    if python is None:
+        pytest.skip("no frameworks venv (scripts/setup-frameworks)")
+    site = next(python.parent.parent.glob("lib/python3*/site-packages"))
+    for path in ("nvidia/nccl/lib/libnccl.so.2", "nvidia/nvshmem/lib/libnvshmem_host.so.3"):
+        lib = str(site / path)
+        if not os.path.exists(lib):
+            continue
+        defined = elfsyms.defined_functions(lib, discover.RUNTIME_SYMBOLS)
+        called = elfsyms.referenced_functions(lib, discover.RUNTIME_SYMBOLS)
+        assert called is not None
+        assert {"cudaLaunchKernel", "cudaMalloc", "cudaMemcpyAsync"} <= called < defined, path
+        assert len(called) <= len(defined) // 2, (path, sorted(called))
+
+
+def test_discovery_probes_a_static_runtime_for_what_its_file_calls(tmp_path: Path) -> None:
+    from tests.test_discover import FakeProc
+
+    nccl = _compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME)
+    cudart = _compile(tmp_path, "libcudart.so.12", STATIC_RUNTIME.replace('"hidden"', '"default"'))
+    proc = FakeProc(tmp_path / "proc")
+    proc.process(100)
+    proc.map(100, "/usr/lib/libnccl.so.2", nccl)
+    proc.map(100, "/usr/lib/libcudart.so.12", cudart)
+    libraries = {lib.path: lib for lib in discover.scan(proc.root).libraries.values()}
+    linked_in = libraries["/usr/lib/libnccl.so.2"]
+    assert linked_in.kind == "runtime"
+    assert linked_in.symbols == {"cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"}
+    assert linked_in.probe_only == frozenset({"cudaMalloc", "cudaLaunchKernel"})
+    assert libraries["/usr/lib/libcudart.so.12"].probe_only is None
