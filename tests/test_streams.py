@@ -208,13 +208,18 @@ def test_malformed_messages_go_to_dead_letters_and_are_counted(
     feed.raw(feed.topics.events, host, b"\x00 not json")
     feed.raw(feed.topics.events, host, orjson.dumps({"schema": "gpuflight.events", "v": 99}))
     feed.raw(feed.topics.nvml, host, b'{"schema": "gpuflight.nvml", "v": 1}')
+    for count in (b"1000000000000", b"5e6"):  # claims the message cannot hold
+        feed.raw(feed.topics.events, host, b'{"schema": "gpuflight.events", "v": 1, "count": '
+                 + count + b', "host": "h", "pid": 1, "start_time": 0, "ts0": 5, "columns": {}}')
     feed.events(host, 400, 1, launches([t0, t0 + 1], 400, 2, 2))
     feed.events(host, 400, 1, launches([t0 + 5 * W], 400, 2, 2))
     feed.flush()
     worker.start()
-    dead = read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=90, expect=3)
+    dead = read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=90, expect=5)
     reasons = sorted((dict(d.headers())["topic"].decode(), d.value()[:8]) for d in dead)
     assert reasons == sorted([(feed.topics.events, b"\x00 not js"),
+                              (feed.topics.events, b'{"schema'),
+                              (feed.topics.events, b'{"schema'),
                               (feed.topics.events, b'{"schema'),
                               (feed.topics.nvml, b'{"schema')])
     assert all(dict(d.headers())["reason"] == b"malformed" for d in dead)
@@ -226,7 +231,7 @@ def test_malformed_messages_go_to_dead_letters_and_are_counted(
                                  f" WHERE worker = 'w1' AND time >= {t0}")
         return int(found[0]["last"]) if found else 0
 
-    assert wait_for(lambda: dead_letters() >= 3, 30, "worker metrics", worker)
+    assert wait_for(lambda: dead_letters() >= 5, 30, "worker metrics", worker)
 
 
 def test_anomalies_and_memory_bound_fire_on_their_cases_only(
