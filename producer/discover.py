@@ -208,6 +208,10 @@ class Classifier:
         if verdict is None or verdict.identity != identity:
             found = elfsyms.defined_functions(located.host_path, _CLASSIFYING_SYMBOLS)
             verdict = _Verdict(identity, found & RUNTIME_SYMBOLS, found & DRIVER_SYMBOLS, None)
+            if not found and not os.path.exists(located.host_path):
+                # Its process went away between the stat and the read: nothing is known of
+                # the file, so nothing is remembered (the next process that maps it tells).
+                return verdict
         if loader_candidate and verdict.loader is None:
             defined = elfsyms.defined_functions(located.host_path, _LOADER_SYMBOLS)
             verdict = replace(verdict, loader=LOADER_SYMBOL in defined)

@@ -119,6 +119,13 @@ class Probes:
             else:
                 attached = self._attach_runtime(library)
         except AttachError as exc:
+            if not os.path.exists(library.host_path):
+                # The process whose path to the file this was has gone (or the file was
+                # deleted) since the scan: nothing is known about the file itself. Not
+                # remembered: the next process that maps it is the way in.
+                log.debug("%s went away before it was probed (%s); tried again through the"
+                          " next process that maps it", library.host_path, exc)
+                return None
             self.failed[library.key] = str(exc)
             log.warning("skipping %s: %s", library.path, exc)  # once per file
             return None
