@@ -104,6 +104,17 @@ def test_an_unwritable_output_is_a_usage_error(tmp_path: Path) -> None:
         JsonLinesSink(tmp_path / "no" / "such" / "dir.jsonl")
 
 
+@pytest.mark.parametrize("command", ["trace", "producer"])
+def test_an_unwritable_output_is_a_usage_error_on_the_command_line(command: str,
+                                                                    tmp_path: Path) -> None:
+    argv = ([*GPUFLIGHT, "trace", "--output", str(tmp_path / "no" / "x"), "--", "true"]
+            if command == "trace" else
+            [*GPUFLIGHT, "producer", "--output", str(tmp_path / "no" / "x")])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot write --output" in one_error_line(proc.stderr)
+
+
 def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """`gpuflight … | head`: the reader went away; no traceback, the SIGPIPE exit code."""
     read_end, write_end = os.pipe()
