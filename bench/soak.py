@@ -144,9 +144,14 @@ def start_agent(bootstrap: str, status: Path, log: Path, prefix: str) -> subproc
     raise SystemExit("the agent was not ready within 180 s")
 
 
-def wait_probed(status: Path, directory: Path, timeout_s: float = 120) -> None:
+def wait_probed(status: Path, directory: Path, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
+    log = status.with_suffix(".log")
     while time.monotonic() < deadline:
+        skipped = [line for line in log.read_text(errors="replace").splitlines()
+                   if f"skipping {directory}" in line]
+        if skipped:
+            raise SystemExit(f"soak: the agent could not probe the soak's runtime: {skipped[0]}")
         libraries = json.loads(status.read_text() or "{}").get("libraries", [])
         if any(lib["path"].startswith(str(directory)) and lib["kind"] == "runtime"
                for lib in libraries):
@@ -155,22 +160,34 @@ def wait_probed(status: Path, directory: Path, timeout_s: float = 120) -> None:
     raise SystemExit(f"the agent did not probe the soak's runtime: {status.read_text()[-2000:]}")
 
 
-def influx_sum(url: str, query: str) -> int:
-    found = rows(url, query)
-    return int(found[0]["n"] or 0) if found else 0
+def accounting(url: str, pids: set[int]) -> dict[str, int]:
+    """The soak's processes in InfluxDB: by their job (soakload:PID), or, for a process whose
+    identity the agent never read (gone before any scan saw it), unknown:PID."""
 
+    def ours(job: str) -> str | None:
+        kind, _, pid = job.partition(":")
+        if kind in (LOAD_NAME, "unknown") and pid.isdigit() and int(pid) in pids:
+            return kind
+        return None
 
-def accounting(url: str) -> dict[str, int]:
-    job = f"job =~ /^{LOAD_NAME}:/"
-    launches = influx_sum(url, f"SELECT sum(count) AS n FROM launches WHERE {job}")
+    out = {"influx_launches": 0, "influx_launches_without_identity": 0,
+           "lost_by_agent": 0, "uncounted_by_worker": 0}
+    for r in rows(url, "SELECT sum(count) AS n FROM launches GROUP BY job"):
+        kind = ours(r["job"])
+        if kind is not None:
+            out["influx_launches"] += int(r["n"] or 0)
+            if kind == "unknown":
+                out["influx_launches_without_identity"] += int(r["n"] or 0)
     # events_lost holds counters since each agent started: the last value of each series.
-    lost = rows(url, f"SELECT last(dropped_kernel) AS k, last(dropped_user) AS u FROM events_lost"
-                     f" WHERE {job} GROUP BY job")
-    uncounted = influx_sum(url, "SELECT sum(late_events) + sum(future_events) AS n"
-                                f" FROM events_uncounted WHERE {job}")
-    return {"influx_launches": launches,
-            "lost_by_agent": sum(int(r["k"] or 0) + int(r["u"] or 0) for r in lost),
-            "uncounted_by_worker": uncounted}
+    for r in rows(url, "SELECT last(dropped_kernel) AS k, last(dropped_user) AS u"
+                       " FROM events_lost GROUP BY job"):
+        if ours(r["job"]) is not None:
+            out["lost_by_agent"] += int(r["k"] or 0) + int(r["u"] or 0)
+    for r in rows(url, "SELECT sum(late_events) AS l, sum(future_events) AS f"
+                       " FROM events_uncounted GROUP BY job"):
+        if ours(r["job"]) is not None:
+            out["uncounted_by_worker"] += int(r["l"] or 0) + int(r["f"] or 0)
+    return out
 
 
 def main() -> int:
@@ -208,32 +225,37 @@ def main() -> int:
                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                               "duration_s": args.duration, "rate_per_s": args.rate,
                               "outage_s": args.outage}
-    agent_log, status = work / "agent.log", work / "agent.status"
-    # One process that maps the runtime and waits: found by the agent's first scan, so the file
-    # is probed before the short-lived ones start (each is then captured through the file's
-    # probes, whether the agent ever scans it or not).
-    holder = subprocess.Popen([str(load), "--iters", "0", "--start-delay-ms", "86400000"])
-    agent = start_agent(bootstrap, status, agent_log, prefix)
-    wait_probed(status, work / "bin")
-    worker.start("w1")
-    samplers = {"agent": Sampler("agent"), "worker": Sampler("worker")}
+    agent: subprocess.Popen[bytes] | None = None
+    holder: subprocess.Popen[bytes] | None = None
     running: list[tuple[subprocess.Popen[bytes], int]] = []
-    launched = finished = failed = 0
-    expected_launches = 0
-    per_iter = len([e for e in expected.capture_events(1, 1) if e["type"] == "launch"])
-    per_zero = len([e for e in expected.capture_events(1, 0) if e["type"] == "launch"])
-    t0 = time.monotonic()
-    next_start = next_sample = 0.0
-    outage_at, restart_at = args.duration / 3, 2 * args.duration / 3
-    outage_done = restart_done = False
-    kafka_back_at: float | None = None
-    events: list[str] = []
+    pids: set[int] = set()
     try:
+        agent_log, status = work / "agent.log", work / "agent.status"
+        # One process that maps the runtime and waits: found by the agent's first scan, so the file
+        # is probed before the short-lived ones start (each is then captured through the file's
+        # probes, whether the agent ever scans it or not).
+        holder = subprocess.Popen([str(load), "--iters", "0", "--start-delay-ms", "86400000"])
+        agent = start_agent(bootstrap, status, agent_log, prefix)
+        wait_probed(status, work / "bin")
+        worker.start("w1")
+        samplers = {"agent": Sampler("agent"), "worker": Sampler("worker")}
+        launched = finished = failed = 0
+        expected_launches = 0
+        per_iter = len([e for e in expected.capture_events(1, 1) if e["type"] == "launch"])
+        per_zero = len([e for e in expected.capture_events(1, 0) if e["type"] == "launch"])
+        t0 = time.monotonic()
+        next_start = next_sample = 0.0
+        outage_at, restart_at = args.duration / 3, 2 * args.duration / 3
+        outage_done = restart_done = False
+        kafka_back_at: float | None = None
+        events: list[str] = []
         while (now := time.monotonic() - t0) < args.duration:
             if now >= next_start:
                 iters = rnd.randint(1, args.max_iters)
-                running.append((subprocess.Popen([str(load), "--iters", str(iters)],
-                                                 stdout=subprocess.DEVNULL), iters))
+                started = subprocess.Popen([str(load), "--iters", str(iters)],
+                                           stdout=subprocess.DEVNULL)
+                pids.add(started.pid)
+                running.append((started, iters))
                 launched += 1
                 next_start += 1 / args.rate
             still = []
@@ -280,10 +302,10 @@ def main() -> int:
         report["agent_sigterm_exit"] = agent.wait(args.exit_wait)
         report["agent_sigterm_exit_s"] = round(time.monotonic() - stopped_at, 1)
         # Every window closes (host time advances by the wall clock after --idle).
-        settled, last = time.monotonic(), accounting(influx.url)
+        settled, last = time.monotonic(), accounting(influx.url, pids)
         while time.monotonic() - settled < 20 and time.monotonic() - t0 < args.duration + 300:
             time.sleep(2)
-            current = accounting(influx.url)
+            current = accounting(influx.url, pids)
             if current != last:
                 settled, last = time.monotonic(), current
         report["accounting"] = {"processes_started": launched, "processes_ok": finished,
@@ -318,11 +340,12 @@ def main() -> int:
         report["events"] = events
         report["worker_exit"] = worker.stop()
     finally:
-        holder.kill()
-        holder.wait(30)
+        if holder is not None:
+            holder.kill()
+            holder.wait(30)
         for proc, _ in running:
             proc.kill()
-        if agent.poll() is None:
+        if agent is not None and agent.poll() is None:
             agent.kill()
         worker.stop()
         stack.kafka_down(kafka_dir)
