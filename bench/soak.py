@@ -17,9 +17,11 @@ Reported (JSON on stdout, a table on stderr):
 - accounting for the soak's jobs: launches the workload made (each process's are known
   exactly), launches in InfluxDB, events the pipeline counted lost (the agent's drops by job,
   events_lost, and the worker's events_uncounted) — "unaccounted" is what is in neither;
-- after SIGTERM of the agent: its uprobes gone (tracefs's uprobe_events, where bcc names them
-  after the agent's pid) and no agent or helper process (the probe releaser) left; the same
-  after SIGKILL of a second agent.
+- after SIGTERM of the agent: no process left that holds its uprobes (bcc's uprobes are perf
+  events, gone with the last process holding them: the agent and the probe releaser it forks),
+  and none in tracefs's uprobe_events (where bcc names them after the agent's pid when it
+  falls back to tracefs); the same after SIGKILL of a second agent, and how long the kernel
+  took to end it (it releases the probes as the process exits).
 
 Run as root (BPF), after scripts/setup test:  PYTHONPATH=. python bench/soak.py --duration 1800
 """
@@ -315,14 +317,18 @@ def main() -> int:
                                                - last["lost_by_agent"]
                                                - last["uncounted_by_worker"])
         print(f"soak: accounting {report['accounting']}", file=sys.stderr)
-        left = wait_gone(agent_pids(work), args.exit_wait)
-        report["after_sigterm"] = {"gpuflight_processes": left,
-                                   "uprobes_left": uprobes_of([agent.pid])}
+        # The agent has exited; the probe releaser it forked (same command line) holds its
+        # uprobes until it has released them: every holder gone = no uprobe left.
+        holders = agent_pids(work)
+        report["after_sigterm"] = {"probe_holders": len(holders),
+                                   "holders_left": wait_gone(holders, args.exit_wait),
+                                   "tracefs_uprobes_left": uprobes_of([agent.pid])}
         print(f"soak: after SIGTERM {report['after_sigterm']}", file=sys.stderr)
         # A second agent, killed with SIGKILL once attached and capturing.
         killed = start_agent(bootstrap, work / "agent2.status", work / "agent2.log", prefix)
         wait_probed(work / "agent2.status", work / "bin")
         subprocess.run([str(load), "--iters", "3"], check=True, stdout=subprocess.DEVNULL)
+        holders = [killed.pid, *agent_pids(work)]
         killed.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         # The kernel releases its probes as the process exits, one after another (slow on a
@@ -333,8 +339,8 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             exit_s = None
         report["after_sigkill"] = {"exit_s": exit_s,
-                                   "gpuflight_processes": wait_gone(agent_pids(work), 10),
-                                   "uprobes_left": uprobes_of([killed.pid])}
+                                   "holders_left": wait_gone(sorted(set(holders)), 10),
+                                   "tracefs_uprobes_left": uprobes_of([killed.pid])}
         print(f"soak: after SIGKILL {report['after_sigkill']}", file=sys.stderr)
         report["samples"] = {name: s.summary(60.0) for name, s in samplers.items()}
         report["events"] = events
