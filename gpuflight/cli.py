@@ -224,6 +224,9 @@ def _parser() -> argparse.ArgumentParser:
     streams.add_argument("--idle", type=_non_negative, default=5.0, metavar="S",
                          help="after S seconds without events from a host, its windows close "
                          "by the wall clock (default %(default)s)")
+    streams.add_argument("--max-future", type=_non_negative, default=300.0, metavar="S",
+                         help="events stamped more than S seconds ahead of this worker's clock "
+                         "are not counted (dead letters) (default %(default)s)")
     streams.add_argument("--metrics-interval", type=_positive, default=5.0, metavar="S",
                          help="worker metrics (the streams measurement) every S seconds "
                          "(default %(default)s)")
@@ -328,6 +331,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             tick_s=args.tick,
             metrics_s=args.metrics_interval,
             host_idle_s=args.idle,
+            max_future_s=args.max_future,
         )
         if args.worker:
             stream_settings = replace(stream_settings, worker=args.worker)

@@ -446,6 +446,15 @@ def job() -> dict[str, Any]:
                         "started: its kernel ring buffer was full, or its Kafka queue was. "
                         "No line: nothing lost. Where there is one, the other panels show "
                         "lower bounds (`gpuflight report` gives the loss in a range)."),
+        timeseries(lay, "Events not counted by the stream worker", [target(
+            "A", f'SELECT sum("{Fields.LATE_EVENTS}") AS "late", '
+                 f'sum("{Fields.FUTURE_EVENTS}") AS "ahead_of_the_clock" '
+                 f'FROM "{m.EVENTS_UNCOUNTED.name}" {f} {EVERY}', alias="$col")],
+            unit(m.EVENTS_UNCOUNTED, Fields.LATE_EVENTS),
+            description="Events of the job that reached the stream worker after their window "
+                        "had closed (later than --idle + --grace), or stamped further ahead of "
+                        "its clock than --max-future. They are in the dead-letter topic; the "
+                        "other panels lack them."),
     ]
     memory_bound = annotation(
         "Memory-bound alerts",

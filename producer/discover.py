@@ -225,6 +225,10 @@ class Classifier:
                 else None
             )
             verdict = _Verdict(identity, runtime, found & DRIVER_SYMBOLS, None, probe_only)
+            if not found and not os.path.exists(located.host_path):
+                # Its process went away between the stat and the read: nothing is known of
+                # the file, so nothing is remembered (the next process that maps it tells).
+                return verdict
         if loader_candidate and verdict.loader is None:
             defined = elfsyms.defined_functions(located.host_path, _LOADER_SYMBOLS)
             verdict = replace(verdict, loader=LOADER_SYMBOL in defined)

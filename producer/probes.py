@@ -144,7 +144,7 @@ class Probes:
         if library.key in self.failed:
             return None
         attached = self._attach_file(library)
-        if attached is None:
+        if attached is None and library.key in self.failed:
             log.warning("skipping %s: %s", library.path, self.failed[library.key].reason)
         return attached
 
@@ -158,6 +158,13 @@ class Probes:
                 attached = self._attach_runtime(library, fds)
         except AttachError as exc:
             self._detach(fds)
+            if not os.path.exists(library.host_path):
+                # The process whose path to the file this was has gone (or the file was
+                # deleted) since the scan: nothing is known about the file itself. Not
+                # remembered: the next process that maps it is the way in.
+                log.debug("%s went away before it was probed (%s); tried again through the"
+                          " next process that maps it", library.host_path, exc)
+                return None
             self.failed[library.key] = SkippedFile(library, str(exc), exc.errno)
             return None
         self.attached[library.key] = attached

@@ -230,15 +230,24 @@ def decode_events(value: bytes | None) -> EventBatch:
             raise WireError("no events")
         if count > MAX_EVENTS:
             raise WireError(f"{count} events in one message, more than {MAX_EVENTS}")
+        # The count is checked against what the message holds before anything is allocated
+        # for it: every column has one value per event (dim six), and events that differ in
+        # nothing but their count (no column at all) are no events a producer sends — a real
+        # event has a thread id. So memory follows the message's size, not its claims.
+        known = {name: values for name, values in columns.items() if name in COLUMNS}
+        for name, values in known.items():
+            expected = count * _DIMS if name == "dim" else count
+            if not isinstance(values, list) or len(values) != expected:
+                size = len(values) if isinstance(values, list) else type(values).__name__
+                raise WireError(f"column {name} has {size} values, not {expected}")
+        if count > 1 and not known:
+            raise WireError(f"{count} events without a column")
         events = np.zeros(count, dtype=EVENT_DTYPE)
         events["pid"] = pid
-        for name, values in columns.items():
-            if name not in COLUMNS:
-                continue  # a later, additive column
+        for name, values in known.items():
             column = np.asarray(values, dtype=np.int64)
-            expected = count * _DIMS if name == "dim" else count
-            if column.shape != (expected,):
-                raise WireError(f"column {name} has {column.size} values, not {expected}")
+            if column.ndim != 1:
+                raise WireError(f"column {name} is not a list of integers")
             if name == "dim":
                 events["dim"] = column.reshape(count, _DIMS)
             elif name == "ts":

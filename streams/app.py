@@ -42,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 from producer import wire
@@ -63,6 +65,10 @@ TABLE: Final = "jobs"
 GPU_SAMPLES_KEPT: Final = 4096
 #: Kafka messages a worker takes per poll (each up to ~28k events, ~2 MB decoded).
 MAX_POLL_MESSAGES: Final = 32
+#: The largest dead letter the worker sends: under the broker's default message.max.bytes
+#: (1 MiB), which the worker's uncompressed messages (and their headers) must fit; late events
+#: are sent in as many events messages as it takes, a malformed message in parts.
+DEAD_LETTER_MAX_BYTES: Final = 900_000
 
 Token = tuple[bytes, int, int, bool]
 
@@ -84,6 +90,7 @@ class WorkerStats:
     events: int = 0
     duplicates: int = 0
     late_events: int = 0
+    future_events: int = 0
     dead_letters: int = 0
     alerts: int = 0
     unknown_identities: int = 0
@@ -148,6 +155,7 @@ class Worker:
         self._parking = ParkingLot()
         #: (topic, partition) → offset of the last message taken.
         self._positions: dict[tuple[str, int], int] = {}
+        self._last_uncounted_ns = 0
 
     # -- the agent -----------------------------------------------------------------------------
 
@@ -221,23 +229,48 @@ class Worker:
         key = state_key(batch.host, job)
         state = self._load(key, batch.host, job, message.partition)
         names = {handle: name.short for handle, name in batch.kernels.items()}
-        applied = state.apply(batch.events, message.partition, message.offset,
+        now = time.time_ns()
+        # An event stamped too far ahead of the wall clock (a forged message, a broken clock)
+        # would move its host's time, and every real event after it would be late: it is not
+        # counted, and never reaches the state (nor, through it, the changelog).
+        ahead = batch.events["ts_ns"] > now + round(self.settings.max_future_s * 1e9)
+        future = batch.events[ahead] if ahead.any() else None
+        events = batch.events[~ahead] if future is not None else batch.events
+        applied = state.apply(events, message.partition, message.offset,
                               self.settings.windows, names)
         if applied.duplicate:
             self.stats.duplicates += 1
             return
         self.stats.events += applied.events
-        now = time.time_ns()
         latest, _ = self._clocks.get(batch.host, (0, now))
         if state.max_ts_ns >= latest:
             self._clocks[batch.host] = (state.max_ts_ns, now)
         self._save(key, state)
-        if applied.late is not None:
-            self.stats.late_events += len(applied.late)
-            late = wire.EventBatch(batch.host, batch.pid, batch.start_time, applied.late,
-                                   batch.kernels)
-            await self._dead_letter(message, reason="late", value=wire.encode_events(late),
-                                    detail=f"{len(applied.late)} events of closed windows")
+        late = applied.late
+        if late is None and future is None:
+            return
+        n_late = 0 if late is None else len(late)
+        n_future = 0 if future is None else len(future)
+        self.stats.late_events += n_late
+        self.stats.future_events += n_future
+        await self.sink.put(Batch([Point(
+            m.EVENTS_UNCOUNTED.name, {Tags.HOST: batch.host, Tags.JOB: job},
+            {Fields.LATE_EVENTS: n_late, Fields.FUTURE_EVENTS: n_future},
+            self._uncounted_time(now))]))
+        if late is not None:
+            await self._dead_letter_events(message, batch, late, reason="late",
+                                           detail=f"{n_late} events of closed windows")
+        if future is not None:
+            await self._dead_letter_events(
+                message, batch, future, reason="future",
+                detail=f"{n_future} events more than {self.settings.max_future_s:g} s ahead of"
+                       " the worker's clock")
+
+    def _uncounted_time(self, now: int) -> int:
+        """A time for an events_uncounted point: the wall clock, made unique per worker (two
+        points of a job at one time would be one in InfluxDB)."""
+        self._last_uncounted_ns = max(now, self._last_uncounted_ns + 1)
+        return self._last_uncounted_ns
 
     # -- parked messages -----------------------------------------------------------------------
 
@@ -329,9 +362,12 @@ class Worker:
                 self._save(key, state)
 
     def _host_now(self, state: JobState, now: int) -> int:
-        latest, seen = self._clocks.setdefault(state.host, (state.max_ts_ns, now))
-        if state.max_ts_ns > latest:  # recovered from the changelog, not seen since
-            latest, seen = self._clocks[state.host] = (state.max_ts_ns, now)
+        # A state recovered from a changelog written before events ahead of the clock were
+        # refused may hold such a time: it moves the host no further than they may be ahead.
+        max_ts = min(state.max_ts_ns, now + round(self.settings.max_future_s * 1e9))
+        latest, seen = self._clocks.setdefault(state.host, (max_ts, now))
+        if max_ts > latest:  # recovered from the changelog, not seen since
+            latest, seen = self._clocks[state.host] = (max_ts, now)
         if self._parking.holds(state.host):
             # Its batches wait for an identity: the host is not silent, and its windows from
             # the earliest waiting event on stay open.
@@ -415,17 +451,33 @@ class Worker:
 
     async def _dead_letter(self, message: Any, *, reason: str, detail: str,
                            value: bytes | None = None) -> None:
+        """`value` (else the message's own) to the dead-letter topic; one over
+        DEAD_LETTER_MAX_BYTES in parts (headers part and parts), so the broker takes it."""
         self.stats.dead_letters += 1
         log.warning("dead letter (%s) from %s[%d]@%d: %s", reason, message.topic,
                     message.partition, message.offset, detail[:200])
-        await self.app.send(
-            self.settings.dead_letter_topic, key=message.key,
-            value=message.value if value is None else value,
-            headers=[("reason", reason.encode()), ("detail", detail[:1000].encode()),
-                     ("topic", message.topic.encode()),
-                     ("partition", str(message.partition).encode()),
-                     ("offset", str(message.offset).encode())],
-        )
+        value = message.value if value is None else value
+        headers = [("reason", reason.encode()), ("detail", detail[:1000].encode()),
+                   ("topic", message.topic.encode()),
+                   ("partition", str(message.partition).encode()),
+                   ("offset", str(message.offset).encode())]
+        size = DEAD_LETTER_MAX_BYTES
+        parts = max(1, -(-len(value or b"") // size))
+        for part in range(parts):
+            await self.app.send(
+                self.settings.dead_letter_topic, key=message.key,
+                value=value[part * size:(part + 1) * size] if parts > 1 else value,
+                headers=headers if parts == 1 else [
+                    *headers, ("part", str(part).encode()), ("parts", str(parts).encode())],
+            )
+
+    async def _dead_letter_events(self, message: Any, batch: wire.EventBatch,
+                                  events: npt.NDArray[np.void], *, reason: str,
+                                  detail: str) -> None:
+        """Events to the dead-letter topic in the wire format, as many messages as it takes to
+        keep each under DEAD_LETTER_MAX_BYTES (each with the names of its own kernels)."""
+        for value in encode_events_under(batch, events, DEAD_LETTER_MAX_BYTES):
+            await self._dead_letter(message, reason=reason, detail=detail, value=value)
 
     async def _alert(self, host: str, kind: str, body: dict[str, Any]) -> None:
         self.stats.alerts += 1
@@ -455,6 +507,7 @@ class Worker:
             Fields.EVENTS: s.events,
             Fields.DUPLICATES: s.duplicates,
             Fields.LATE_EVENTS: s.late_events,
+            Fields.FUTURE_EVENTS: s.future_events,
             Fields.DEAD_LETTERS: s.dead_letters,
             Fields.ALERTS: s.alerts,
             Fields.POINTS_WRITTEN: sink.written_points,
@@ -464,6 +517,27 @@ class Worker:
             Fields.LAG_MESSAGES: lag,
             Fields.JOBS: len(self._states),
         }, time.time_ns())
+
+
+def encode_events_under(batch: wire.EventBatch, events: npt.NDArray[np.void],
+                        max_bytes: int) -> list[bytes]:
+    """`events` (of `batch`'s process) as events messages of at most `max_bytes` each (one
+    event per message at the least), in order."""
+    out: list[bytes] = []
+    pending = [events]
+    while pending:
+        part = pending.pop()
+        handles = set(part["handle"].tolist()) if batch.kernels else set()
+        kernels = {h: n for h, n in batch.kernels.items() if h in handles}
+        value = wire.encode_events(
+            wire.EventBatch(batch.host, batch.pid, batch.start_time, part, kernels))
+        if len(value) <= max_bytes or len(part) == 1:
+            out.append(value)
+            continue
+        # Split where the size says, then again if a half is still too large.
+        pieces = min(len(part), -(-len(value) // max_bytes) + 1)
+        pending.extend(reversed(np.array_split(part, pieces)))
+    return out
 
 
 # -- the Faust app ---------------------------------------------------------------------------

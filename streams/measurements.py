@@ -123,6 +123,7 @@ class Fields:
     EVENTS: Final = "events"
     DUPLICATES: Final = "duplicates"
     LATE_EVENTS: Final = "late_events"
+    FUTURE_EVENTS: Final = "future_events"
     DEAD_LETTERS: Final = "dead_letters"
     ALERTS: Final = "alerts"
     POINTS_WRITTEN: Final = "points_written"
@@ -350,6 +351,19 @@ EVENTS_LOST: Final = Measurement(
     ),
 )
 
+#: Events of a job the stream worker did not count, one point per message that had any (at
+#: the worker's wall clock when it took the message): late beyond grace (their windows were
+#: closed) or stamped further ahead of the worker's clock than --max-future (a forged or
+#: broken clock). They are in the dead-letter topic; the job's other figures lack them.
+EVENTS_UNCOUNTED: Final = Measurement(
+    "events_uncounted",
+    (Tags.HOST, Tags.JOB),
+    (
+        _int(Fields.LATE_EVENTS),
+        _int(Fields.FUTURE_EVENTS),
+    ),
+)
+
 #: Counters since the worker started (they restart at 0 with it), and its consumer lag.
 STREAMS: Final = Measurement(
     "streams",
@@ -359,6 +373,7 @@ STREAMS: Final = Measurement(
         _int(Fields.EVENTS),
         _int(Fields.DUPLICATES),
         _int(Fields.LATE_EVENTS),
+        _int(Fields.FUTURE_EVENTS),
         _int(Fields.DEAD_LETTERS),
         _int(Fields.ALERTS),
         _int(Fields.POINTS_WRITTEN),
@@ -392,6 +407,7 @@ ALL: Final[Mapping[str, Measurement]] = MappingProxyType(
             MEMORY_BOUND,
             PIPELINE,
             EVENTS_LOST,
+            EVENTS_UNCOUNTED,
             STREAMS,
         )
     }

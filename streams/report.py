@@ -76,6 +76,10 @@ class JobSummary:
     #: Events of the job the producer lost in the range: kernel ring full, beyond Kafka queue.
     lost_kernel: int = 0
     lost_user: int = 0
+    #: Events of the job the stream worker did not count (taken in the range): late beyond
+    #: grace, or stamped too far ahead of its clock. In the dead-letter topic.
+    uncounted_late: int = 0
+    uncounted_future: int = 0
 
     @property
     def events_lost(self) -> int:
@@ -202,6 +206,12 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
     errors = db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {m.ERRORS.name} {where}")
     summary.errors = errors[0].integer("n") if errors else 0
     summary.lost_kernel, summary.lost_user = _events_lost(db, job, since_ns, until_ns, host)
+    uncounted = db.rows(f"SELECT sum({Fields.LATE_EVENTS}) AS late,"
+                        f" sum({Fields.FUTURE_EVENTS}) AS future"
+                        f" FROM {m.EVENTS_UNCOUNTED.name} {where}")
+    if uncounted:
+        summary.uncounted_late = uncounted[0].integer("late")
+        summary.uncounted_future = uncounted[0].integer("future")
     return summary
 
 
@@ -290,6 +300,8 @@ def _rows(s: JobSummary) -> list[tuple[str, str, float | None]]:
          s.memory_bound_windows),
         ("failed calls", _n(s.errors), s.errors),
         ("events lost by the producer", _n(s.events_lost), s.events_lost),
+        ("events not counted (late, ahead of the clock)",
+         f"{s.uncounted_late:,}, {s.uncounted_future:,}", s.uncounted_late + s.uncounted_future),
     ]
 
 
@@ -319,6 +331,10 @@ def render_job(s: JobSummary) -> str:
         out += [f"warning: the producer lost {s.events_lost:,} events of this job"
                 f" ({s.lost_kernel:,} in the kernel ring buffer, {s.lost_user:,} beyond its"
                 " Kafka queue); the counts above are lower bounds"]
+    if s.uncounted_late or s.uncounted_future:
+        out += [f"warning: {s.uncounted_late + s.uncounted_future:,} events of this job were not"
+                f" counted ({s.uncounted_late:,} late beyond grace, {s.uncounted_future:,} stamped"
+                " too far ahead of the worker's clock); they are in the dead-letter topic"]
     return "\n".join(out)
 
 

@@ -106,6 +106,17 @@ def test_an_unwritable_output_is_a_usage_error(tmp_path: Path) -> None:
         JsonLinesSink(tmp_path / "no" / "such" / "dir.jsonl")
 
 
+@pytest.mark.parametrize("command", ["trace", "producer"])
+def test_an_unwritable_output_is_a_usage_error_on_the_command_line(command: str,
+                                                                    tmp_path: Path) -> None:
+    argv = ([*GPUFLIGHT, "trace", "--output", str(tmp_path / "no" / "x"), "--", "true"]
+            if command == "trace" else
+            [*GPUFLIGHT, "producer", "--output", str(tmp_path / "no" / "x")])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot write --output" in one_error_line(proc.stderr)
+
+
 def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """`gpuflight … | head`: the reader went away; no traceback, the SIGPIPE exit code."""
     read_end, write_end = os.pipe()
@@ -268,3 +279,86 @@ def test_output_reaches_the_file_without_sigterm(
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert mine() == want
+
+
+# ---- a short-lived first mapper -----------------------------------------------------------
+
+
+def _mapper(library: Path) -> subprocess.Popen[bytes]:
+    """A process that maps `library` and waits on its stdin; returned once it is mapped."""
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import ctypes, os, sys; "
+                             f"ctypes.CDLL({str(library)!r}, os.RTLD_LAZY); sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while str(library) not in Path(f"/proc/{proc.pid}/maps").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, "the mapper did not map it"
+        time.sleep(0.01)
+    return proc
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(10)
+    if proc.stdin is not None:
+        proc.stdin.close()
+
+
+@pytest.mark.bpf
+def test_a_short_lived_first_mapper_costs_the_file_nothing(bindir: Path, tmp_path: Path) -> None:
+    """The agent's path to a file is through the process that mapped it (/proc/PID/root):
+    when that process exits between the scan and the attach, the failure is not the file's —
+    the next process that maps it is probed (it was once marked failed for the agent's life,
+    "defines none of the CUDA runtime functions")."""
+    import shutil
+
+    from producer import discover
+    from producer.settings import CaptureSettings
+
+    build.build_capture(bindir, "stub")
+    libdir = tmp_path / "lib"
+    shutil.copytree(build.runtime_library(bindir, "stub").parent, libdir)
+    library = libdir / build.runtime_library(bindir, "stub").name
+    classifier = discover.Classifier()
+    probes = Probes(CaptureSettings())
+    try:
+        first = _mapper(library)
+        found = [f for f in discover.scan_pid(Path("/proc"), first.pid, classifier)
+                 .libraries.values() if f.kind == "runtime"]
+        assert [f.host_path for f in found] == [f"/proc/{first.pid}/root{library}"]
+        _end(first)  # gone before the attach
+        assert probes.attach(found[0]) is None
+        assert found[0].key not in probes.failed
+        second = _mapper(library)
+        try:
+            again = [f for f in discover.scan_pid(Path("/proc"), second.pid, classifier)
+                     .libraries.values() if f.kind == "runtime"]
+            assert [f.key for f in again] == [found[0].key]
+            attached = probes.attach(again[0])
+            assert attached is not None and attached.probes > 0
+        finally:
+            _end(second)
+    finally:
+        probes.close(background=False)
+
+
+def test_a_file_gone_while_classified_is_not_remembered(tmp_path: Path) -> None:
+    """The scan's stat found the file, its read did not (the process exited in between): the
+    file is not classified "no CUDA" for good."""
+    import os as os_
+
+    from producer import discover
+
+    path = tmp_path / "libcudart.so.12"
+    path.write_bytes(b"\x7fELF")
+    st = os_.stat(path)
+    classifier = discover.Classifier()
+    located = discover._Located(mapping=None, host_path=str(tmp_path / "gone"),  # type: ignore[arg-type]
+                                stat=st)
+    verdict = classifier._verdict((st.st_dev, st.st_ino), located, loader_candidate=False)
+    assert not verdict.runtime
+    assert len(classifier) == 0
+    located = discover._Located(mapping=None, host_path=str(path), stat=st)  # type: ignore[arg-type]
+    classifier._verdict((st.st_dev, st.st_ino), located, loader_candidate=False)
+    assert len(classifier) == 1  # a file that is there and defines nothing is remembered

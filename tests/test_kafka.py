@@ -7,6 +7,7 @@ messages on the topic. The broker is started from the jars scripts/setup fetched
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -277,3 +278,33 @@ def test_beyond_the_buffer_drops_are_counted_never_a_crash(bindir: Path,
     assert dropped > 0
     assert len(recorded) >= len(expected.capture_events(4, 5000))
     assert "still unsent" in log
+
+
+def test_a_full_disk_under_output_leaves_kafka_whole(broker: stack.KafkaHandle, bindir: Path,
+                                                     tmp_path: Path) -> None:
+    """ENOSPC on --output switches that output off; the Kafka sink gets every event, and the
+    agent ends with 74 (an output is incomplete) after saying which and what it lost."""
+    prefix = f"full{uuid.uuid4().hex[:8]}"
+    full = tmp_path / "full.jsonl"
+    full.symlink_to("/dev/full")
+    node = node_producer(broker.bootstrap, prefix, full)
+    try:
+        binary = build.build_capture(bindir, "stub")
+        proc = subprocess.Popen([str(binary), "--iters", "50", "--start-delay-ms", "1200"])
+        assert proc.wait(timeout=60) == 0
+        want = len(expected.capture_events(1, 50))
+        node.wait_for_captured(want)
+        node.proc.send_signal(signal.SIGTERM)
+        assert node.proc.wait(timeout=120) == 74
+    finally:
+        node.kill()
+    log = "".join(node.log)
+    assert "Traceback" not in log
+    assert f"--output {full} failed (No space left on device)" in log
+    outputs = {o["name"]: o for o in node.status()["outputs"]}
+    assert outputs[f"--output {full}"]["failure"] == "No space left on device"
+    assert outputs[f"--output {full}"]["lost"] >= want
+    assert all(o["failure"] is None for name, o in outputs.items() if "--output" not in name)
+    mine = [e for value in consume_all(broker.bootstrap, f"{prefix}.events.v1")
+            for e in decode_named(value) if e["pid"] == proc.pid]
+    assert len(mine) == want

@@ -200,6 +200,95 @@ def test_late_events_within_grace_count_and_beyond_go_to_dead_letters(
         worker.stop()
 
 
+def uncounted(url: str, job: str) -> tuple[int, int]:
+    found = rows(url, f"SELECT sum(late_events) AS late, sum(future_events) AS future"
+                      f" FROM {m.EVENTS_UNCOUNTED.name} WHERE job = '{job}'")
+    return (int(found[0]["late"]), int(found[0]["future"])) if found else (0, 0)
+
+
+def test_a_late_batch_over_the_broker_limit_reaches_the_dead_letters_in_parts(
+        kafka_bootstrap: str, influx_url: str, names: str, worker: StreamWorker) -> None:
+    """60,000 late events (~2.6 MB re-encoded, over the broker's 1 MB message limit): every
+    one reaches the dead-letter topic, in parts, and the job counts them as not counted."""
+    from streams.app import DEAD_LETTER_MAX_BYTES
+
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-b"
+    t0 = past_window(60)
+    feed.process(host, 310, 1, "bulk:310")
+    feed.events(host, 310, 1, launches([t0 + 1], 310, 8, 64))
+    feed.events(host, 310, 1, launches([t0 + 10 * W], 310, 8, 64))  # closes window 0
+    feed.flush()
+    worker.start()
+    wait_for(lambda: rows(influx_url, f"SELECT verdict FROM memory_bound"
+                                      f" WHERE host = '{host}' AND time = {t0}"),
+             90, "window 0 closed", worker)
+    late_ts = [t0 + 2 + 7919 * i % (W - 2) for i in range(60_000)]
+    late = launches(late_ts, 310, 8, 64, handle=0xA000)
+    late["handle"] = 0xA000 + np.arange(len(late), dtype=np.uint64) % 5000  # named kernels
+    kernel_names = {0xA000 + k: wire.KernelName(f"k{k}", f"void k{k}<{'T' * 40}>(float*)")
+                    for k in range(5000)}
+    assert len(wire.encode_events(wire.EventBatch(host, 310, 1, late, kernel_names))) > 2 << 20
+    feed.events(host, 310, 1, late, kernel_names)
+    feed.flush()
+    wait_for(lambda: uncounted(influx_url, "bulk:310") == (60_000, 0), 90,
+             "the late events counted as not counted", worker)
+    dead = read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=90, expect=3)
+    assert len(dead) >= 3
+    assert all(len(d.value()) <= DEAD_LETTER_MAX_BYTES for d in dead)
+    assert {dict(d.headers())["reason"] for d in dead} == {b"late"}
+    batches = [wire.decode_events(d.value()) for d in dead]
+    assert [t for b in batches for t in b.events["ts_ns"].tolist()] == late_ts
+    for b in batches:  # each part names its own kernels
+        assert set(b.kernels) == set(b.events["handle"].tolist())
+    wait_for(lambda: sum_of(influx_url, "launches", "count", "bulk:310", t0, host=host) == 2,
+             60, "the counted launches", worker)
+
+
+def test_a_message_from_the_future_moves_no_clock(
+        kafka_bootstrap: str, influx_url: str, names: str, tmp_path: Path) -> None:
+    """One message stamped a day ahead: dead-lettered ("future") and counted as not counted;
+    the host's windows close by its real events, none of which is late — before and after a
+    worker restart."""
+    from streams import report
+    from streams.settings import InfluxSettings
+
+    worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
+                          window_s=1.0, grace_s=1.0)
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-f"
+    t0 = past_window(90)
+    day = 86_400 * W
+    feed.process(host, 320, 1, "clock:320")
+    feed.events(host, 320, 1, launches([t0 + w * W for w in range(5)], 320, 8, 64))
+    # Not first in its message: Kafka 4 refuses a message stamped (by its first event) over
+    # an hour ahead, but the rest of a message is the producer's word alone.
+    feed.events(host, 320, 1, launches([t0 + 5 * W, time.time_ns() + day], 320, 8, 64))
+    feed.events(host, 320, 1, launches([t0 + w * W + 1 for w in range(6, 20)], 320, 8, 64))
+    feed.flush()
+    worker.start("first")
+    try:
+        wait_for(lambda: sum_of(influx_url, "launches", "count", "clock:320", t0, host=host)
+                 == 19, 90, "every real launch counted", worker)
+        assert uncounted(influx_url, "clock:320") == (0, 1)
+        dead = read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=30, expect=1)
+        assert [dict(d.headers())["reason"] for d in dead] == [b"future"]
+        assert wire.decode_events(dead[0].value()).events["ts_ns"].tolist()[0] > t0 + day // 2
+        worker.kill()
+        feed.events(host, 320, 1, launches([t0 + w * W + 2 for w in range(20, 40)], 320, 8, 64))
+        feed.flush()
+        worker.start("second")
+        wait_for(lambda: sum_of(influx_url, "launches", "count", "clock:320", t0, host=host)
+                 == 39, 90, "the launches after the restart counted", worker)
+        assert uncounted(influx_url, "clock:320") == (0, 1)
+        summary = report.job_summary(InfluxSettings(url=influx_url), "clock:320", t0,
+                                     time.time_ns() + W)
+        assert (summary.uncounted_late, summary.uncounted_future) == (0, 1)
+        assert "1 events of this job were not counted" in report.render_job(summary)
+    finally:
+        worker.stop()
+
+
 def test_malformed_messages_go_to_dead_letters_and_are_counted(
         kafka_bootstrap: str, influx_url: str, names: str, worker: StreamWorker) -> None:
     feed = Feed(kafka_bootstrap, names)
@@ -209,13 +298,18 @@ def test_malformed_messages_go_to_dead_letters_and_are_counted(
     feed.raw(feed.topics.events, host, b"\x00 not json")
     feed.raw(feed.topics.events, host, orjson.dumps({"schema": "gpuflight.events", "v": 99}))
     feed.raw(feed.topics.nvml, host, b'{"schema": "gpuflight.nvml", "v": 1}')
+    for count in (b"1000000000000", b"5e6"):  # claims the message cannot hold
+        feed.raw(feed.topics.events, host, b'{"schema": "gpuflight.events", "v": 1, "count": '
+                 + count + b', "host": "h", "pid": 1, "start_time": 0, "ts0": 5, "columns": {}}')
     feed.events(host, 400, 1, launches([t0, t0 + 1], 400, 2, 2))
     feed.events(host, 400, 1, launches([t0 + 5 * W], 400, 2, 2))
     feed.flush()
     worker.start()
-    dead = read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=90, expect=3)
+    dead = read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=90, expect=5)
     reasons = sorted((dict(d.headers())["topic"].decode(), d.value()[:8]) for d in dead)
     assert reasons == sorted([(feed.topics.events, b"\x00 not js"),
+                              (feed.topics.events, b'{"schema'),
+                              (feed.topics.events, b'{"schema'),
                               (feed.topics.events, b'{"schema'),
                               (feed.topics.nvml, b'{"schema')])
     assert all(dict(d.headers())["reason"] == b"malformed" for d in dead)
@@ -227,7 +321,7 @@ def test_malformed_messages_go_to_dead_letters_and_are_counted(
                                  f" WHERE worker = 'w1' AND time >= {t0}")
         return int(found[0]["last"]) if found else 0
 
-    assert wait_for(lambda: dead_letters() >= 3, 30, "worker metrics", worker)
+    assert wait_for(lambda: dead_letters() >= 5, 30, "worker metrics", worker)
 
 
 def test_anomalies_and_memory_bound_fire_on_their_cases_only(

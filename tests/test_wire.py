@@ -99,6 +99,31 @@ def test_malformed_messages_raise_wire_errors(value: bytes, reason: str) -> None
         wire.decode_events(value)
 
 
+@pytest.mark.parametrize("count", ["1000000000000", "5e6", "1000000", "999999"])
+def test_a_count_the_message_does_not_hold_is_refused_before_allocating(count: str) -> None:
+    """A few bytes claiming a million events (or 10**12, or 5e6): one WireError, and no memory
+    allocated for the claim (the issue's worker went from 216 to 635 MB on one)."""
+    import tracemalloc
+
+    value = (b'{"schema": "gpuflight.events", "v": 1, "count": ' + count.encode()
+             + b', "host": "h", "pid": 1, "start_time": 0, "ts0": 5, "columns": {}}')
+    assert len(value) < 140
+    tracemalloc.start()
+    try:
+        with pytest.raises(wire.WireError):
+            wire.decode_events(value)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
+def test_one_event_needs_no_column() -> None:
+    value = (b'{"schema": "gpuflight.events", "v": 1, "count": 1, "host": "h", "pid": 1,'
+             b' "start_time": 0, "ts0": 5, "columns": {}}')
+    assert wire.decode_events(value).events["ts_ns"].tolist() == [5]
+
+
 def test_unknown_columns_are_ignored_additive_changes() -> None:
     events = sample()
     message = orjson.loads(wire.encode_events(wire.EventBatch("h", 4242, 1, events)))
