@@ -26,7 +26,7 @@ from producer.errors import UsageError
 from producer.probes import DropCounts
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink, SummarySink
-from producer.summary import Summary, render
+from producer.summary import ProbedFile, Summary, render
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class TraceResult:
     summary: Summary
     dropped: int
     events: int
+    #: The library files probed, once each, with their probe counts.
+    probed: tuple[ProbedFile, ...] = ()
 
 
 #: The exit code of a trace whose command succeeded but whose --output could not be written
@@ -63,6 +65,14 @@ def _close(capture: Capture) -> DropCounts:
             return capture.drops()
         except Exception:
             return DropCounts(events=0, loader=0)
+
+
+def _probed(capture: Capture) -> tuple[ProbedFile, ...]:
+    """The files the probes were attached to: one entry per file (device, inode)."""
+    return tuple(
+        ProbedFile(path=str(a.library.path), kind=a.library.kind, probes=a.probes)
+        for a in list(capture.probes.attached.values())
+    )
 
 
 def _untrace(capture: Capture) -> None:
@@ -182,10 +192,12 @@ def run(
         summary=summary_sink.summary,
         dropped=drops.events,
         events=capture.stats.events,
+        probed=_probed(capture),
     )
     if print_summary:
         title = " ".join(argv)
-        print("\n" + render(result.summary, title, wall_s, drops.events) + "\n", file=sys.stderr)
+        print("\n" + render(result.summary, title, wall_s, drops.events, probed=result.probed)
+              + "\n", file=sys.stderr)
     if drops.events:
         log.warning("%d events were dropped in the kernel (ring buffer full)", drops.events)
     return result
