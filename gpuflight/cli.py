@@ -364,13 +364,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gpuflight.demo import showcase, torch_showcase
 
         if args.python is not None:
-            return torch_showcase.run(args.python, steps=args.steps)
+            return torch_showcase.run(torch_showcase.prepare(args.python), steps=args.steps)
         python = None if args.c_showcase else torch_showcase.frameworks_python()
         if python is not None:
             try:
-                return torch_showcase.run(python, steps=args.steps)
+                prepared = torch_showcase.prepare(python)
             except GpuflightError as exc:
                 log.warning("the PyTorch showcase cannot run (%s): the C showcase instead", exc)
+            else:
+                return torch_showcase.run(prepared, steps=args.steps)
         return int(showcase.run(steps=args.steps))
     raise UsageError(f"unknown command {args.command}")
 

@@ -7,11 +7,14 @@ synthetic events, without any of that.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from typing import Any
+
+import pytest
 
 from gpuflight.demo import showcase
 from gpuflight.demo.torch_showcase import LABELS, window_summary
@@ -76,3 +79,15 @@ def test_demo_on_pytorch_fuses_eight_launches_into_one() -> None:
         8 * steps, steps)
     assert re.search(r"GPU utilization \(simulated GPU\)\s+\d+%\s+\d+%", proc.stdout), proc.stdout
     assert "torch.compile vs eager" in proc.stdout
+
+
+def test_a_python_without_torch_is_one_line_and_exit_2() -> None:
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("gpuflight's own Python has torch here")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuflight", "demo", "--python", sys.executable],
+        capture_output=True, text=True, cwd=REPO, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "cannot import a CUDA build of torch" in proc.stderr

@@ -22,6 +22,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,12 +156,29 @@ def measure(python: Path, sim: SimGpu, major: int, tmp: Path, *, mode: str,
     return data
 
 
-def run(python: Path, steps: int | None = None) -> int:
+@dataclass(frozen=True)
+class Prepared:
+    """A Python with CUDA torch and the simulated GPU built for its CUDA version."""
+
+    python: Path
+    info: dict[str, Any]
+    sim: SimGpu
+    major: int
+
+
+def prepare(python: Path) -> Prepared:
+    """Check that `python` has CUDA torch and build the simulated GPU for it (UsageError,
+    SetupError: the demo cannot be the PyTorch one)."""
     info = torch_info(python)
     if info is None:
         raise UsageError(f"{python} cannot import a CUDA build of torch")
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuflight"
     sim, major = build_sim(info, cache / "simgpu")
+    return Prepared(python, info, sim, major)
+
+
+def run(prepared: Prepared, steps: int | None = None) -> int:
+    python, info, sim, major = prepared.python, prepared.info, prepared.sim, prepared.major
     steps = steps or DEFAULT_STEPS
     print(f"gpuflight demo: the same PyTorch computation, eager then torch.compile, on a "
           f"simulated GPU ({python}, torch for CUDA {info['cuda']}); start-up and compilation "
