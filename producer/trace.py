@@ -68,11 +68,16 @@ def _close(capture: Capture) -> DropCounts:
 
 
 def _probed(capture: Capture) -> tuple[ProbedFile, ...]:
-    """The files the probes were attached to: one entry per file (device, inode)."""
-    return tuple(
-        ProbedFile(path=str(a.library.path), kind=a.library.kind, probes=a.probes)
-        for a in list(capture.probes.attached.values())
-    )
+    """The files the probes were attached to: one entry per file (device, inode). Never
+    fails: the summary is printed without the list rather than lost."""
+    try:
+        return tuple(
+            ProbedFile(path=str(a.library.path), kind=a.library.kind, probes=a.probes)
+            for a in list(capture.probes.attached.values())
+        )
+    except Exception as exc:
+        log.debug("the probed files cannot be listed: %s", exc)
+        return ()
 
 
 def _untrace(capture: Capture) -> None:
