@@ -199,10 +199,14 @@ def case_argv(tmp: Path, case: str, iters: int, mode: str, out: Path) -> list[st
     return [str(workload), case, str(iters), mode, str(out)]
 
 
-def run_traced(python: str, argv: list[str], case: str, out: Path) -> dict[str, Any]:
-    """gpuflight's counts of the region: by layer, graphs, and per kernel name."""
+def run_traced(python: str, argv: list[str], case: str, out: Path,
+               workload_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """gpuflight's counts of the region: by layer, graphs, and per kernel name.
+    `workload_env`: variables for the workload only (the tests' simulated GPU)."""
+    prefix = ["env", *(f"{k}={v}" for k, v in workload_env.items())] if workload_env else []
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuflight", "trace", "--output", str(out), "--", python, *argv],
+        [sys.executable, "-m", "gpuflight", "trace", "--output", str(out), "--", *prefix,
+         python, *argv],
         capture_output=True, text=True, cwd=REPO, check=False, timeout=1800,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
