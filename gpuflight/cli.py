@@ -244,6 +244,11 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the kernel-fusion showcase on a simulated GPU")
     demo.add_argument("--steps", type=int, default=None, help="training steps per run")
+    demo.add_argument("--python", type=Path, default=None,
+                      help="a Python with CUDA PyTorch: the showcase on real PyTorch (eager vs "
+                      "torch.compile); default: the frameworks venv if there, else the C showcase")
+    demo.add_argument("--c", action="store_true", dest="c_showcase",
+                      help="the C showcase even where PyTorch is installed")
     demo.add_argument("--pipeline", action="store_true",
                       help="through the whole pipeline: producer → Kafka → streams → InfluxDB, "
                       "then the comparison from InfluxDB")
@@ -360,8 +365,18 @@ def _dispatch(args: argparse.Namespace) -> int:
             from gpuflight.demo import pipeline as pipeline_demo
 
             return pipeline_demo.run(steps=args.steps)
-        from gpuflight.demo import showcase
+        from gpuflight.demo import showcase, torch_showcase
 
+        if args.python is not None:
+            return torch_showcase.run(torch_showcase.prepare(args.python), steps=args.steps)
+        python = None if args.c_showcase else torch_showcase.frameworks_python()
+        if python is not None:
+            try:
+                prepared = torch_showcase.prepare(python)
+            except GpuflightError as exc:
+                log.warning("the PyTorch showcase cannot run (%s): the C showcase instead", exc)
+            else:
+                return torch_showcase.run(prepared, steps=args.steps)
         return int(showcase.run(steps=args.steps))
     raise UsageError(f"unknown command {args.command}")
 

@@ -4,6 +4,7 @@ the same counts as the stream windows), added batch by batch."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,16 @@ from tabulate import tabulate
 
 from producer.counting import CopyStats, Counts, Shape
 from producer.records import COPY_KINDS
+
+
+@dataclass(frozen=True)
+class ProbedFile:
+    """A library file the trace attached probes to (once per file, however many processes
+    mapped it): its path, its kind (runtime, driver, loader) and its number of probes."""
+
+    path: str
+    kind: str
+    probes: int
 
 
 def _trace_counts() -> Counts:
@@ -169,9 +180,11 @@ def _dim(d: tuple[int, int, int]) -> str:
     return "({},{},{})".format(*d)
 
 
-def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5) -> str:
+def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5, *,
+           probed: Sequence[ProbedFile] = ()) -> str:
     """Human summary, in the spirit of `perf stat`; its words are the counting core's terms,
-    as `gpuflight report` uses them (README "What is counted")."""
+    as `gpuflight report` uses them (README "What is counted"). `probed`: the library files
+    the trace attached to, listed once each with their probe counts."""
     c = summary.counts
     lines = [f" gpuflight trace of '{title}' ({wall_s:.3f} s, {len(summary.pids)} process(es),"
              f" {summary.events:,} events):", ""]
@@ -239,5 +252,11 @@ def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5
         more = f", {len(worst) - top} more apis" if len(worst) > top else ""
         lines.append(f"  failed calls: {summary.failed_calls:,} ({apis}{more})"
                      "   # non-zero cudaError_t/CUresult")
+    if probed:
+        total = sum(p.probes for p in probed)
+        lines += ["", f"  probed library files: {len(probed):,} ({total:,} probes)"]
+        order = {"runtime": 0, "driver": 1, "loader": 2}
+        for p in sorted(probed, key=lambda p: (order.get(p.kind, 3), p.path)):
+            lines.append(f"  {p.probes:>14,}  {p.kind:<8} {p.path}")
     lines.append(f"  events dropped: {drops:,}")
     return "\n".join(lines)

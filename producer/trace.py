@@ -26,7 +26,7 @@ from producer.errors import UsageError
 from producer.probes import CUDA_KINDS, DropCounts, Probes
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink, SummarySink
-from producer.summary import Summary, render
+from producer.summary import ProbedFile, Summary, render
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class TraceResult:
     summary: Summary
     dropped: int
     events: int
+    #: The library files probed, once each, with their probe counts.
+    probed: tuple[ProbedFile, ...] = ()
 
 
 #: The exit code of a trace whose command succeeded but whose --output could not be written
@@ -86,6 +88,19 @@ def _close(capture: Capture) -> DropCounts:
             return capture.drops()
         except Exception:
             return DropCounts(events=0, loader=0)
+
+
+def _probed(capture: Capture) -> tuple[ProbedFile, ...]:
+    """The files the probes were attached to: one entry per file (device, inode). Never
+    fails: the summary is printed without the list rather than lost."""
+    try:
+        return tuple(
+            ProbedFile(path=str(a.library.path), kind=a.library.kind, probes=a.probes)
+            for a in list(capture.probes.attached.values())
+        )
+    except Exception as exc:
+        log.debug("the probed files cannot be listed: %s", exc)
+        return ()
 
 
 def _untrace(capture: Capture) -> None:
@@ -211,10 +226,14 @@ def run(
         summary=summary_sink.summary,
         dropped=drops.events,
         events=capture.stats.events,
+        probed=_probed(capture),
     )
     if print_summary:
         title = " ".join(argv)
-        text = "\n".join([render(result.summary, title, wall_s, drops.events), *attach_lines])
+        text = "\n".join([
+            render(result.summary, title, wall_s, drops.events, probed=result.probed),
+            *attach_lines,
+        ])
         print("\n" + text + "\n", file=sys.stderr)
     if drops.events:
         log.warning("%d events were dropped in the kernel (ring buffer full)", drops.events)

@@ -160,3 +160,22 @@ def test_captured_launches_count_into_the_graph_and_its_replays() -> None:
                          "api": "cudaStreamBeginCapture", "layer": "runtime", "phase": "begin",
                          "stream": 5, "graph": None, "kernel_nodes": None, "duration_ns": None,
                          "ok": None}
+
+
+def test_summary_lists_each_probed_file_once_with_its_probes() -> None:
+    from producer.summary import ProbedFile
+
+    probed = [
+        ProbedFile("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", "loader", 1),
+        ProbedFile("/opt/sim/libcuda.so.1", "driver", 81),
+        ProbedFile("/venv/nvidia/cu13/lib/libcudart.so.13", "runtime", 74),
+    ]
+    text = render(Summary(), "job", wall_s=1.0, drops=0, probed=probed)
+    assert "probed library files: 3 (156 probes)" in text
+    rows = [ln.split() for ln in text.splitlines() if ln.strip().endswith(".so.1")
+            or ln.strip().endswith(".so.13") or ln.strip().endswith(".so.2")]
+    # runtimes first, then drivers, then the loader; each file once
+    assert rows == [["74", "runtime", "/venv/nvidia/cu13/lib/libcudart.so.13"],
+                    ["81", "driver", "/opt/sim/libcuda.so.1"],
+                    ["1", "loader", "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"]]
+    assert "probed library files" not in render(Summary(), "job", wall_s=1.0, drops=0)

@@ -44,8 +44,10 @@ def _ratio(a: float, b: float) -> str:
     return f"{b / a:.2f}x" if a else "-"
 
 
-def comparison(results: dict[str, dict[str, Any]]) -> str:
-    u, f = results["unfused"], results["fused"]
+def comparison(results: dict[str, dict[str, Any]], modes: tuple[str, str] = MODES,
+               title: str = "kernel fusion") -> str:
+    """The side-by-side table of two runs' figures (`modes`: their keys, as the columns)."""
+    u, f = results[modes[0]], results[modes[1]]
     rows = [
         ["kernel launches", f"{u['launches']:,}", f"{f['launches']:,}",
          f"{u['launches'] / f['launches']:.1f}x fewer" if f["launches"] else "-"],
@@ -64,7 +66,7 @@ def comparison(results: dict[str, dict[str, Any]]) -> str:
         ["wall time (s)", f"{u['wall_s']:.2f}", f"{f['wall_s']:.2f}",
          _ratio(u["wall_s"], f["wall_s"])],
     ]
-    table = tabulate(rows, headers=["kernel fusion", "unfused", "fused", "fused vs unfused"],
+    table = tabulate(rows, headers=[title, modes[0], modes[1], f"{modes[1]} vs {modes[0]}"],
                      tablefmt="simple", colalign=("left", "right", "right", "right"))
     return " " + table.replace("\n", "\n ")
 

@@ -760,6 +760,23 @@ API void gfsim_flush_counts(void)
 	counts_write();
 }
 
+/* Start the timelines' account afresh (GF_SIM_REPORT covers the work from here on): a
+ * workload calls it after its warm-up (start-up, compilation), before the region it measures. */
+API void gfsim_timeline_restart(void)
+{
+	int d;
+
+	for (d = 0; d < g_ndev; d++) {
+		struct timeline *t = &g_dev[d].tl;
+
+		pthread_mutex_lock(&t->lock);
+		t->started = 0;
+		t->busy_ns = 0;
+		t->kernels = 0;
+		pthread_mutex_unlock(&t->lock);
+	}
+}
+
 void sim_stub_hit(unsigned int id)
 {
 	if (id < SIM_MAX_STUBS)
