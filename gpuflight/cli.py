@@ -12,12 +12,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from producer import wire
 from producer.errors import GpuflightError, ServiceError, UsageError
 from producer.publish import KafkaSettings, load_config
 from producer.redact import CMDLINE_MODES
 from producer.settings import CaptureSettings
+
+if TYPE_CHECKING:
+    from producer.pricing import PriceBook
 
 log = logging.getLogger("gpuflight")
 
@@ -119,6 +123,18 @@ def _add_report_options(parser: argparse.ArgumentParser) -> None:
                         help="how far back: a duration (90s, 30m, 6h, 7d) or a TIME as for "
                         "replay (default %(default)s)")
     parser.add_argument("--until", default=None, metavar="TIME", help="up to (default: now)")
+
+
+def _add_price_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prices", type=Path, action="append", default=[], metavar="FILE",
+                        help="USD per GPU-hour by GPU model (TOML, [usd_per_gpu_hour]); "
+                        "overrides the illustrative defaults model by model (repeatable)")
+
+
+def _price_book(files: Sequence[Path]) -> PriceBook:
+    from producer.pricing import PriceBook
+
+    return PriceBook.load(Path(__file__).resolve().parent / "prices.toml", *files)
 
 
 def _kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> KafkaSettings:
@@ -227,6 +243,10 @@ def _parser() -> argparse.ArgumentParser:
     streams.add_argument("--metrics-interval", type=_positive, default=5.0, metavar="S",
                          help="worker metrics (the streams measurement) every S seconds "
                          "(default %(default)s)")
+    _add_price_options(streams)
+    streams.add_argument("--gpu-model", default=None, metavar="NAME",
+                         help="the GPU model of hosts whose NVML names none (e.g. H100), "
+                         "for the cost of requests and jobs")
 
     report = sub.add_parser("report", help="a job's aggregates from InfluxDB, as a table")
     report.add_argument("--job", required=True, help="the job (see `gpuflight report --jobs`)")
@@ -328,6 +348,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             tick_s=args.tick,
             metrics_s=args.metrics_interval,
             host_idle_s=args.idle,
+            prices=_price_book(args.prices),
+            gpu_model=args.gpu_model,
         )
         if args.worker:
             stream_settings = replace(stream_settings, worker=args.worker)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from producer.records import EVENT_DTYPE
 from producer.wire import RequestRecord
 from streams import measurements as m
 from streams import requests as rq
@@ -181,3 +183,28 @@ def test_malformed_dicts_are_value_errors() -> None:
     with pytest.raises(ValueError, match="malformed"):
         RequestWindow.from_dict({"v": rq.DICT_VERSION, "routes": {"/a": [1]},
                                  "unattributed_gpu_ns": 0})
+
+
+def test_a_job_state_counts_requests_once_across_restarts_and_prices_them() -> None:
+    from streams.windows import JobState, WindowSettings
+
+    settings = WindowSettings(window_s=1.0, grace_s=0.0)
+    state = JobState("h", "serve:1", 0, labels=Labels("ml", m.NO_LABEL))
+    empty = np.zeros(0, dtype=EVENT_DTYPE)
+    batch = [done(1, "/a", T0, T0 + 10, gpu_ns=3.6e9), done(2, "/a", T0, T0 + 20, gpu_ns=1.8e9)]
+    assert state.apply(empty, 0, 5, settings, requests=batch,
+                       unattributed={"gpu_ns": 0.6e9}).late_requests == 0
+    state = JobState.from_bytes(state.to_bytes(), settings)  # a restart: the changelog's
+    assert state.apply(empty, 0, 5, settings, requests=batch).duplicate  # redelivered
+    writes, _ = state.due(T0 + 2 * W, settings, gpu_price=lambda host, job: 3.0)
+    (final,) = writes
+    route = [p for p in final.points if p.measurement == m.ROUTES.name]
+    assert [(p.fields[Fields.REQUESTS], p.fields[Fields.COST_USD]) for p in route] == [
+        (2, pytest.approx(5.4 * 3 / 3600))]
+    (job,) = [p for p in final.points if p.measurement == m.JOB_COST.name]
+    assert job.tags[Tags.NAMESPACE] == "ml"
+    assert job.fields[Fields.GPU_NS] == pytest.approx(6.0e9)
+    assert job.fields[Fields.UNATTRIBUTED_SHARE] == pytest.approx(0.1)
+    # A request of a window closed already is late: not counted.
+    late = state.apply(empty, 0, 6, settings, requests=[done(3, "/a", T0, T0 + 30)])
+    assert late.late_requests == 1
