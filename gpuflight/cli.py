@@ -248,10 +248,23 @@ def _parser() -> argparse.ArgumentParser:
                          help="the GPU model of hosts whose NVML names none (e.g. H100), "
                          "for the cost of requests and jobs")
 
-    report = sub.add_parser("report", help="a job's aggregates from InfluxDB, as a table")
-    report.add_argument("--job", required=True, help="the job (see `gpuflight report --jobs`)")
+    report = sub.add_parser("report", help="a job's aggregates from InfluxDB, as a table; or "
+                            "requests and GPU cost by route, job, namespace or team (--by)")
+    report.add_argument("--job", help="the job (its aggregates; with --by: only its requests)")
+    report.add_argument("--by", choices=("route", "job", "namespace", "team"),
+                        help="requests, latency, GPU work and cost per route, job, namespace "
+                        "or team label")
     _add_report_options(report)
     report.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+    cost = sub.add_parser("cost", help="GPU cost from InfluxDB over a time range, per job "
+                          "(or --by route, namespace, team)")
+    cost.add_argument("--by", choices=("job", "route", "namespace", "team"), default="job",
+                      help="(default %(default)s)")
+    cost.add_argument("--job", help="only this job's")
+    _add_report_options(cost)
+    cost.set_defaults(since="24h")
+    cost.add_argument("--json", action="store_true", help="JSON instead of a table")
 
     compare = sub.add_parser("compare", help="two jobs side by side, with ratios (B vs A)")
     compare.add_argument("job_a", metavar="JOB_A")
@@ -358,6 +371,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         _check_kafka(args.kafka, kafka_config, required=False)
         stream_app.run(stream_settings, loglevel="DEBUG" if args.verbose else "WARNING")
         return 0
+    if args.command == "cost" or (args.command == "report" and args.by):
+        from producer import timeparse
+        from streams import costs
+        from streams.settings import InfluxSettings
+
+        influx = InfluxSettings.from_environment(args.influx, args.bucket)
+        since_ns, until_ns = timeparse.time_range(args.since, args.until)
+        table = costs.cost_table(influx, args.by, since_ns, until_ns, host=args.host,
+                                 job=args.job)
+        print(costs.render_json(table) if args.json else costs.render(table))
+        return 0
+    if args.command == "report" and not args.job:
+        raise UsageError("report needs --job JOB, or --by route|job|namespace|team")
     if args.command in ("report", "compare"):
         from producer import timeparse
         from streams import report
