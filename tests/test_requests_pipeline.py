@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -256,3 +257,50 @@ def test_the_cost_rule_fires_for_the_route_that_got_costlier(served: Run) -> Non
     text = render(rule["annotations"]["summary"], labels, values)
     assert text.startswith(f"/infer of {served.job} on {served.host} costs 0.0003 USD")
     assert "3 times its baseline of 0.0001 USD" in text
+
+
+def test_a_worker_killed_mid_stream_counts_every_request_once(
+        kafka_bootstrap: str, influx_url: str, tmp_path: Path) -> None:
+    names = f"requests-kill-{os.getpid()}-{time.time_ns() % 10**6}"
+    feed = Feed(kafka_bootstrap, names)
+    host, pid = f"{names}-node", 7
+    feed.process(host, pid, 3, "serve:7")
+    t0 = (time.time_ns() // W - 120) * W
+    windows, messages_per_window, per_message = 40, 10, 50
+    rid = 1
+    for w in range(windows):
+        for k in range(messages_per_window):
+            end = t0 + w * W + k * (W // messages_per_window)
+            batch = []
+            for i in range(per_message):
+                batch.append(request(rid, "/a" if i % 2 else "/b/{id}", end + i, gpu_s=0.001,
+                                     latency_ns=1_000_000))
+                rid += 1
+            feed.raw(feed.topics.events, host, wire.encode_events(wire.EventBatch(
+                host, pid, 3, launches([end], pid, 4, 64), requests=tuple(batch),
+                unattributed={"gpu_ns": 1000.0})))
+    feed.flush()
+    total = windows * messages_per_window * per_message
+
+    def written() -> int:
+        found = rows(influx_url, f"SELECT sum(requests) FROM routes WHERE host = '{host}'")
+        return int(found[0]["sum"]) if found else 0
+
+    worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path)
+    try:
+        worker.start("first")
+        wait_for(lambda: written() > 0, 90, "the first windows written", worker)
+        worker.kill()
+        assert 0 < written() < total, "the worker was not killed mid-stream"
+        worker.start("second")
+        wait_for(lambda: written() == total, 120, f"all {total} requests", worker)
+        per_window = rows(influx_url, f"SELECT sum(requests) AS n, sum(gpu_ns) AS g FROM routes "
+                                      f"WHERE host = '{host}' GROUP BY time(1s) fill(none)")
+        assert len(per_window) == windows
+        assert {r["n"] for r in per_window} == {messages_per_window * per_message}
+        assert {round(r["g"]) for r in per_window} == {messages_per_window * per_message * 10**6}
+        (cost,) = rows(influx_url, f"SELECT sum(unattributed_gpu_ns) AS u FROM job_cost "
+                                   f"WHERE host = '{host}'")
+        assert cost["u"] == windows * messages_per_window * 1000
+    finally:
+        worker.stop()
