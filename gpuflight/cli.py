@@ -12,12 +12,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from producer import wire
 from producer.errors import GpuflightError, ServiceError, UsageError
 from producer.publish import KafkaSettings, load_config
 from producer.redact import CMDLINE_MODES
 from producer.settings import CaptureSettings
+
+if TYPE_CHECKING:
+    from producer.trace import RequestOptions
 
 log = logging.getLogger("gpuflight")
 
@@ -37,6 +41,10 @@ def _add_capture_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="event ring buffer size in pages, a power of two (default %(default)s = 32 MiB)",
     )
+    parser.add_argument(
+        "--no-http", dest="http", action="store_false",
+        help="do not capture the HTTP/1.1 requests the processes serve (nor attribute CUDA "
+        "calls to them)")
 
 
 def _bootstrap(text: str) -> str:
@@ -121,6 +129,35 @@ def _add_report_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", default=None, metavar="TIME", help="up to (default: now)")
 
 
+def _add_request_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--otlp", metavar="URL", default=None,
+                        help="export each HTTP request as an OTLP span (with its GPU work) to "
+                        "this collector, e.g. http://127.0.0.1:4318")
+    parser.add_argument("--otlp-protocol", choices=("http/protobuf", "grpc"),
+                        default="http/protobuf", help="(default %(default)s)")
+    parser.add_argument("--prices", type=Path, action="append", metavar="FILE", default=[],
+                        help="a price file ([usd_per_gpu_hour] MODEL = USD) over the default "
+                        "list (repeatable; later files win, model by model)")
+    parser.add_argument("--gpu-model", metavar="NAME", default=None,
+                        help="the GPU to price requests at (default: NVML's name of GPU 0)")
+
+
+def default_price_file() -> Path:
+    """gpuflight's default price list (illustrative; gpuflight/prices.toml)."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("gpuflight") / "prices.toml"))
+
+
+def _request_options(args: argparse.Namespace) -> RequestOptions:
+    from producer.pricing import PriceBook
+    from producer.trace import RequestOptions
+
+    prices = PriceBook.load(default_price_file(), *args.prices)
+    return RequestOptions(prices=prices, gpu_model=args.gpu_model,
+                                        otlp=args.otlp, otlp_protocol=args.otlp_protocol)
+
+
 def _kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> KafkaSettings:
     settings = KafkaSettings(
         bootstrap=args.kafka,
@@ -147,6 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="run a command under capture and summarise it")
     trace.add_argument("--output", "-o", type=Path, help="write events as JSON lines ('-': stdout)")
     _add_capture_options(trace)
+    _add_request_options(trace)
     trace.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
     producer = sub.add_parser("producer", help="capture node-wide until SIGTERM/SIGINT")
@@ -262,14 +300,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         argv = list(args.argv)
         if argv and argv[0] == "--":
             argv = argv[1:]
-        settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages)
-        return trace.run(argv, output=args.output, settings=settings).exit_code
+        settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
+        return trace.run(argv, output=args.output, settings=settings,
+                         requests=_request_options(args)).exit_code
     if args.command == "producer":
         from producer import node
 
         pids = frozenset(args.pid) if args.pid else None
         settings = CaptureSettings(
-            proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages
+            proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages, http=args.http
         )
         kafka = _kafka_settings(args, args.buffer_mb) if args.kafka is not None else None
         if kafka is not None:
