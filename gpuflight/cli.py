@@ -282,6 +282,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--pipeline", action="store_true",
                       help="through the whole pipeline: producer → Kafka → streams → InfluxDB, "
                       "then the comparison from InfluxDB")
+    demo.add_argument("--serve", action="store_true",
+                      help="an inference-like HTTP server on the simulated GPU under load: "
+                      "its per-route table with the cost of 1,000 requests")
+    demo.add_argument("--clients", type=_positive_int, default=4, help="(--serve) clients")
+    demo.add_argument("--requests", type=_positive_int, default=100,
+                      help="(--serve) requests per client")
     return parser
 
 
@@ -391,6 +397,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(report.render_json([a, b]) if args.json else report.render_compare(a, b))
         return 0
     if args.command == "demo":
+        if args.serve:
+            from gpuflight.demo import serve
+
+            return serve.run(clients=args.clients, requests=args.requests)
         if args.pipeline:
             from gpuflight.demo import pipeline as pipeline_demo
 

@@ -230,7 +230,7 @@ class Capture:
                 break
         self.stats.events += total
         if requests is not None:
-            self._hand_on_requests(requests)
+            self._hand_on_requests(requests, cut)
         return total
 
     def _hold_back(self, events: npt.NDArray[np.void], cut: int) -> npt.NDArray[np.void]:
@@ -244,8 +244,8 @@ class Capture:
         self._held = events[later]
         return events[~later]
 
-    def _hand_on_requests(self, requests: RequestTracker) -> None:
-        for pid, (answered, unattributed) in requests.take_answered().items():
+    def _hand_on_requests(self, requests: RequestTracker, before_ns: int | None = None) -> None:
+        for pid, (answered, unattributed) in requests.take_answered(before_ns).items():
             self.stats.requests += len(answered)
             for sink in self.sinks:
                 sink.write_requests(pid, answered, unattributed)

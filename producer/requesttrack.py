@@ -170,14 +170,26 @@ class RequestTracker:
 
     # -- handing on ------------------------------------------------------------
 
-    def take_answered(self) -> dict[int, tuple[list[Answered], dict[str, float]]]:
+    def take_answered(
+        self, before_ns: int | None = None
+    ) -> dict[int, tuple[list[Answered], dict[str, float]]]:
         """Per pid: the requests answered since the last call, with their cost, and the cost
-        no request explains in the events attributed since then."""
+        no request explains in the events attributed since then. With `before_ns` (wall
+        clock), only the requests that ended before it: the events of the others may still be
+        held back, and they wait for the next call."""
         out: dict[int, tuple[list[Answered], dict[str, float]]] = {}
         answered, self._answered = self._answered, {}
+        if before_ns is not None:
+            limit = before_ns - self._offset
+            for pid, requests in list(answered.items()):
+                later = [r for r in requests if r.end_ns >= limit]
+                if later:
+                    self._answered[pid] = later
+                    answered[pid] = [r for r in requests if r.end_ns < limit]
         unattributed, self._unattributed = self._unattributed, {}
         for pid, requests in answered.items():
-            out[pid] = ([self._answered_one(pid, r) for r in requests], {})
+            if requests:
+                out[pid] = ([self._answered_one(pid, r) for r in requests], {})
         for pid, cost in unattributed.items():
             done = out.setdefault(pid, ([], {}))
             done[1].update(_costs(cost))

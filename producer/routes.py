@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from tabulate import tabulate
 
+from producer.http import ProcessStats
 from producer.pricing import PriceBook
 from producer.wire import RequestRecord
 
@@ -122,3 +123,23 @@ def render(table: RouteTable, gpu_name: str | None = None) -> str:
     else:
         lines.append(" cost: no GPU model known (NVML gave none): --gpu-model NAME prices it")
     return "\n".join(lines)
+
+
+def render_http(stats: Mapping[int, ProcessStats]) -> str:
+    """One line: what the HTTP capture saw that is not a request it could parse."""
+    total = ProcessStats()
+    for one in stats.values():
+        for name in vars(total):
+            setattr(total, name, getattr(total, name) + getattr(one, name))
+    ignored = [(total.garbage_connections, "not HTTP"), (total.tls_connections, "TLS"),
+               (total.http2_connections, "HTTP/2"), (total.unix_sockets, "unix sockets"),
+               (total.upgraded_connections, "upgraded")]
+    parts = [f"{n:,} {what}" for n, what in ignored if n]
+    line = f" HTTP: {total.requests:,} requests ({total.incomplete:,} incomplete)"
+    line += f"; connections ignored: {', '.join(parts)}" if parts else ""
+    if total.gaps:
+        line += f"; {total.gaps:,} records lost ({total.gap_bytes:,} bytes)"
+    if total.malformed_records or total.parser_errors:
+        line += (f"; {total.malformed_records:,} malformed records, "
+                 f"{total.parser_errors:,} parser errors")
+    return line

@@ -28,6 +28,7 @@ from producer.probes import DropCounts
 from producer.requesttrack import Answered
 from producer.routes import RouteTable, route_table
 from producer.routes import render as render_routes
+from producer.routes import render_http
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink, SummarySink
 from producer.summary import Summary, render
@@ -243,7 +244,9 @@ def run(
         print("\n" + render(result.summary, title, wall_s, drops.events) + "\n", file=sys.stderr)
         table = render_routes(routes, gpu) if routes is not None else ""
         if table:
-            print(table + "\n", file=sys.stderr)
+            print(table, file=sys.stderr)
+        if capture.requests is not None and capture.requests.stats():
+            print(render_http(capture.requests.stats()) + "\n", file=sys.stderr)
     if drops.events:
         log.warning("%d events were dropped in the kernel (ring buffer full)", drops.events)
     return result

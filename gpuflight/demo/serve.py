@@ -146,6 +146,40 @@ def load(port: int, clients: int, requests: int,
     return statuses
 
 
+#: The simulated GPU has no model of its own: the demo prices it as this one.
+PRICED_AS = "H100"
+
+
+def run(clients: int = 4, requests: int = 100, gpu_model: str = PRICED_AS) -> int:
+    """`gpuflight demo --serve`: trace the server under load, print its per-route table."""
+    from gpuflight.cli import default_price_file
+    from gpuflight.demo.build import build_demo
+    from producer import trace
+    from producer.pricing import PriceBook
+    from producer.routes import render
+    from producer.settings import CaptureSettings
+
+    built = build_demo()
+    print(f"gpuflight demo --serve: an inference-like HTTP server on a simulated GPU "
+          f"({built.runtime}), {clients} keep-alive clients x {requests} requests, priced as "
+          f"an {gpu_model}", file=sys.stderr)
+    options = trace.RequestOptions(prices=PriceBook.load(default_price_file()),
+                                   gpu_model=gpu_model)
+    result = trace.run(
+        [sys.executable, "-m", "gpuflight.demo.serve", "--runtime", str(built.runtime),
+         "--clients", str(clients), "--requests", str(requests)],
+        settings=CaptureSettings(http=True), print_summary=False, requests=options)
+    if result.exit_code != 0:
+        print(f"gpuflight demo --serve: the server failed (exit {result.exit_code})",
+              file=sys.stderr)
+        return 1
+    if result.routes is None or not result.routes.rows:
+        print("gpuflight demo --serve: no request was captured", file=sys.stderr)
+        return 1
+    print(render(result.routes, gpu_model))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuflight.demo.serve")
     parser.add_argument("--runtime", required=True, type=Path, help="the libcudart.so.12")
