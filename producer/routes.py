@@ -48,7 +48,8 @@ class RouteTable:
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="nearest"))
+    """The nearest-rank percentile (a latency some request had)."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="inverted_cdf"))
 
 
 def route_table(
@@ -94,7 +95,10 @@ def _size(n: float) -> str:
 
 
 def _usd(v: float) -> str:
-    return f"${v:,.2f}" if v >= 1 or v == 0 else f"${v:.3g}"
+    """Dollars and cents; below a dollar, three significant digits ($0.000467)."""
+    if v >= 1 or v == 0:
+        return f"${v:,.2f}"
+    return "$" + np.format_float_positional(v, precision=3, unique=False, fractional=False)
 
 
 def render(table: RouteTable, gpu_name: str | None = None) -> str:
@@ -110,7 +114,7 @@ def render(table: RouteTable, gpu_name: str | None = None) -> str:
     ] for r in table.rows]
     headers = ["route", "requests", "errors", "p50 ms", "p99 ms", "launches/req",
                "GPU ms/req", "copied/req", "HTTP bytes/req", "USD/1k req", "attribution"]
-    text = tabulate(rows, headers=headers, tablefmt="simple",
+    text = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
                     colalign=("left", *["right"] * 9, "left"))
     lines = [" requests by route", " " + text.replace("\n", "\n ")]
     lines.append(f" not explained by any request: {table.unattributed_gpu_s * 1e3:,.3f} GPU ms,"

@@ -26,9 +26,8 @@ from producer.errors import UsageError
 from producer.pricing import PriceBook
 from producer.probes import DropCounts
 from producer.requesttrack import Answered
-from producer.routes import RouteTable, route_table
+from producer.routes import RouteTable, render_http, route_table
 from producer.routes import render as render_routes
-from producer.routes import render_http
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink, SummarySink
 from producer.summary import Summary, render

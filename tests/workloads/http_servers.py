@@ -86,7 +86,11 @@ def threading_server(gpu: Gpu) -> socketserver.TCPServer:
             self.end_headers()
             self.wfile.write(body)
 
-        do_GET = do_POST = _serve
+        def do_GET(self) -> None:
+            self._serve()
+
+        def do_POST(self) -> None:
+            self._serve()
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -145,7 +149,7 @@ def _read_response(sock: socket.socket, buf: bytearray) -> tuple[int, int]:
     return status, total
 
 
-def client(port: int, server: str, n: int, requests: int, keep_alive: bool,
+def client(port: int, server: str, n: int, *, requests: int, keep_alive: bool,
            out: list[dict[str, Any]], lock: threading.Lock) -> None:
     rng = random.Random(n)
     sock: socket.socket | None = None
@@ -157,7 +161,7 @@ def client(port: int, server: str, n: int, requests: int, keep_alive: bool,
                 "items": f"/v1/items?page={rid}", "missing": f"/missing?x={rid}"}[kind]
         method = "POST" if kind in ("small", "big") else "GET"
         body = b"b" * (100 + i % 50) if method == "POST" else b""
-        traceparent = f"00-{TRACE_ID}-{n:04x}{i:012x}-01" if i % 3 == 0 else None
+        traceparent = f"00-{TRACE_ID}-{n + 1:04x}{i:012x}-01" if i % 3 == 0 else None
         head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         if traceparent:
             head += f"traceparent: {traceparent}\r\n"
@@ -195,11 +199,12 @@ def garbage(port: int) -> int:
     return len(payloads)
 
 
-def run_load(port: int, server: str, clients: int, requests: int, keep_alive: bool,
+def run_load(port: int, server: str, *, clients: int, requests: int, keep_alive: bool,
              out: list[dict[str, Any]]) -> None:
     lock = threading.Lock()
-    threads = [threading.Thread(target=client, args=(port, server, n + (0 if keep_alive else 50),
-                                                     requests, keep_alive, out, lock))
+    threads = [threading.Thread(target=client, args=(port, server, n + (0 if keep_alive else 50)),
+                                kwargs={"requests": requests, "keep_alive": keep_alive,
+                                        "out": out, "lock": lock})
                for n in range(clients)]
     for t in threads:
         t.start()
@@ -216,10 +221,12 @@ def threaded(gpu: Gpu, clients: int, requests: int) -> dict[str, Any]:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     bad = garbage(servers["stdlib"].server_address[1])
     loads = [
-        threading.Thread(target=run_load, args=(servers["stdlib"].server_address[1], "stdlib",
-                                                clients, requests, True, out)),
-        threading.Thread(target=run_load, args=(servers["wsgi"].server_address[1], "wsgi",
-                                                2, requests // 2, False, out)),
+        threading.Thread(target=run_load, args=(servers["stdlib"].server_address[1], "stdlib"),
+                         kwargs={"clients": clients, "requests": requests, "keep_alive": True,
+                                 "out": out}),
+        threading.Thread(target=run_load, args=(servers["wsgi"].server_address[1], "wsgi"),
+                         kwargs={"clients": 2, "requests": requests // 2, "keep_alive": False,
+                                 "out": out}),
     ]
     for t in loads:
         t.start()
@@ -273,7 +280,8 @@ def aio(gpu: Gpu, clients: int, requests: int) -> dict[str, Any]:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     ready.wait(30)
-    run_load(state["port"], "aiohttp", clients, requests, True, out)
+    run_load(state["port"], "aiohttp", clients=clients, requests=requests, keep_alive=True,
+             out=out)
     state["loop"].call_soon_threadsafe(state["loop"].stop)
     thread.join(30)
     return {"requests": out, "background_launches": 0, "garbage": 0}
