@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from producer import wire
 from producer.pricing import PriceBook
 from producer.routes import render, route_table
 from tests.conftest import REPO, bpf_unavailable_reason, require
+from tests.support.otlp_fixture import Collector, attributes, running_collector
+from tests.workloads.http_servers import TRACE_ID
 
 ROUTES = {"small": "/v1/small/{id}", "big": "/v1/big/{id}", "items": "/v1/items",
           "missing": "/missing"}
@@ -43,15 +46,21 @@ def _trace(tmp_path: Path, kind: str, *extra: str) -> tuple[list[dict[str, Any]]
     return lines, json.loads(expect.read_text()), done.stderr
 
 
-def _key(method: str, path: str, status: int, bytes_in: int, bytes_out: int,
-         trace: str | None) -> tuple[Any, ...]:
-    return (method, path, status, bytes_in, bytes_out, trace)
+Traced = tuple[list[dict[str, Any]], dict[str, Any], str]
 
 
 @pytest.fixture(scope="module")
-def threaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]],
-                                                                 dict[str, Any], str]:
-    return _trace(tmp_path_factory.mktemp("threaded"), "threaded")
+def traced_with_otlp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+        tuple[Traced, Collector]]:
+    require(bpf_unavailable_reason())
+    tmp = tmp_path_factory.mktemp("threaded")
+    with running_collector(tmp) as collector:
+        yield _trace(tmp, "threaded", "--otlp", collector.http), collector
+
+
+@pytest.fixture
+def threaded(traced_with_otlp: tuple[Traced, Collector]) -> Traced:
+    return traced_with_otlp[0]
 
 
 class TestThreadPerRequest:
@@ -65,11 +74,11 @@ class TestThreadPerRequest:
         requests = [e for e in lines if e["type"] == "request"]
         sent = expect["requests"]
         assert len(sent) >= 300 and len(requests) == len(sent)
-        got = Counter(_key(r["method"], r["path"], r["status"], r["bytes_in"], r["bytes_out"],
-                           r["trace_id"] and f"00-{r['trace_id']}-{r['parent_span_id']}-01")
+        got = Counter((r["method"], r["path"], r["status"], r["bytes_in"], r["bytes_out"],
+                       r["trace_id"] and f"00-{r['trace_id']}-{r['parent_span_id']}-01")
                       for r in requests)
-        want = Counter(_key(s["method"], s["path"], s["status"], s["bytes_in"], s["bytes_out"],
-                            s["traceparent"]) for s in sent)
+        want = Counter((s["method"], s["path"], s["status"], s["bytes_in"], s["bytes_out"],
+                        s["traceparent"]) for s in sent)
         assert got == want
         routes = {r["path"]: r["route"] for r in requests}
         for s in sent:
@@ -124,6 +133,30 @@ class TestThreadPerRequest:
         assert "parser errors" not in line
         assert "requests by route" in stderr and "POST /v1/big/{id}" in stderr
 
+    def test_each_request_is_a_span_in_its_callers_trace(
+        self, traced_with_otlp: tuple[Traced, Collector]
+    ) -> None:
+        (lines, _, _), collector = traced_with_otlp
+        requests = {e["request_id"]: e for e in lines if e["type"] == "request"}
+        spans = {int(s["spanId"], 16): s for s in collector.wait_for(len(requests))}
+        assert set(spans) == set(requests)
+        for rid, r in requests.items():
+            span = spans[rid]
+            attrs = attributes(span["attributes"])
+            assert span["name"] == f"{r['method']} {r['route']}"
+            assert attrs["http.route"] == r["route"] and attrs["url.path"] == r["path"]
+            assert attrs["http.response.status_code"] == r["status"]
+            assert attrs.get("gpuflight.gpu.launches", 0) == r["cost"].get("launches", 0)
+            if r["trace_id"]:
+                assert span["traceId"] == r["trace_id"] == TRACE_ID
+                assert span["parentSpanId"] == r["parent_span_id"]
+            else:
+                assert not span.get("parentSpanId")
+            if r["route"] == "/v1/big/{id}":
+                assert attrs["gpuflight.attribution"] == "exact"
+                assert attrs["gpuflight.gpu.top_kernel_launches"] == [5.0]
+                assert int(span["endTimeUnixNano"]) == r["end_ns"]
+
 
 def test_asyncio_server_shares_sum_to_the_totals(tmp_path: Path) -> None:
     lines, expect, stderr = _trace(tmp_path, "aiohttp")
@@ -161,7 +194,8 @@ def test_demo_serve_prints_the_cost_of_each_route() -> None:
     assert set(rows) == {"/v1/generate/{id}", "/v1/embed/{id}", "/healthz"}
     total = sum(int(r[2].replace(",", "")) for r in rows.values())
     assert total == 60
-    assert rows["/v1/generate/{id}"][6] == "24" and rows["/v1/embed/{id}"][6] == "2"
+    # POST, route, requests, (no errors), p50, p99, launches/req, ...
+    assert rows["/v1/generate/{id}"][5] == "24.0" and rows["/v1/embed/{id}"][5] == "2.0"
 
     def usd(row: list[str]) -> float:
         return float(next(x for x in row if x.startswith("$"))[1:])
@@ -172,7 +206,7 @@ def test_demo_serve_prints_the_cost_of_each_route() -> None:
 
 # -- the route table's numbers, by hand ------------------------------------------------------
 
-def _record(rid: int, route: str, ms: float, gpu_ns: float, launches: float,
+def _record(rid: int, route: str, *, ms: float, gpu_ns: float, launches: float,
             status: int = 200) -> wire.RequestRecord:
     return wire.RequestRecord(
         request_id=rid, tid=1, method="POST", path=route, route=route, status=status,
