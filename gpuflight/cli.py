@@ -339,8 +339,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             output=args.output,
             to_topic=args.to_topic,
         )
-        log.info("replayed %d events from %d messages (%d skipped as malformed)",
-                 stats.events, stats.messages, stats.skipped_malformed)
+        log.info("replayed %d events and %d requests from %d messages (%d skipped as "
+                 "malformed)", stats.events, stats.requests, stats.messages,
+                 stats.skipped_malformed)
         return 0
     if args.command == "stack":
         from gpuflight import stack

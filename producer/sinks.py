@@ -21,12 +21,19 @@ from producer.decode import Event, request_event, to_events
 from producer.errors import UsageError
 from producer.kernels import KernelNames
 from producer.summary import Summary
-from producer.wire import EventAttribution
+from producer.wire import EventAttribution, RequestRecord
 
 if TYPE_CHECKING:
     from producer.requesttrack import Answered
 
 log = logging.getLogger(__name__)
+
+
+class WithRecord(Protocol):
+    """A request as sinks take it (requesttrack.Answered; replay's requests read back)."""
+
+    @property
+    def record(self) -> RequestRecord: ...
 
 
 class EventSink(Protocol):
@@ -75,7 +82,7 @@ class JsonLinesSink:
             self._lines(decoded)
             self.written += len(decoded)
 
-    def write_requests(self, pid: int, answered: Sequence[Answered],
+    def write_requests(self, pid: int, answered: Sequence[WithRecord],
                        unattributed: Mapping[str, float]) -> None:
         """One line per request ("type": "request"); the unattributed cost is what the
         events without `request_id` or `requests` add up to, so it needs no line."""

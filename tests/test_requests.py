@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -289,3 +290,64 @@ def test_kafka_sink_carries_requests_attribution_and_unattributed_cost() -> None
     assert mine.attribution.request_set.tolist() == _attributed(50).request_set.tolist()
     only = next(b for b in batches if b.pid == 4242)
     assert len(only.events) == 0 and only.requests == (_request(12),)
+
+
+# -- node-wide: producer → Kafka → replay ----------------------------------------------------
+
+def test_producer_publishes_requests_and_replay_carries_them(tmp_path: Path) -> None:
+    """`gpuflight producer` node-wide captures the requests of a process that maps the CUDA
+    runtime; Kafka carries them with every event's attribution; replay writes them back."""
+    from gpuflight import stack
+    from tests.support.capture import Producer as NodeProducer
+    from tests.support.capture import read_events, wait_for_probe_releases
+    from tests.support.kafka_fixture import kafka_unavailable_reason
+
+    require(bpf_unavailable_reason())
+    require(kafka_unavailable_reason())
+    runtime = build_simgpu(tmp_path / "gpu") / "libcudart.so.12"
+    data = tmp_path / "kafka"
+    handle = stack.kafka_up(data, port=stack.free_port())
+    try:
+        wait_for_probe_releases()
+        node = NodeProducer(tmp_path / "node.jsonl", "--kafka", handle.bootstrap,
+                            "--topic-prefix", "rq", ready_timeout_s=90, stop_timeout_s=120)
+        try:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "gpuflight.demo.serve", "--runtime", str(runtime),
+                 "--clients", "3", "--requests", "40", "--hold"],
+                stdin=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+            assert server.stdin is not None
+            node.wait_for_captured(1)  # its warm-up launches: probed and watched
+            server.stdin.write(b"go\n")
+            server.stdin.close()
+            assert server.wait(timeout=300) == 0
+            recorded = node.stop()
+        finally:
+            node.kill()
+        out = tmp_path / "replay.jsonl"
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuflight", "replay", "--kafka", handle.bootstrap,
+             "--topic-prefix", "rq", "--from", f"{node.started_ns - 5 * 10**9}ns",
+             "--to", f"{time.time_ns()}ns", "--output", str(out)],
+            capture_output=True, text=True, timeout=180, check=False, cwd=REPO)
+        assert done.returncode == 0, done.stderr
+        replayed = read_events(out)
+    finally:
+        stack.kafka_down(data)
+    mine = [e for e in recorded if e["pid"] == server.pid]
+    requests = [e for e in mine if e["type"] == "request"]
+    assert len(requests) == 120
+    assert Counter(r["route"] for r in requests) == Counter(
+        {"/v1/embed/{id}": 88, "/v1/generate/{id}": 29, "/healthz": 3})
+    by_id = {r["request_id"]: r for r in requests}
+    for e in mine:
+        if e["type"] == "launch" and e["grid"] != [1, 1, 1]:
+            assert by_id[e["request_id"]]["route"] != "/healthz"  # exact, to a served request
+    assert all(e["grid"] == [1, 1, 1] for e in mine
+               if e["type"] == "launch" and "request_id" not in e)
+
+    def key(event: dict[str, Any]) -> str:
+        return json.dumps(event, sort_keys=True)
+
+    assert Counter(map(key, [e for e in replayed if e["pid"] == server.pid])) == Counter(
+        map(key, mine))

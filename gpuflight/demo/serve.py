@@ -185,11 +185,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", required=True, type=Path, help="the libcudart.so.12")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--requests", type=int, default=100, help="per client")
+    parser.add_argument("--hold", action="store_true",
+                        help="launch a warm-up kernel every 20 ms until a line comes on stdin, "
+                        "then load (what a node-wide capture waits to see first)")
     args = parser.parse_args(argv)
     gpu = Gpu(args.runtime)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(gpu))
     runner = threading.Thread(target=server.serve_forever, daemon=True)
     runner.start()
+    if args.hold:
+        go = threading.Event()
+
+        def wait_for_go() -> None:
+            sys.stdin.readline()
+            go.set()
+
+        threading.Thread(target=wait_for_go, daemon=True).start()
+        while not go.wait(0.02):
+            gpu.launch(1, 1)
 
     def plan(c: int, i: int) -> str:
         if i % 25 == 24:
