@@ -188,11 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold", action="store_true",
                         help="launch a warm-up kernel every 20 ms until a line comes on stdin, "
                         "then load (what a node-wide capture waits to see first)")
+    parser.add_argument("--serve-only", type=Path, metavar="PORT_FILE",
+                        help="no load: write the port to this file and serve until stdin ends "
+                        "(bench/http_overhead.py)")
     args = parser.parse_args(argv)
     gpu = Gpu(args.runtime)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(gpu))
     runner = threading.Thread(target=server.serve_forever, daemon=True)
     runner.start()
+    if args.serve_only is not None:
+        args.serve_only.write_text(str(server.server_address[1]))
+        sys.stdin.read()
+        server.shutdown()
+        server.server_close()
+        return 0
     if args.hold:
         go = threading.Event()
 
