@@ -77,18 +77,22 @@ class RequestTracker:
         self.events_shared = 0
         self.events_unattributed = 0
         self._next_expire = 0.0
+        self._latest_ns = 0
 
     # -- HTTP --------------------------------------------------------------
 
     def feed(self, records: Iterable[HttpRecord]) -> None:
-        for request in self.parser.feed_all(list(records)):
+        batch = list(records)
+        for request in self.parser.feed_all(batch):
             self._answered.setdefault(request.pid, []).append(request)
+        if batch:
+            self._latest_ns = max(self._latest_ns, max(r.ts_exit_ns for r in batch))
         for pid, kind in self.parser.take_notices():
             log.info("pid %d: %s", pid, _NOTICES.get(kind, kind.value))
         now = time.monotonic()
-        if now >= self._next_expire:
+        if now >= self._next_expire:  # requests unanswered for long, by the records' clock
             self._next_expire = now + 10.0
-            for request in self.parser.expire(time.monotonic_ns()):
+            for request in self.parser.expire(self._latest_ns):
                 self._answered.setdefault(request.pid, []).append(request)
 
     def forget_pid(self, pid: int) -> None:

@@ -351,3 +351,58 @@ def test_producer_publishes_requests_and_replay_carries_them(tmp_path: Path) -> 
 
     assert Counter(map(key, [e for e in replayed if e["pid"] == server.pid])) == Counter(
         map(key, mine))
+
+
+# -- the tracker, on records built by hand ---------------------------------------------------
+
+def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> None:
+    from producer.records import EventType
+    from producer.requesttrack import RequestTracker
+    from tests.support.httpsim import Wire, response
+    from tests.test_attribution import events as make_events
+
+    offset = 1_000_000
+    a = Wire(tid=11, conn_id=1, fd=7)
+    b = Wire(tid=12, conn_id=2, fd=8, now=a.now)
+    tracker = RequestTracker(offset)
+    a.accept()
+    b.accept()
+    a.read(b"POST /v1/x/1 HTTP/1.1\r\nContent-Length: 0\r\n"
+           b"traceparent: 00-" + TRACE_ID.encode() + b"-00f067aa0ba902b7-01\r\n\r\n")
+    b.read(b"GET /v1/y HTTP/1.1\r\n\r\n")
+    t_read = a.now
+    tracker.feed(a.records + b.records)
+    a.records.clear()
+    b.records.clear()
+    wall = t_read + offset
+    batch = make_events(
+        {"ts_ns": wall + 10, "tid": 11, "type": EventType.LAUNCH, "pid": 4242, "dim": [2, 1, 1, 4, 1, 1]},
+        {"ts_ns": wall + 20, "tid": 12, "type": EventType.LAUNCH, "pid": 4242, "dim": [1, 1, 1, 1, 1, 1]},
+        {"ts_ns": wall + 30, "tid": 99, "type": EventType.LAUNCH, "pid": 4242, "dim": [1, 1, 1, 1, 1, 1]},
+    )
+    attr = tracker.attribute(batch)
+    rid_a, rid_b = int(attr.request_id[0]), int(attr.request_id[1])
+    assert rid_a and rid_b and rid_a != rid_b
+    assert attr.of(2) == {"requests": [[rid_a, 0.5], [rid_b, 0.5]]}
+    a.now, b.now = t_read + 1000, t_read + 5000
+    a.write(response(200, b"done"))
+    b.write(response(404, b""))
+    tracker.feed(a.records + b.records)
+    # b's response ended after the cut: it waits, its events may still be held back.
+    first = tracker.take_answered(before_ns=a.now + offset + 1)
+    (done,), _ = first[4242]
+    assert done.record.request_id == rid_a and done.record.route == "/v1/x/{id}"
+    assert done.record.trace_id == TRACE_ID and done.record.parent_span_id == "00f067aa0ba902b7"
+    # GPU time: one busy span of 20 ns (first launch to the batch's last call), a third a
+    # launch: a's own, and half of the shared one.
+    assert done.record.cost == pytest.approx(
+        {"launches": 1.5, "weight": 8.5, "kernels": 1.5, "gpu_ns": 10.0})
+    assert done.record.start_ns - offset < done.record.end_ns - offset == a.now
+    assert done.mode == "mixed"
+    (later,), _ = tracker.take_answered()[4242]
+    assert (later.record.status, later.record.cost["launches"]) == (404, 1.5)
+    assert later.mode == "mixed"
+    # With no request in flight a call is unattributed, and its cost handed on apart.
+    none = tracker.attribute(make_events({"ts_ns": wall + 10**9, "tid": 11, "type": EventType.LAUNCH, "pid": 4242}))
+    assert none.of(0) == {}
+    assert tracker.take_answered()[4242] == ([], {"launches": 1.0, "kernels": 1.0})
