@@ -86,7 +86,7 @@ class RequestTracker:
         for request in self.parser.feed_all(batch):
             self._answered.setdefault(request.pid, []).append(request)
         if batch:
-            self._latest_ns = max(self._latest_ns, max(r.ts_exit_ns for r in batch))
+            self._latest_ns = max(self._latest_ns, *(r.ts_exit_ns for r in batch))
         for pid, kind in self.parser.take_notices():
             log.info("pid %d: %s", pid, _NOTICES.get(kind, kind.value))
         now = time.monotonic()

@@ -375,11 +375,12 @@ def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> Non
     a.records.clear()
     b.records.clear()
     wall = t_read + offset
-    batch = make_events(
-        {"ts_ns": wall + 10, "tid": 11, "type": EventType.LAUNCH, "pid": 4242, "dim": [2, 1, 1, 4, 1, 1]},
-        {"ts_ns": wall + 20, "tid": 12, "type": EventType.LAUNCH, "pid": 4242, "dim": [1, 1, 1, 1, 1, 1]},
-        {"ts_ns": wall + 30, "tid": 99, "type": EventType.LAUNCH, "pid": 4242, "dim": [1, 1, 1, 1, 1, 1]},
-    )
+    def launch(ts: int, tid: int, dim: list[int] | None = None) -> dict[str, Any]:
+        return {"ts_ns": ts, "tid": tid, "type": EventType.LAUNCH, "pid": 4242,
+                "dim": dim or [0] * 6}
+
+    batch = make_events(launch(wall + 10, 11, [2, 1, 1, 4, 1, 1]),
+                        launch(wall + 20, 12, [1] * 6), launch(wall + 30, 99, [1] * 6))
     attr = tracker.attribute(batch)
     rid_a, rid_b = int(attr.request_id[0]), int(attr.request_id[1])
     assert rid_a and rid_b and rid_a != rid_b
@@ -403,6 +404,6 @@ def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> Non
     assert (later.record.status, later.record.cost["launches"]) == (404, 1.5)
     assert later.mode == "mixed"
     # With no request in flight a call is unattributed, and its cost handed on apart.
-    none = tracker.attribute(make_events({"ts_ns": wall + 10**9, "tid": 11, "type": EventType.LAUNCH, "pid": 4242}))
+    none = tracker.attribute(make_events(launch(wall + 10**9, 11)))
     assert none.of(0) == {}
     assert tracker.take_answered()[4242] == ([], {"launches": 1.0, "kernels": 1.0})
