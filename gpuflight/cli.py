@@ -22,6 +22,7 @@ from producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
     from producer.pricing import PriceBook
+    from producer.trace import RequestOptions
 
 log = logging.getLogger("gpuflight")
 
@@ -41,6 +42,10 @@ def _add_capture_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="event ring buffer size in pages, a power of two (default %(default)s = 32 MiB)",
     )
+    parser.add_argument(
+        "--no-http", dest="http", action="store_false",
+        help="do not capture the HTTP/1.1 requests the processes serve (nor attribute CUDA "
+        "calls to them)")
 
 
 def _bootstrap(text: str) -> str:
@@ -134,7 +139,36 @@ def _add_price_options(parser: argparse.ArgumentParser) -> None:
 def _price_book(files: Sequence[Path]) -> PriceBook:
     from producer.pricing import PriceBook
 
-    return PriceBook.load(Path(__file__).resolve().parent / "prices.toml", *files)
+    return PriceBook.load(default_price_file(), *files)
+
+
+def _add_request_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--otlp", metavar="URL", default=None,
+                        help="export each HTTP request as an OTLP span (with its GPU work) to "
+                        "this collector, e.g. http://127.0.0.1:4318")
+    parser.add_argument("--otlp-protocol", choices=("http/protobuf", "grpc"),
+                        default="http/protobuf", help="(default %(default)s)")
+    parser.add_argument("--prices", type=Path, action="append", metavar="FILE", default=[],
+                        help="a price file ([usd_per_gpu_hour] MODEL = USD) over the default "
+                        "list (repeatable; later files win, model by model)")
+    parser.add_argument("--gpu-model", metavar="NAME", default=None,
+                        help="the GPU to price requests at (default: NVML's name of GPU 0)")
+
+
+def default_price_file() -> Path:
+    """gpuflight's default price list (illustrative; gpuflight/prices.toml)."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("gpuflight") / "prices.toml"))
+
+
+def _request_options(args: argparse.Namespace) -> RequestOptions:
+    from producer.pricing import PriceBook
+    from producer.trace import RequestOptions
+
+    prices = PriceBook.load(default_price_file(), *args.prices)
+    return RequestOptions(prices=prices, gpu_model=args.gpu_model,
+                                        otlp=args.otlp, otlp_protocol=args.otlp_protocol)
 
 
 def _kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> KafkaSettings:
@@ -163,6 +197,7 @@ def _parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="run a command under capture and summarise it")
     trace.add_argument("--output", "-o", type=Path, help="write events as JSON lines ('-': stdout)")
     _add_capture_options(trace)
+    _add_request_options(trace)
     trace.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
     producer = sub.add_parser("producer", help="capture node-wide until SIGTERM/SIGINT")
@@ -277,6 +312,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--pipeline", action="store_true",
                       help="through the whole pipeline: producer → Kafka → streams → InfluxDB, "
                       "then the comparison from InfluxDB")
+    demo.add_argument("--serve", action="store_true",
+                      help="an inference-like HTTP server on the simulated GPU under load: "
+                      "its per-route table with the cost of 1,000 requests")
+    demo.add_argument("--clients", type=_positive_int, default=4, help="(--serve) clients")
+    demo.add_argument("--requests", type=_positive_int, default=100,
+                      help="(--serve) requests per client")
     return parser
 
 
@@ -295,14 +336,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         argv = list(args.argv)
         if argv and argv[0] == "--":
             argv = argv[1:]
-        settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages)
-        return trace.run(argv, output=args.output, settings=settings).exit_code
+        settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
+        return trace.run(argv, output=args.output, settings=settings,
+                         requests=_request_options(args)).exit_code
     if args.command == "producer":
         from producer import node
 
         pids = frozenset(args.pid) if args.pid else None
         settings = CaptureSettings(
-            proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages
+            proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages, http=args.http
         )
         kafka = _kafka_settings(args, args.buffer_mb) if args.kafka is not None else None
         if kafka is not None:
@@ -327,8 +369,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             output=args.output,
             to_topic=args.to_topic,
         )
-        log.info("replayed %d events from %d messages (%d skipped as malformed)",
-                 stats.events, stats.messages, stats.skipped_malformed)
+        log.info("replayed %d events and %d requests from %d messages (%d skipped as "
+                 "malformed)", stats.events, stats.requests, stats.messages,
+                 stats.skipped_malformed)
         return 0
     if args.command == "stack":
         from gpuflight import stack
@@ -400,6 +443,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(report.render_json([a, b]) if args.json else report.render_compare(a, b))
         return 0
     if args.command == "demo":
+        if args.serve:
+            from gpuflight.demo import serve
+
+            return serve.run(clients=args.clients, requests=args.requests)
         if args.pipeline:
             from gpuflight.demo import pipeline as pipeline_demo
 
