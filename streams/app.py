@@ -224,6 +224,9 @@ class Worker:
         self.stats.events += applied.events
         self.stats.requests += len(batch.requests) - applied.late_requests
         self.stats.late_requests += applied.late_requests
+        if applied.late_requests:
+            log.warning("%d requests of %s on %s ended in windows already closed: not counted",
+                        applied.late_requests, job, batch.host)
         now = time.time_ns()
         latest, _ = self._clocks.get(batch.host, (0, now))
         if state.max_ts_ns >= latest:
@@ -389,6 +392,8 @@ class Worker:
             Fields.PENDING_POINTS: sink.pending_points,
             Fields.LAG_MESSAGES: lag,
             Fields.JOBS: len(self._states),
+            Fields.REQUESTS: s.requests,
+            Fields.LATE_REQUESTS: s.late_requests,
         }, time.time_ns())
 
 

@@ -161,6 +161,7 @@ class Fields:
     PARENT_SPAN_ID: Final = "parent_span_id"
     STATUS: Final = "status"
     METHOD: Final = "method"
+    LATE_REQUESTS: Final = "late_requests"
 
 
 # -- tag values with a fixed vocabulary ------------------------------------------------------
@@ -407,6 +408,8 @@ STREAMS: Final = Measurement(
         _int(Fields.PENDING_POINTS),
         _int(Fields.LAG_MESSAGES),
         _int(Fields.JOBS),
+        _int(Fields.REQUESTS),
+        _int(Fields.LATE_REQUESTS),
     ),
 )
 
