@@ -64,7 +64,8 @@ def _round(traced: bool, runtime: Path, clients: int, requests: int) -> dict[str
                                 cwd=REPO)
         while not port_file.exists() or not port_file.read_text():
             if proc.poll() is not None:
-                raise SystemExit(f"the server exited: {proc.stderr.read().decode()[-2000:]}")
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise SystemExit(f"the server exited: {err[-2000:]}")
             time.sleep(0.05)
         port = int(port_file.read_text())
         _load(port, clients, 20)  # warm-up

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from producer import discover
+from producer import httprecords as hr
 from producer.decode import Enricher
 from producer.environment import ensure_tracefs
 from producer.errors import SetupError
@@ -256,8 +257,6 @@ class Capture:
     def _close_http(self, http: HttpProbes) -> None:
         try:
             lost = http.drops()
-            from producer import httprecords as hr
-
             if lost[hr.DROP_RING] or lost[hr.DROP_CONNS]:
                 log.warning("HTTP capture: %d record(s) lost (ring full), %d connection(s) "
                             "not tracked (table full): their requests are incomplete",

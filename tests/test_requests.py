@@ -310,14 +310,14 @@ def test_producer_publishes_requests_and_replay_carries_them(tmp_path: Path) -> 
     try:
         wait_for_probe_releases()
         node = NodeProducer(tmp_path / "node.jsonl", "--kafka", handle.bootstrap,
-                            "--topic-prefix", "rq", ready_timeout_s=90, stop_timeout_s=120)
+                            "--topic-prefix", "rq", ready_timeout_s=240, stop_timeout_s=240)
         try:
             server = subprocess.Popen(
                 [sys.executable, "-m", "gpuflight.demo.serve", "--runtime", str(runtime),
                  "--clients", "3", "--requests", "40", "--hold"],
                 stdin=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
             assert server.stdin is not None
-            node.wait_for_captured(1)  # its warm-up launches: probed and watched
+            node.wait_for_captured(1, timeout_s=240)  # its warm-up launches: probed, watched
             server.stdin.write(b"go\n")
             server.stdin.close()
             assert server.wait(timeout=300) == 0
