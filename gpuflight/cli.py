@@ -12,12 +12,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from producer import wire
 from producer.errors import GpuflightError, ServiceError, UsageError
 from producer.publish import KafkaSettings, load_config
 from producer.redact import CMDLINE_MODES
 from producer.settings import CaptureSettings
+
+if TYPE_CHECKING:
+    from producer.pricing import PriceBook
+    from producer.trace import RequestOptions
 
 log = logging.getLogger("gpuflight")
 
@@ -37,6 +42,10 @@ def _add_capture_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="event ring buffer size in pages, a power of two (default %(default)s = 32 MiB)",
     )
+    parser.add_argument(
+        "--no-http", dest="http", action="store_false",
+        help="do not capture the HTTP/1.1 requests the processes serve (nor attribute CUDA "
+        "calls to them)")
 
 
 def _bootstrap(text: str) -> str:
@@ -121,6 +130,47 @@ def _add_report_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", default=None, metavar="TIME", help="up to (default: now)")
 
 
+def _add_price_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prices", type=Path, action="append", default=[], metavar="FILE",
+                        help="USD per GPU-hour by GPU model (TOML, [usd_per_gpu_hour]); "
+                        "overrides the illustrative defaults model by model (repeatable)")
+
+
+def _price_book(files: Sequence[Path]) -> PriceBook:
+    from producer.pricing import PriceBook
+
+    return PriceBook.load(default_price_file(), *files)
+
+
+def _add_request_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--otlp", metavar="URL", default=None,
+                        help="export each HTTP request as an OTLP span (with its GPU work) to "
+                        "this collector, e.g. http://127.0.0.1:4318")
+    parser.add_argument("--otlp-protocol", choices=("http/protobuf", "grpc"),
+                        default="http/protobuf", help="(default %(default)s)")
+    parser.add_argument("--prices", type=Path, action="append", metavar="FILE", default=[],
+                        help="a price file ([usd_per_gpu_hour] MODEL = USD) over the default "
+                        "list (repeatable; later files win, model by model)")
+    parser.add_argument("--gpu-model", metavar="NAME", default=None,
+                        help="the GPU to price requests at (default: NVML's name of GPU 0)")
+
+
+def default_price_file() -> Path:
+    """gpuflight's default price list (illustrative; gpuflight/prices.toml)."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("gpuflight") / "prices.toml"))
+
+
+def _request_options(args: argparse.Namespace) -> RequestOptions:
+    from producer.pricing import PriceBook
+    from producer.trace import RequestOptions
+
+    prices = PriceBook.load(default_price_file(), *args.prices)
+    return RequestOptions(prices=prices, gpu_model=args.gpu_model,
+                                        otlp=args.otlp, otlp_protocol=args.otlp_protocol)
+
+
 def _kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> KafkaSettings:
     settings = KafkaSettings(
         bootstrap=args.kafka,
@@ -147,6 +197,7 @@ def _parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="run a command under capture and summarise it")
     trace.add_argument("--output", "-o", type=Path, help="write events as JSON lines ('-': stdout)")
     _add_capture_options(trace)
+    _add_request_options(trace)
     trace.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
     producer = sub.add_parser("producer", help="capture node-wide until SIGTERM/SIGINT")
@@ -230,11 +281,28 @@ def _parser() -> argparse.ArgumentParser:
     streams.add_argument("--metrics-interval", type=_positive, default=5.0, metavar="S",
                          help="worker metrics (the streams measurement) every S seconds "
                          "(default %(default)s)")
+    _add_price_options(streams)
+    streams.add_argument("--gpu-model", default=None, metavar="NAME",
+                         help="the GPU model of hosts whose NVML names none (e.g. H100), "
+                         "for the cost of requests and jobs")
 
-    report = sub.add_parser("report", help="a job's aggregates from InfluxDB, as a table")
-    report.add_argument("--job", required=True, help="the job (see `gpuflight report --jobs`)")
+    report = sub.add_parser("report", help="a job's aggregates from InfluxDB, as a table; or "
+                            "requests and GPU cost by route, job, namespace or team (--by)")
+    report.add_argument("--job", help="the job (its aggregates; with --by: only its requests)")
+    report.add_argument("--by", choices=("route", "job", "namespace", "team"),
+                        help="requests, latency, GPU work and cost per route, job, namespace "
+                        "or team label")
     _add_report_options(report)
     report.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+    cost = sub.add_parser("cost", help="GPU cost from InfluxDB over a time range, per job "
+                          "(or --by route, namespace, team)")
+    cost.add_argument("--by", choices=("job", "route", "namespace", "team"), default="job",
+                      help="(default %(default)s)")
+    cost.add_argument("--job", help="only this job's")
+    _add_report_options(cost)
+    cost.set_defaults(since="24h")
+    cost.add_argument("--json", action="store_true", help="JSON instead of a table")
 
     compare = sub.add_parser("compare", help="two jobs side by side, with ratios (B vs A)")
     compare.add_argument("job_a", metavar="JOB_A")
@@ -252,6 +320,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--pipeline", action="store_true",
                       help="through the whole pipeline: producer → Kafka → streams → InfluxDB, "
                       "then the comparison from InfluxDB")
+    demo.add_argument("--serve", action="store_true",
+                      help="an inference-like HTTP server on the simulated GPU under load: "
+                      "its per-route table with the cost of 1,000 requests")
+    demo.add_argument("--clients", type=_positive_int, default=4, help="(--serve) clients")
+    demo.add_argument("--requests", type=_positive_int, default=100,
+                      help="(--serve) requests per client")
     return parser
 
 
@@ -270,14 +344,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         argv = list(args.argv)
         if argv and argv[0] == "--":
             argv = argv[1:]
-        settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages)
-        return trace.run(argv, output=args.output, settings=settings).exit_code
+        settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
+        return trace.run(argv, output=args.output, settings=settings,
+                         requests=_request_options(args)).exit_code
     if args.command == "producer":
         from producer import node
 
         pids = frozenset(args.pid) if args.pid else None
         settings = CaptureSettings(
-            proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages
+            proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages, http=args.http
         )
         kafka = _kafka_settings(args, args.buffer_mb) if args.kafka is not None else None
         if kafka is not None:
@@ -302,8 +377,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             output=args.output,
             to_topic=args.to_topic,
         )
-        log.info("replayed %d events from %d messages (%d skipped as malformed)",
-                 stats.events, stats.messages, stats.skipped_malformed)
+        log.info("replayed %d events and %d requests from %d messages (%d skipped as "
+                 "malformed)", stats.events, stats.requests, stats.messages,
+                 stats.skipped_malformed)
         return 0
     if args.command == "stack":
         from gpuflight import stack
@@ -337,6 +413,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             metrics_s=args.metrics_interval,
             host_idle_s=args.idle,
             max_future_s=args.max_future,
+            prices=_price_book(args.prices),
+            gpu_model=args.gpu_model,
         )
         if args.worker:
             stream_settings = replace(stream_settings, worker=args.worker)
@@ -345,6 +423,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         _check_kafka(args.kafka, kafka_config, required=False)
         stream_app.run(stream_settings, loglevel="DEBUG" if args.verbose else "WARNING")
         return 0
+    if args.command == "cost" or (args.command == "report" and args.by):
+        from producer import timeparse
+        from streams import costs
+        from streams.settings import InfluxSettings
+
+        influx = InfluxSettings.from_environment(args.influx, args.bucket)
+        since_ns, until_ns = timeparse.time_range(args.since, args.until)
+        table = costs.cost_table(influx, args.by, since_ns, until_ns, host=args.host,
+                                 job=args.job)
+        print(costs.render_json(table) if args.json else costs.render(table))
+        return 0
+    if args.command == "report" and not args.job:
+        raise UsageError("report needs --job JOB, or --by route|job|namespace|team")
     if args.command in ("report", "compare"):
         from producer import timeparse
         from streams import report
@@ -361,6 +452,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(report.render_json([a, b]) if args.json else report.render_compare(a, b))
         return 0
     if args.command == "demo":
+        if args.serve:
+            from gpuflight.demo import serve
+
+            return serve.run(clients=args.clients, requests=args.requests)
         if args.pipeline:
             from gpuflight.demo import pipeline as pipeline_demo
 

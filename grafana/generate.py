@@ -55,6 +55,8 @@ GRAFANA_UNITS: Final[Mapping[str, str]] = {
     "C": "celsius",
     "MHz": "rotmhz",
     "share": "percentunit",
+    "usd": "currencyUSD",
+    "s": "s",
 }
 
 # -- alert thresholds ------------------------------------------------------------------------
@@ -70,6 +72,15 @@ SILENT_MINUTES: Final = 3
 RULE_RANGE_S: Final = 300
 #: How far back the silent-producer rule looks for hosts that did report.
 SILENT_RANGE_S: Final = 3600
+
+#: Where a request's trace id leads: a trace backend's page for one trace (Jaeger's, Tempo
+#: through Grafana Explore, ...), set on the dashboard ($trace_url) and followed with the id.
+TRACE_URL: Final = "http://localhost:16686/trace"
+#: A route's GPU cost per request over the last RECENT_S against its baseline (the day before
+#: that): the alert fires above this ratio.
+COST_RATIO: Final = 2.0
+RECENT_S: Final = 600
+BASELINE_S: Final = 86_400
 
 HOST: Final = f'"{Tags.HOST}" =~ /^$host$/'
 JOB: Final = f'"{Tags.JOB}" =~ /^$job$/'
@@ -580,16 +591,113 @@ def fusion() -> dict[str, Any]:
                      panels, [HOST_VAR, job_var, compare_var, GPU_VAR])
 
 
-DASHBOARDS: Final = {"fleet": fleet, "job": job, "transfers": transfers, "fusion": fusion}
+ROUTE: Final = f'"{Tags.ROUTE}" =~ /^$route$/'
+#: Per 1k requests: Σ cost · 1000 / Σ requests (never a mean of means).
+PER_1K: Final = f'sum("{Fields.COST_USD}") * 1000 / sum("{Fields.REQUESTS}")'
+#: The share of a job's GPU time that no request explains.
+UNEXPLAINED: Final = f'sum("{Fields.UNATTRIBUTED_GPU_NS}") / sum("{Fields.GPU_NS}")'
+
+
+def requests_board() -> dict[str, Any]:
+    lay = Layout()
+    f = where(HOST, JOB, ROUTE)
+    jobs = where(HOST, JOB)
+    usd_unit = unit(m.ROUTES, Fields.COST_USD)
+    ranked = table(lay, "Routes ranked by GPU cost", [target(
+        "A", f'SELECT sum("{Fields.COST_USD}") AS "cost_usd", sum("{Fields.REQUESTS}") AS '
+             f'"requests", {PER_1K} AS "cost_per_1k_requests", sum("{Fields.GPU_NS}") / '
+             f'1000000000 AS "gpu_seconds", sum("{Fields.LAUNCHES}") / sum("{Fields.REQUESTS}") '
+             f'AS "launches_per_request", max("{Fields.LATENCY_P99_NS}") AS "latency_p99" '
+             f'FROM "{m.ROUTES.name}" {f} GROUP BY "{Tags.JOB}", "{Tags.ROUTE}"', table=True)],
+        usd_unit, "cost_usd", width=24,
+        overrides=[("requests", "short"), ("gpu_seconds", "s"),
+                   ("launches_per_request", "short"),
+                   ("latency_p99", unit(m.ROUTES, Fields.LATENCY_P99_NS))],
+        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True}}}],
+        description="Each route's GPU cost over the time range: the GPU-seconds of its "
+                    "requests' CUDA calls (exact, and their shares of calls made while several "
+                    "were in flight) at the price of the job's GPU model; per 1k requests; "
+                    "the slowest window's p99 latency.")
+    panels = [
+        ranked,
+        timeseries(lay, "Cost per 1k requests by route", [target(
+            "A", f'SELECT {PER_1K} AS "cost_per_1k" FROM "{m.ROUTES.name}" {f} '
+                 f'{EVERY}{tags(Tags.JOB, Tags.ROUTE)}', alias="$tag_route ($tag_job)")],
+            usd_unit, description="GPU cost of 1,000 requests of each route."),
+        timeseries(lay, "Requests/s by route", [target(
+            "A", f'SELECT {per_second(Fields.REQUESTS)} AS "requests" FROM "{m.ROUTES.name}" '
+                 f'{f} {EVERY}{tags(Tags.JOB, Tags.ROUTE)} fill(0)',
+            alias="$tag_route ($tag_job)")], GRAFANA_UNITS["1/s"]),
+        timeseries(lay, "Latency p50 and p99 by route", [target(
+            "A", f'SELECT mean("{Fields.LATENCY_P50_NS}") AS "p50", '
+                 f'max("{Fields.LATENCY_P99_NS}") AS "p99" FROM "{m.ROUTES.name}" {f} '
+                 f'{EVERY}{tags(Tags.ROUTE)}', alias="$tag_route $col")],
+            unit(m.ROUTES, Fields.LATENCY_P99_NS),
+            description="From first byte in to last byte of the response out, as the kernel "
+                        "saw them; per window from a log histogram (within 4.4 %)."),
+        timeseries(lay, "GPU work per request by route", [target(
+            "A", f'SELECT sum("{Fields.LAUNCHES}") / sum("{Fields.REQUESTS}") AS "launches", '
+                 f'sum("{Fields.GPU_NS}") / sum("{Fields.REQUESTS}") AS "gpu_time", '
+                 f'sum("{Fields.BYTES}") / sum("{Fields.REQUESTS}") AS "bytes_copied" '
+                 f'FROM "{m.ROUTES.name}" {f} {EVERY}{tags(Tags.ROUTE)}',
+            alias="$tag_route $col")], "short",
+            overrides=[("gpu_time", "ns"), ("bytes_copied", "bytes")],
+            description="Kernel launches, GPU time and bytes copied per request."),
+        timeseries(lay, "Share of GPU time no request explains", [target(
+            "A", f'SELECT {UNEXPLAINED} AS "unexplained" FROM "{m.JOB_COST.name}" {jobs} '
+                 f'{EVERY}{tags(Tags.JOB)}', alias="$tag_job")],
+            unit(m.JOB_COST, Fields.UNATTRIBUTED_SHARE),
+            description="GPU time of the jobs' calls made while none of their requests was "
+                        "in flight: idle or background work (start-up, warm-up, timers)."),
+        timeseries(lay, "Cost per hour by namespace and team", [target(
+            "A", f'SELECT sum("{Fields.COST_USD}") * 3600000 / $__interval_ms AS "usd_per_hour" '
+                 f'FROM "{m.JOB_COST.name}" {jobs} {EVERY}{tags(Tags.NAMESPACE, Tags.TEAM)} '
+                 'fill(0)', alias="$tag_namespace / $tag_team")], usd_unit,
+            description="The jobs' GPU cost (their requests' and what no request explains), "
+                        "by Kubernetes namespace and team label."),
+        table(lay, "Slowest requests, with their traces", [target(
+            "A", f'SELECT "{Tags.JOB}", "{Tags.ROUTE}", "{Fields.LATENCY_NS}", "{Fields.STATUS}", '
+                 f'"{Fields.METHOD}", "{Fields.COST_USD}", "{Fields.GPU_NS}", "{Fields.LAUNCHES}", '
+                 f'"{Fields.TRACE_ID}", "{Fields.REQUEST_ID}" FROM "{m.REQUEST_SAMPLES_M.name}" '
+                 f'{f}', table=True)],
+            unit(m.REQUEST_SAMPLES_M, Fields.LATENCY_NS), Fields.LATENCY_NS, width=24,
+            overrides=[(Fields.STATUS, "short"), (Fields.COST_USD, usd_unit),
+                       (Fields.LAUNCHES, "short"), (Fields.TRACE_ID, "string"),
+                       (Fields.REQUEST_ID, "string"), (Fields.METHOD, "string")],
+            description="The slowest requests of each route and window. trace_id (when the "
+                        "client sent a W3C traceparent) opens the trace in your trace backend "
+                        "($trace_url); request_id is the span id of its OTLP span."),
+    ]
+    (slowest,) = [p for p in panels if p["title"].startswith("Slowest")]
+    for override in slowest["fieldConfig"]["overrides"]:
+        if override["matcher"]["options"] == Fields.TRACE_ID:
+            override["properties"].append({"id": "links", "value": [{
+                "title": "Open the trace", "url": "${trace_url}/${__value.raw}",
+                "targetBlank": True}]})
+    route_var = variable("route", "Route", tag_values(m.ROUTES, Tags.ROUTE, HOST, JOB))
+    trace_var = {"type": "textbox", "name": "trace_url", "label": "Trace backend URL",
+                 "query": TRACE_URL, "current": {"text": TRACE_URL, "value": TRACE_URL},
+                 "options": [{"selected": True, "text": TRACE_URL, "value": TRACE_URL}]}
+    job_var = variable("job", "Job", tag_values(m.ROUTES, Tags.JOB, HOST))
+    host_var = variable("host", "Host", tag_values(m.ROUTES, Tags.HOST))
+    return dashboard("gpuflight-requests", "gpuflight: Requests & cost",
+                     "HTTP requests followed down to the CUDA work they caused: GPU cost per "
+                     "route, job, namespace and team, latency, and the GPU time no request "
+                     "explains.", panels, [host_var, job_var, route_var, trace_var])
+
+
+DASHBOARDS: Final = {"fleet": fleet, "job": job, "transfers": transfers, "fusion": fusion,
+                     "requests": requests_board}
 
 
 # -- alert rules -----------------------------------------------------------------------------
 
 
-def influx_query(ref: str, query: str, range_s: int = RULE_RANGE_S) -> dict[str, Any]:
+def influx_query(ref: str, query: str, range_s: int = RULE_RANGE_S,
+                 until_s: int = 0) -> dict[str, Any]:
     return {
         "refId": ref,
-        "relativeTimeRange": {"from": range_s, "to": 0},
+        "relativeTimeRange": {"from": range_s, "to": until_s},
         "datasourceUid": DATASOURCE_UID,
         "model": {**target(ref, query), "intervalMs": round(m.DEFAULT_WINDOW_S * 1000),
                   "maxDataPoints": 43_200},
@@ -606,6 +714,12 @@ def threshold(ref: str, of: str, evaluator: str, value: float) -> dict[str, Any]
     return {"refId": ref, "datasourceUid": "__expr__", "model": {
         "refId": ref, "type": "threshold", "expression": of,
         "conditions": [{"evaluator": {"type": evaluator, "params": [value]}}],
+        "datasource": {"type": "__expr__", "uid": "__expr__"}}}
+
+
+def math(ref: str, expression: str) -> dict[str, Any]:
+    return {"refId": ref, "datasourceUid": "__expr__", "model": {
+        "refId": ref, "type": "math", "expression": expression,
         "datasource": {"type": "__expr__", "uid": "__expr__"}}}
 
 
@@ -728,7 +842,27 @@ def alert_rules() -> list[dict[str, Any]]:
         "A producer reports every few seconds; silence means it stopped, lost Kafka, or the "
         "node is down. Hosts that reported in the last hour are watched.",
         severity="critical")
-    return [memory_bound, anomaly, storm, dropped, silent]
+    route_groups = f'GROUP BY "{Tags.HOST}", "{Tags.JOB}", "{Tags.ROUTE}"'
+    per_request = (f'SELECT sum("{Fields.COST_USD}") / sum("{Fields.REQUESTS}") '
+                   f'FROM "{m.ROUTES.name}" WHERE $timeFilter {route_groups}')
+    costlier = rule(
+        "gpuflight-route-cost", "Route GPU cost per request doubled", [
+            influx_query("A", per_request, RECENT_S),
+            influx_query("B", per_request, BASELINE_S, RECENT_S),
+            reduce("RECENT", "A", "last"),
+            reduce("BASELINE", "B", "last"),
+            math("RATIO", "$RECENT / $BASELINE"),
+            threshold("FIRING", "RATIO", "gt", COST_RATIO),
+        ],
+        "{{ $labels.route }} of {{ $labels.job }} on {{ $labels.host }} costs "
+        "{{ humanize $values.RECENT.Value }} USD per request on the GPU, "
+        "{{ humanize $values.RATIO.Value }} times its baseline of "
+        "{{ humanize $values.BASELINE.Value }} USD.",
+        f"A route's GPU cost per request over the last {RECENT_S // 60} minutes is more than "
+        f"{COST_RATIO:g} times what it was over the day before (see the Requests & cost "
+        "dashboard): more kernels, bigger copies or slower GPU work per request.",
+        severity="warning")
+    return [memory_bound, anomaly, storm, dropped, silent, costlier]
 
 
 def alerting() -> dict[str, Any]:

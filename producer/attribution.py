@@ -483,3 +483,23 @@ def top_kernels(
         rid: sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
         for rid, counts in out.items()
     }
+
+
+def kernel_launches(attr: Attribution, events: npt.NDArray[np.void]) -> dict[int, dict[int, float]]:
+    """Per request id: launches per kernel handle, shares counted as fractions."""
+    launch = (events["type"] == EventType.LAUNCH) & ((events["flags"] & F_CAPTURED) == 0)
+    out: dict[int, dict[int, float]] = {}
+    exact = np.flatnonzero(launch & (attr.mode == EXACT))
+    if len(exact):
+        rids = attr.table.request_id[attr.request[exact]]
+        handles = events["handle"][exact].astype(np.uint64)
+        pairs, counts = np.unique(np.stack([rids.astype(np.uint64), handles], axis=1), axis=0,
+                                  return_counts=True)
+        for (rid, handle), count in zip(pairs.tolist(), counts.tolist(), strict=True):
+            out.setdefault(int(rid), {})[int(handle)] = float(count)
+    for i in np.flatnonzero(launch & (attr.mode == SHARED)).tolist():
+        handle = int(events["handle"][i])
+        for rid, share in attr.shares(i):
+            per = out.setdefault(rid, {})
+            per[handle] = per.get(handle, 0.0) + share
+    return out

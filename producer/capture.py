@@ -11,15 +11,23 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
+
 from producer import discover
+from producer import httprecords as hr
 from producer.decode import Enricher
 from producer.environment import ensure_tracefs
-from producer.probes import DropCounts, Probes
+from producer.errors import SetupError
+from producer.probes import DropCounts, HttpProbes, Probes
+from producer.records import EVENT_DTYPE
+from producer.requesttrack import RequestTracker
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, Guarded
 
@@ -36,6 +44,8 @@ class CaptureStats:
     batches: int = 0
     rescans: int = 0
     held_released: int = 0
+    #: HTTP requests answered (with the HTTP capture on).
+    requests: int = 0
 
 
 class Capture:
@@ -61,11 +71,24 @@ class Capture:
         self._text: dict[int, frozenset[tuple[int, int]]] = {}
         self._loader_covered: set[int] = set()
         self._next_rescan = 0.0
+        #: Enriched events made after the last HTTP drain, waiting for the next (requests).
+        self._held: npt.NDArray[np.void] = np.zeros(0, dtype=EVENT_DTYPE)
         self.stats = CaptureStats()
         self.probes = Probes(settings)
         self._check_permitted()
         if settings.pids is not None:
             self.probes.add_to_scope(settings.pids)
+        #: The HTTP capture and the attribution of events to requests (settings.http).
+        self.http_probes: HttpProbes | None = None
+        self.requests: RequestTracker | None = None
+        if settings.http:
+            try:
+                self.http_probes = HttpProbes(settings)
+            except SetupError as exc:
+                log.warning("HTTP requests are not captured: %s", exc)
+            else:
+                self.requests = RequestTracker(self.enricher.clock_offset_ns,
+                                               host_salt=socket.gethostname().encode())
 
     def _check_permitted(self) -> None:
         """Attach our own dynamic loader first. It is probed anyway (a traced command is a
@@ -113,6 +136,15 @@ class Capture:
                 self._observed.add(pid)
                 for observer in self.process_observers:
                     observer(pid)
+            # Requests: trace's (or --pid's) processes all; node-wide, those that map a
+            # CUDA runtime.
+            if self.settings.filter_pids or "runtime" in kinds or "driver" in kinds:
+                self.watch_http([pid])
+
+    def watch_http(self, pids: Iterable[int]) -> None:
+        """Capture the HTTP requests these processes serve (when the HTTP capture is on)."""
+        if self.http_probes is not None:
+            self.http_probes.watch(pids)
 
     def _register_text(
         self, pid: int, keys: Iterable[discover.LibraryKey], snapshot: discover.Snapshot
@@ -145,6 +177,10 @@ class Capture:
             del self._text[gone]
         self._loader_covered &= live
         self._observed &= live
+        if self.http_probes is not None and self.requests is not None:
+            for gone in self.http_probes.watched - live:
+                self.http_probes.unwatch(gone)
+                self.requests.forget_pid(gone)
         todo = (live - self._scanned) | (live - self._loader_covered)
         self.scan(todo)
 
@@ -183,24 +219,65 @@ class Capture:
         event (tiny batches at full per-batch cost), and sleeps until the next poll.
         `until_empty` (at shutdown) drains until a read finds nothing."""
         total = 0
+        requests = self.requests
+        cut = np.iinfo(np.int64).max
+        if requests is not None and self.http_probes is not None:
+            # Before the CUDA ring: every request read before `cut` is known once this drain
+            # is parsed; a call made after it may be for a request not read yet, and waits
+            # (`_held`) for the next turn's HTTP records.
+            cut = time.monotonic_ns() + self.enricher.clock_offset_ns
+            requests.feed(self.http_probes.drain())
         while True:
-            events = self.probes.ring.drain(BATCH_EVENTS)
+            drained = self.probes.ring.drain(BATCH_EVENTS)
             # After the events: each launch drained was committed after its name.
             self.enricher.kernels.add(self.probes.drain_names())
-            if len(events) == 0:
+            if len(drained) == 0 and len(self._held) == 0:
                 break
-            self.enricher.enrich(events)
-            for sink in self.sinks:
-                sink.write(events)
-            total += len(events)
-            self.stats.batches += 1
-            if len(events) < BATCH_EVENTS and not until_empty:
+            self.enricher.enrich(drained)
+            events = self._hold_back(drained, cut) if requests is not None else drained
+            if len(events):
+                attribution = requests.attribute(events) if requests is not None else None
+                for sink in self.sinks:
+                    sink.write(events, attribution)
+                total += len(events)
+                self.stats.batches += 1
+            if len(drained) == 0 or (len(drained) < BATCH_EVENTS and not until_empty):
                 break
         self.stats.events += total
+        if requests is not None:
+            self._hand_on_requests(requests, cut)
         return total
+
+    def _hold_back(self, events: npt.NDArray[np.void], cut: int) -> npt.NDArray[np.void]:
+        """The held events and these, made before `cut`; the rest are held."""
+        if len(self._held):
+            events = np.concatenate([self._held, events])
+        later = events["ts_ns"].astype(np.int64) >= cut
+        if not later.any():
+            self._held = events[:0]
+            return events
+        self._held = events[later]
+        return events[~later]
+
+    def _hand_on_requests(self, requests: RequestTracker, before_ns: int | None = None) -> None:
+        for pid, (answered, unattributed) in requests.take_answered(before_ns).items():
+            self.stats.requests += len(answered)
+            for sink in self.sinks:
+                sink.write_requests(pid, answered, unattributed)
 
     def drops(self) -> DropCounts:
         return self.probes.drops()
+
+    def _close_http(self, http: HttpProbes) -> None:
+        try:
+            lost = http.drops()
+            if lost[hr.DROP_RING] or lost[hr.DROP_CONNS]:
+                log.warning("HTTP capture: %d record(s) lost (ring full), %d connection(s) "
+                            "not tracked (table full): their requests are incomplete",
+                            lost[hr.DROP_RING], lost[hr.DROP_CONNS])
+            http.close()
+        except Exception as exc:
+            log.warning("closing the HTTP capture failed (%s)", exc)
 
     def failed_sinks(self) -> list[Guarded]:
         """The outputs that failed (and were switched off), with why and what they lost."""
@@ -213,7 +290,20 @@ class Capture:
             if note.held:
                 self._release(note.pid)
         self.drain(until_empty=True)
+        if self.requests is not None:
+            self.drain(until_empty=True)  # a last HTTP drain for the events held back
+            if len(self._held):
+                held, self._held = self._held, self._held[:0]
+                attribution = self.requests.attribute(held)
+                for sink in self.sinks:
+                    sink.write(held, attribution)
+                self.stats.events += len(held)
+            # What is still open ends as incomplete (its connection outlived the capture).
+            self.requests.close()
+            self._hand_on_requests(self.requests)
         drops = self.probes.drops()
+        if self.http_probes is not None:
+            self._close_http(self.http_probes)
         for sink in self.sinks:
             sink.close()
         try:

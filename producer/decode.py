@@ -35,7 +35,7 @@ from producer.records import (
     EventType,
     layer_of,
 )
-from producer.wire import KernelName
+from producer.wire import EventAttribution, KernelName, RequestRecord
 
 Event = dict[str, Any]
 
@@ -165,9 +165,26 @@ class Enricher:
         return events
 
 
-def to_events(events: npt.NDArray[np.void], kernels: KernelNames | None = None) -> list[Event]:
+def request_event(pid: int, r: RequestRecord) -> Event:
+    """A request as a line of --output ("type": "request"; wire.RequestRecord's fields, with
+    the pid, its end as "ts_ns" and its duration)."""
+    return {
+        "type": "request", "ts_ns": r.end_ns, "pid": pid, "tid": r.tid,
+        "request_id": r.request_id, "method": r.method, "path": r.path, "route": r.route,
+        "status": r.status, "start_ns": r.start_ns, "end_ns": r.end_ns,
+        "duration_ns": r.duration_ns, "bytes_in": r.bytes_in, "bytes_out": r.bytes_out,
+        "trace_id": r.trace_id, "parent_span_id": r.parent_span_id, "complete": r.complete,
+        "port": r.port, "cost": {k: v for k, v in r.cost.items() if v},
+    }
+
+
+def to_events(
+    events: npt.NDArray[np.void], kernels: KernelNames | None = None,
+    attribution: EventAttribution | None = None,
+) -> list[Event]:
     """Enriched records → the events of --output; launches are named from `kernels`
-    (without it, `kernel` and `kernel_full` are null)."""
+    (without it, `kernel` and `kernel_full` are null); with `attribution`, each event made for
+    a request has its `request_id` (exact) or `requests` ([id, share] pairs: shared)."""
     if len(events) == 0:
         return []
     columns = {name: events[name].tolist() for name in events.dtype.names or ()}
@@ -176,7 +193,12 @@ def to_events(events: npt.NDArray[np.void], kernels: KernelNames | None = None) 
         launches = events[events["type"] == EventType.LAUNCH]
         pairs = set(zip(launches["pid"].tolist(), launches["handle"].tolist(), strict=True))
         names = {(pid, h): kernels.name_of(pid, h) for pid, h in pairs}
-    return [_one(columns, i, names) for i in range(len(events))]
+    out = [_one(columns, i, names) for i in range(len(events))]
+    if attribution is not None:
+        made_for = (attribution.request_id > 0) | (attribution.request_set > 0)
+        for i in np.flatnonzero(made_for).tolist():
+            out[i].update(attribution.of(i))
+    return out
 
 
 def _one(

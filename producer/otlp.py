@@ -181,3 +181,39 @@ def _make_exporter(endpoint: str, protocol: Protocol, headers: Mapping[str, str]
             url += "/v1/traces"
         return HttpExporter(endpoint=url, headers=dict(headers), timeout=timeout_s)
     raise UsageError(f"unknown OTLP protocol {protocol!r} (http/protobuf or grpc)")
+
+
+class SpanSink:
+    """An EventSink that exports each answered request (requesttrack.Answered) as a span."""
+
+    def __init__(self, exporter: OtlpExporter, kernels: Any = None,
+                 prices: Any = None, gpu_name: str | None = None) -> None:
+        self.name = "--otlp"
+        self._exporter = exporter
+        self._kernels = kernels  # kernels.KernelNames
+        self._prices = prices  # pricing.PriceBook
+        self._gpu_name = gpu_name
+        self.takes_attribution = False
+
+    def write(self, events: Any) -> None:
+        pass
+
+    def write_requests(self, pid: int, answered: Sequence[Any],
+                       unattributed: Mapping[str, float]) -> None:
+        for a in answered:
+            top = sorted(a.kernels.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+            named = []
+            for handle, n in top:
+                name = self._kernels.name_of(pid, handle) if self._kernels is not None else None
+                named.append((name.short if name else f"0x{handle:x}", n))
+            usd = None
+            if self._prices is not None and self._gpu_name:
+                usd = self._prices.cost(a.record.cost_of("gpu_ns") / 1e9, self._gpu_name)
+            self._exporter.export(RequestSpan(a.request, dict(a.record.cost), named, usd,
+                                              a.mode))
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._exporter.close()

@@ -597,3 +597,100 @@ def _release_in_background(cleanup: Callable[[], None]) -> None:
         cleanup()  # cheap now: the grandchild still holds each probe
     finally:
         os.close(write_end)
+
+
+class HttpProbes:
+    """The HTTP capture (bpf/http_proto.bpf.c: syscall tracepoints on accepted TCP sockets),
+    a program of its own beside the CUDA probes. Its scope is the `http_pids` map, which the
+    capture fills with the processes it captures (`watch`); connections a process accepted
+    before it was watched are added from /proc, mid-stream (producer/httpconns.py)."""
+
+    def __init__(self, settings: CaptureSettings) -> None:
+        from bcc import BPF
+
+        from producer import httpconns, httprecords
+        from producer.bpfsource import bundle
+        from producer.btf import Btf, BtfError, socket_offsets
+
+        self._settings = settings
+        self._records = httprecords
+        self._conns_mod = httpconns
+        try:
+            walk = socket_offsets(Btf.from_file()).cflags()
+        except (BtfError, OSError) as exc:
+            log.info("HTTP capture without the socket walk (%s): the address family decides",
+                     exc)
+            walk = []
+        source = settings.bpf_dir / "http_proto.bpf.c"
+        cflags = [f"-I{settings.bpf_dir}", "-DGF_FILTER_PIDS=0",
+                  *httprecords.head_cflags(httprecords.DEFAULT_HEAD), *walk]
+        try:
+            self._bpf: Any = BPF(text=bundle(source).encode(), cflags=cflags)
+        except SetupError:
+            raise
+        except Exception as exc:
+            raise SetupError(f"the HTTP capture did not compile or load: {exc}") from exc
+        self._pending: list[Any] = []
+        #: Records too short for their own header (never expected; counted).
+        self.malformed = 0
+        self._bpf[b"http_events"].open_ring_buffer(self._on_record)
+        self._pids = self._bpf[b"http_pids"]
+        self._conns = self._bpf[b"http_conns"]
+        self._watched: set[int] = set()
+        self._seed_ids = 0
+
+    def _on_record(self, _ctx: Any, data: Any, size: int) -> None:
+        try:
+            self._pending.append(self._records.decode(ctypes.string_at(data, size)))
+        except self._records.RecordError:
+            self.malformed += 1
+
+    def watch(self, pids: Iterable[int]) -> None:
+        """Capture the HTTP requests these processes serve, from now on."""
+        one = self._pids.Leaf(1)
+        for pid in pids:
+            if pid in self._watched:
+                continue
+            self._watched.add(pid)
+            self._pids[self._pids.Key(pid)] = one
+            self._seed(pid)
+
+    def _seed(self, pid: int) -> None:
+        for conn in self._conns_mod.server_connections(self._settings.proc_root, pid):
+            self._seed_ids += 1
+            # Unique per host, never an accept's (those are monotonic ns since boot).
+            conn_id = (1 << 63) | (pid << 24) | (self._seed_ids & 0xFFFFFF)
+            key = self._conns.Key(pid, conn.fd)
+            with contextlib.suppress(Exception):  # a full table: that connection goes unseen
+                if key not in self._conns:
+                    value = self._conns_mod.seed_value(conn, conn_id)
+                    self._conns[key] = self._conns.Leaf.from_buffer_copy(value)
+
+    def unwatch(self, pid: int) -> None:
+        """A process gone (or out of scope): its connections go with it."""
+        self._watched.discard(pid)
+        with contextlib.suppress(KeyError):
+            del self._pids[self._pids.Key(pid)]
+        for key in [k for k in self._conns if int(k.pid) == pid]:
+            with contextlib.suppress(KeyError):
+                del self._conns[key]
+
+    @property
+    def watched(self) -> frozenset[int]:
+        return frozenset(self._watched)
+
+    def drain(self) -> list[Any]:
+        """Every HTTP record committed so far (httprecords.HttpRecord), oldest first."""
+        self._bpf.ring_buffer_consume()
+        records, self._pending = self._pending, []
+        return records
+
+    def drops(self) -> list[int]:
+        """The `http_drops` slots (httprecords.DROP_*), summed over CPUs."""
+        table = self._bpf[b"http_drops"]
+        return [sum(int(v) for v in table[table.Key(slot)])
+                for slot in range(self._records.SLOTS)]
+
+    def close(self) -> None:
+        atexit.unregister(self._bpf.cleanup)
+        self._bpf.cleanup()

@@ -14,7 +14,7 @@ import logging
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from producer import identity, wire
 from producer.errors import UsageError
 from producer.kafkaconf import ENV_PREFIX, load_config
 from producer.kernels import KernelNames
-from producer.records import EventType
+from producer.records import EVENT_DTYPE, EventType
 from producer.redact import CmdlineMode
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,11 @@ class KafkaSink:
         self._pending_names: dict[int, dict[int, wire.KernelName]] = {}
         self._pending_events = 0
         self._pending_since: float | None = None
+        #: With the HTTP capture: each pending part's attribution, and the requests answered.
+        self._pending_attr: dict[int, list[wire.EventAttribution]] = {}
+        self._pending_requests: dict[int, list[wire.RequestRecord]] = {}
+        self._pending_unattributed: dict[int, dict[str, float]] = {}
+        self.requests_produced = 0
         self._identities: dict[int, wire.ProcessRecord] = {}
         self._last_error: str | None = None
         self.produced_events = 0
@@ -166,14 +171,21 @@ class KafkaSink:
 
     # -- EventSink ---------------------------------------------------------
 
-    def write(self, events: npt.NDArray[np.void]) -> None:
+    takes_attribution = True
+
+    def write(self, events: npt.NDArray[np.void],
+              attribution: wire.EventAttribution | None = None) -> None:
         if len(events) == 0:
             return
         pids = events["pid"]
         unique, inverse = np.unique(pids, return_inverse=True)
         for k, pid in enumerate(unique.tolist()):
-            part = events if len(unique) == 1 else events[inverse == k]
+            mine = None if len(unique) == 1 else inverse == k
+            part = events if mine is None else events[mine]
             self._pending.setdefault(pid, []).append(part)
+            if attribution is not None:
+                self._pending_attr.setdefault(pid, []).append(
+                    attribution if mine is None else attribution.take(mine))
             if self._kernels is not None:
                 names = self._kernels.for_launches(pid, part)
                 if names:
@@ -225,19 +237,54 @@ class KafkaSink:
                       timestamp_ms=batch.first_ts_ns // 1_000_000, events=len(batch.events),
                       pid=batch.pid)
 
+    def write_requests(self, pid: int, answered: Sequence[Any],
+                       unattributed: Mapping[str, float]) -> None:
+        """A process's requests answered (requesttrack.Answered) and the cost no request
+        explains: they go out with its next events message (or one of their own)."""
+        if answered:
+            self._pending_requests.setdefault(pid, []).extend(a.record for a in answered)
+        if unattributed:
+            mine = self._pending_unattributed.setdefault(pid, {})
+            for name, value in unattributed.items():
+                mine[name] = mine.get(name, 0.0) + value
+        if (answered or unattributed) and self._pending_since is None:
+            self._pending_since = time.monotonic()
+
     def flush_pending(self) -> None:
         pending, self._pending = self._pending, {}
         names, self._pending_names = self._pending_names, {}
+        attrs, self._pending_attr = self._pending_attr, {}
+        requests, self._pending_requests = self._pending_requests, {}
+        unattributed, self._pending_unattributed = self._pending_unattributed, {}
         self._pending_events, self._pending_since = 0, None
         limit = self.settings.max_batch_events
-        for pid, parts in pending.items():
+        empty = np.zeros(0, dtype=EVENT_DTYPE)
+        for pid in [*pending, *(p for p in {*requests, *unattributed} if p not in pending)]:
+            parts = pending.get(pid, [empty])
             events = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            attr_parts = attrs.get(pid)
+            attribution = None
+            if attr_parts is not None and len(attr_parts) == len(parts):
+                attribution = (attr_parts[0] if len(attr_parts) == 1
+                               else wire.EventAttribution.concat(attr_parts))
+            answered = tuple(requests.get(pid, ()))
+            spare = unattributed.get(pid, {})
+            if len(events) == 0 and not answered:
+                if spare:  # goes out with the process's next message
+                    self._pending_unattributed[pid] = spare
+                continue
             who = self._identity(pid)
-            for start in range(0, len(events), limit):
+            for start in range(0, max(len(events), 1), limit):
                 chunk = events[start : start + limit]
+                first = start == 0
                 batch = wire.EventBatch(
-                    self.host, pid, who.start_time, chunk, _launch_names(chunk, names.get(pid))
+                    self.host, pid, who.start_time, chunk, _launch_names(chunk, names.get(pid)),
+                    attribution=_slice(attribution, len(events), start, limit),
+                    requests=answered if first else (),
+                    unattributed=spare if first else {},
                 )
+                if first:
+                    self.requests_produced += len(answered)
                 self._produce(
                     self._topics.events,
                     key=wire.host_key(self.host),
@@ -317,6 +364,15 @@ class KafkaSink:
 
     def queue_depth(self) -> int:
         return len(self._producer)
+
+
+def _slice(attribution: wire.EventAttribution | None, n: int, start: int,
+           limit: int) -> wire.EventAttribution | None:
+    if attribution is None or n <= limit:
+        return attribution
+    keep = np.zeros(n, dtype=bool)
+    keep[start : start + limit] = True
+    return attribution.take(keep)
 
 
 def _launch_names(

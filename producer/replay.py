@@ -37,6 +37,14 @@ class ReplayStats:
     messages: int = 0
     events: int = 0
     skipped_malformed: int = 0
+    requests: int = 0
+
+
+@dataclass(frozen=True)
+class _Replayed:
+    """A request read back from Kafka, as the --output sink takes it."""
+
+    record: wire.RequestRecord
 
 
 def replay(
@@ -126,16 +134,28 @@ def replay(
             if (host is not None and batch.host != host) or (pid is not None and batch.pid != pid):
                 continue
             ts = batch.events["ts_ns"]
-            events = batch.events[(ts >= from_ns) & (ts < to_ns)]
-            if len(events) == 0:
+            keep = (ts >= from_ns) & (ts < to_ns)
+            events = batch.events[keep]
+            attribution = batch.attribution.take(keep) if batch.attribution else None
+            # A request is in the range when its response went out in it.
+            requests = tuple(r for r in batch.requests if from_ns <= r.end_ns < to_ns)
+            if len(events) == 0 and not requests:
                 continue
             stats.events += len(events)
+            stats.requests += len(requests)
             if writer is not None:
                 names.learn(batch.pid, batch.kernels)
-                writer.write(events)
+                if len(events):
+                    writer.write(events, attribution)
+                if requests:
+                    writer.write_requests(batch.pid, [_Replayed(r) for r in requests], {})
             elif republisher is not None and to_topic is not None:
+                whole = len(events) == len(batch.events)
                 kept = wire.EventBatch(
-                    batch.host, batch.pid, batch.start_time, events, batch.kernels
+                    batch.host, batch.pid, batch.start_time, events, batch.kernels,
+                    attribution=attribution, requests=requests,
+                    # the unattributed cost is the message's: kept only with all its events
+                    unattributed=batch.unattributed if whole else {},
                 )
                 republisher.produce_batch(to_topic, kept)
     finally:

@@ -44,6 +44,9 @@ class CaptureSettings:
     #: Report exec like a link-map change (needs tracefs).
     watch_exec: bool = True
     bpf_dir: Path = field(default=DEFAULT_BPF_DIR)
+    #: Capture the HTTP/1.1 requests the captured processes serve, and attribute every CUDA
+    #: call to its request(s) (bpf/http.bpf.h, producer/requesttrack.py).
+    http: bool = False
 
     @property
     def ringbuf_bytes(self) -> int:

@@ -9,23 +9,39 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
-from producer.decode import Event, to_events
+from producer.decode import Event, request_event, to_events
 from producer.errors import UsageError
 from producer.kernels import KernelNames
 from producer.summary import Summary
+from producer.wire import EventAttribution, RequestRecord
+
+if TYPE_CHECKING:
+    from producer.requesttrack import Answered
 
 log = logging.getLogger(__name__)
 
 
+class WithRecord(Protocol):
+    """A request as sinks take it (requesttrack.Answered; replay's requests read back)."""
+
+    @property
+    def record(self) -> RequestRecord: ...
+
+
 class EventSink(Protocol):
-    """Takes batches of enriched events (records.EVENT_DTYPE) in ring order."""
+    """Takes batches of enriched events (records.EVENT_DTYPE) in ring order.
+
+    With the HTTP capture on, a sink that has `write_requests` also gets, per loop turn, each
+    process's requests answered (with their cost) and the cost no request explains; one whose
+    `write` takes `attribution` (`takes_attribution = True`) gets each event's request(s)."""
 
     def write(self, events: npt.NDArray[np.void]) -> None: ...
 
@@ -53,17 +69,32 @@ class JsonLinesSink:
         except OSError as exc:
             raise UsageError(f"cannot write --output {path}: {exc.strerror}") from None
         self.written = 0
+        self.requests_written = 0
         self._flush_interval_s = flush_interval_s
         self._unflushed_since: float | None = None
 
-    def write(self, events: npt.NDArray[np.void]) -> None:
-        decoded = to_events(events, self._kernels)
+    takes_attribution = True
+
+    def write(self, events: npt.NDArray[np.void],
+              attribution: EventAttribution | None = None) -> None:
+        decoded = to_events(events, self._kernels, attribution)
         if decoded:
-            self._file.write(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)
-                                      for e in decoded))
+            self._lines(decoded)
             self.written += len(decoded)
-            if self._unflushed_since is None:
-                self._unflushed_since = time.monotonic()
+
+    def write_requests(self, pid: int, answered: Sequence[WithRecord],
+                       unattributed: Mapping[str, float]) -> None:
+        """One line per request ("type": "request"); the unattributed cost is what the
+        events without `request_id` or `requests` add up to, so it needs no line."""
+        if answered:
+            self._lines([request_event(pid, a.record) for a in answered])
+            self.requests_written += len(answered)
+
+    def _lines(self, decoded: list[Event]) -> None:
+        self._file.write(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)
+                                  for e in decoded))
+        if self._unflushed_since is None:
+            self._unflushed_since = time.monotonic()
 
     def tick(self) -> None:
         since = self._unflushed_since
@@ -82,9 +113,18 @@ class JsonLinesSink:
 class SummarySink:
     def __init__(self, summary: Summary | None = None) -> None:
         self.summary = summary or Summary()
+        #: The requests answered (trace's route table), and the cost no request explains.
+        self.requests: list[Answered] = []
+        self.unattributed: dict[str, float] = {}
 
     def write(self, events: npt.NDArray[np.void]) -> None:
         self.summary.add(events)
+
+    def write_requests(self, pid: int, answered: Sequence[Answered],
+                       unattributed: Mapping[str, float]) -> None:
+        self.requests.extend(answered)
+        for name, value in unattributed.items():
+            self.unattributed[name] = self.unattributed.get(name, 0.0) + value
 
     def tick(self) -> None:
         pass
@@ -123,14 +163,28 @@ class Guarded:
         #: Events handed to it after it failed (or in the batch that failed).
         self.lost = 0
 
-    def write(self, events: npt.NDArray[np.void]) -> None:
+    def write(self, events: npt.NDArray[np.void],
+              attribution: EventAttribution | None = None) -> None:
         if self.failure is not None:
             self.lost += len(events)
             return
         try:
-            self.sink.write(events)
+            if attribution is not None and getattr(self.sink, "takes_attribution", False):
+                self.sink.write(events, attribution)  # type: ignore[call-arg]
+            else:
+                self.sink.write(events)
         except Exception as exc:
             self.lost += len(events)
+            self._fail(exc)
+
+    def write_requests(self, pid: int, answered: Sequence[Answered],
+                       unattributed: Mapping[str, float]) -> None:
+        take = getattr(self.sink, "write_requests", None)
+        if self.failure is not None or take is None:
+            return
+        try:
+            take(pid, answered, unattributed)
+        except Exception as exc:
             self._fail(exc)
 
     def tick(self) -> None:

@@ -23,7 +23,11 @@ from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import TRACE_CAPABILITIES, check_can_probe
 from producer.errors import UsageError
+from producer.pricing import PriceBook
 from producer.probes import CUDA_KINDS, DropCounts, Probes
+from producer.requesttrack import Answered
+from producer.routes import RouteTable, render_http, route_table
+from producer.routes import render as render_routes
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink, SummarySink
 from producer.summary import ProbedFile, Summary, render
@@ -40,6 +44,37 @@ class TraceResult:
     events: int
     #: The library files probed, once each, with their probe counts.
     probed: tuple[ProbedFile, ...] = ()
+    #: The HTTP requests the command served (with the HTTP capture on), and their table.
+    requests: tuple[Answered, ...] = ()
+    routes: RouteTable | None = None
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What trace does with requests: price them, export them."""
+
+    prices: PriceBook | None = None
+    #: The GPU model to price at (else NVML's first GPU's name).
+    gpu_model: str | None = None
+    #: --otlp URL, and its protocol.
+    otlp: str | None = None
+    otlp_protocol: str = "http/protobuf"
+
+
+def gpu_name(explicit: str | None) -> str | None:
+    """The GPU to price at: the one named, else NVML's first GPU, else None."""
+    if explicit:
+        return explicit
+    try:
+        from producer.nvml import NvmlSampler
+
+        with NvmlSampler() as nvml:
+            for sample in nvml.sample():
+                if sample.name:
+                    return sample.name
+    except Exception as exc:  # no NVML, no GPU: no price
+        log.debug("no GPU name from NVML: %s", exc)
+    return None
 
 
 #: The exit code of a trace whose command succeeded but whose --output could not be written
@@ -157,6 +192,7 @@ def run(
     output: Path | None = None,
     settings: CaptureSettings | None = None,
     print_summary: bool = True,
+    requests: RequestOptions | None = None,
 ) -> TraceResult:
     if not argv:
         raise UsageError("trace needs a command: gpuflight trace [--output FILE] -- CMD [ARGS...]")
@@ -170,9 +206,20 @@ def run(
     enricher = Enricher(proc_root=settings.proc_root)
     if output is not None:
         sinks.append(JsonLinesSink(output, enricher.kernels))
+    options = requests or RequestOptions()
+    gpu = gpu_name(options.gpu_model) if settings.http else None
+    if settings.http and options.otlp:
+        from producer.otlp import OtlpExporter, SpanSink
+
+        exporter = OtlpExporter(options.otlp, protocol=options.otlp_protocol,  # type: ignore[arg-type]
+                                wall_offset_ns=enricher.clock_offset_ns)
+        sinks.append(SpanSink(exporter, enricher.kernels, options.prices, gpu))
     capture = Capture(settings, sinks, enricher)
+    if capture.requests is not None and options.otlp:
+        capture.requests.count_kernels = True
     pid, release = _spawn_held(argv)
     capture.probes.add_to_scope([pid])
+    capture.watch_http([pid])
     # With exec watched, the child is held at exec and scanned then. Without,
     # scan it now, while it is still a copy of us: that attaches our own loader
     # (usually the command's too), and the loader probe reports the rest.
@@ -220,6 +267,12 @@ def run(
             f"{s.library.path}: {s.reason}" for s in capture.probes.failed.values()))
         if exit_code == 0:
             exit_code = EXIT_NOT_TRACED
+    routes = None
+    if capture.requests is not None:
+        shared = [a.record.request_id for a in summary_sink.requests
+                  if a.mode in ("shared", "mixed")]
+        routes = route_table([a.record for a in summary_sink.requests],
+                             summary_sink.unattributed, options.prices, gpu, shared)
     result = TraceResult(
         exit_code=exit_code,
         wall_s=wall_s,
@@ -227,6 +280,8 @@ def run(
         dropped=drops.events,
         events=capture.stats.events,
         probed=_probed(capture),
+        requests=tuple(summary_sink.requests),
+        routes=routes,
     )
     if print_summary:
         title = " ".join(argv)
@@ -235,6 +290,11 @@ def run(
             *attach_lines,
         ])
         print("\n" + text + "\n", file=sys.stderr)
+        table = render_routes(routes, gpu) if routes is not None else ""
+        if table:
+            print(table, file=sys.stderr)
+        if capture.requests is not None and capture.requests.stats():
+            print(render_http(capture.requests.stats()) + "\n", file=sys.stderr)
     if drops.events:
         log.warning("%d events were dropped in the kernel (ring buffer full)", drops.events)
     return result

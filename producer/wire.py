@@ -30,6 +30,44 @@ An events message (`EventBatch`):
    "columns": {NAME: [N ints], ...},
    "kernels": {HANDLE: [SHORT, FULL], ...}}   # optional (additive in v1)
 
+Added within v1 (optional; a producer without the HTTP capture never writes them):
+
+   "columns": {..., "request_id": [N ints],   # exact: the request the event was made for
+                    "request_set": [N ints]},  # shared: 1 + its index in "request_sets"
+   "request_sets": [[[REQUEST_ID, SHARE], ...], ...],   # shares of one set sum to 1
+   "requests": [REQUEST, ...],   # the process's requests answered in this flush interval
+   "unattributed": {COST: number, ...}   # the cost of this message's events no request explains
+
+An event has "request_id" (non-zero) when the thread that made the call was serving exactly
+one request (exact), or "request_set" (non-zero) when its cost is split equally over the
+requests of the process in flight at that time (shared), or neither (unattributed; both are
+never set). A message that carries "requests" may have "count": 0 (requests answered while the
+process made no CUDA call; then "ts0" is the first request's end, and "columns" is {}).
+
+A REQUEST (`RequestRecord`): one HTTP/1.1 request and its response, on a server socket of the
+process (producer/http.py), with what its CUDA calls cost:
+
+  {"request_id": int,            # 1 .. 2^63-1, unique per host; what events point at
+   "tid": int,                   # the thread that read it
+   "method": str, "path": str,   # the path without its query
+   "route": str,                 # bounded: id segments are {id}; "other" past a process's cap
+   "status": int,                # 0: no response seen (connection closed, lost, expired)
+   "start_ns": int,              # wall clock: the read that brought its first byte
+   "end_ns": int,                # wall clock: the write that sent its response's last byte
+   "bytes_in": int, "bytes_out": int,
+   "trace_id": str|null,         # the W3C traceparent the client sent: 32 hex digits
+   "parent_span_id": str|null,   # and the caller's span: 16 hex digits
+   "complete": bool,             # false: the response was not seen whole
+   "port": int,                  # the server's port (0: unknown)
+   "cost": {COST: number, ...}}  # what its CUDA calls cost: exact, plus its shares
+
+COST names are REQUEST_COST_FIELDS (producer/attribution.py's COST_FIELDS): launches, weight
+(blocks x threads), graph_launches, kernels, h2d_bytes, d2h_bytes, d2d_bytes,
+other_copy_bytes, memset_bytes, allocs, alloc_bytes, syncs, blocked_ns (CPU time blocked in
+syncs and synchronous copies), gpu_ns (GPU time); a cost that is zero may be left out. Over a
+process, the sum of its requests' costs plus its messages' "unattributed" is the total cost
+of its events.
+
 "kernels" names every launched `handle` of the message whose name the node knows: FULL is the
 demangled name (or the symbol as it is when it does not demangle), SHORT the same without
 template arguments and parameter lists (the stream app's bounded `kernel` tag); a kernel of
@@ -114,6 +152,14 @@ COLUMNS: Final[tuple[str, ...]] = (
     "ts", "tid", "api", "type", "flags", "result", "duration_ns",
     "handle", "stream", "bytes", "dim",
 )
+#: Added within v1: each event's request (exact) or shared set of requests (1 + its index).
+ATTRIBUTION_COLUMNS: Final[tuple[str, ...]] = ("request_id", "request_set")
+#: The costs a request carries, and the unattributed cost of a message: those of
+#: producer/attribution.py (COST_FIELDS; tests/test_wire.py checks they are the same).
+REQUEST_COST_FIELDS: Final[tuple[str, ...]] = (
+    "launches", "weight", "graph_launches", "kernels", "h2d_bytes", "d2h_bytes", "d2d_bytes",
+    "other_copy_bytes", "memset_bytes", "allocs", "alloc_bytes", "syncs", "blocked_ns", "gpu_ns",
+)
 _FIELD_OF: Final = {"ts": "ts_ns"}
 #: The most events a reader takes in one message (80 MB decoded; the producer sends at most
 #: KafkaSettings.max_batch_events, 100,000).
@@ -157,10 +203,114 @@ class EventBatch:
     events: npt.NDArray[np.void]
     #: Launch handle → name, for the launches of `events` whose name is known.
     kernels: Mapping[int, KernelName] = field(default_factory=dict)
+    #: Which request(s) each event was made for (None: the node does not capture requests).
+    attribution: EventAttribution | None = None
+    #: The process's requests answered in this flush interval.
+    requests: tuple[RequestRecord, ...] = ()
+    #: The cost of these events that no request explains (REQUEST_COST_FIELDS; zeros left out).
+    unattributed: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def first_ts_ns(self) -> int:
-        return int(self.events["ts_ns"][0]) if len(self.events) else 0
+        if len(self.events):
+            return int(self.events["ts_ns"][0])
+        return min((r.end_ns for r in self.requests), default=0)
+
+
+RequestId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+Share = Annotated[float, msgspec.Meta(gt=0, le=1)]
+_COST_NAMES = "|".join(REQUEST_COST_FIELDS)
+CostName = Annotated[str, msgspec.Meta(pattern=f"^({_COST_NAMES})$")]
+Costs = Annotated[Mapping[CostName, Annotated[float, msgspec.Meta(ge=0)]],
+                  msgspec.Meta(max_length=len(REQUEST_COST_FIELDS))]
+#: The most requests one message carries, and shared sets (a reader refuses more).
+MAX_REQUESTS: Final = 1_000_000
+#: The most requests one shared set holds (requests of one process in flight at once).
+MAX_SET: Final = 65_536
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One HTTP request and its response, with what its CUDA calls cost (events.v1, additive)."""
+
+    request_id: RequestId
+    tid: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+    method: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+    path: Annotated[str, msgspec.Meta(max_length=16_384)]
+    route: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    #: 0: no response was seen.
+    status: Annotated[int, msgspec.Meta(ge=0, le=999)]
+    #: Wall clock ns: the read that brought its first byte; the write of its response's last.
+    start_ns: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    end_ns: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    bytes_in: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    bytes_out: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    #: The W3C traceparent the client sent: its trace id and the caller's span id.
+    trace_id: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")] | None
+    parent_span_id: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")] | None
+    #: False when the response was not seen whole.
+    complete: bool
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)]
+    #: What its CUDA calls cost (REQUEST_COST_FIELDS): exact, plus its shares of shared calls.
+    cost: Costs
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+    def cost_of(self, name: str) -> float:
+        return float(self.cost.get(name, 0.0))
+
+
+@dataclass(frozen=True)
+class EventAttribution:
+    """Per event of a batch: its request (exact) or its shared set, as the wire carries them."""
+
+    #: The request the event was made for (exact), else 0.
+    request_id: npt.NDArray[np.uint64]
+    #: 1 + the index in `sets` of the requests the event's cost is split over, else 0.
+    request_set: npt.NDArray[np.int64]
+    #: Each shared set: (request id, share) pairs whose shares sum to 1.
+    sets: tuple[tuple[tuple[int, float], ...], ...] = ()
+
+    def of(self, i: int) -> dict[str, Any]:
+        """The fields event i carries in --output: `request_id`, or `requests`, or none."""
+        rid = int(self.request_id[i])
+        if rid:
+            return {"request_id": rid}
+        k = int(self.request_set[i])
+        if k:
+            return {"requests": [[r, share] for r, share in self.sets[k - 1]]}
+        return {}
+
+    def take(self, keep: npt.NDArray[np.bool_]) -> EventAttribution:
+        """The attribution of the events `keep` selects (sets renumbered, unused ones gone)."""
+        rid, rset = self.request_id[keep], self.request_set[keep]
+        used = np.unique(rset[rset > 0])
+        renumber = np.zeros(len(self.sets) + 1, dtype=np.int64)
+        renumber[used] = np.arange(1, len(used) + 1)
+        return EventAttribution(rid, renumber[rset], tuple(self.sets[k - 1] for k in used))
+
+    @classmethod
+    def concat(cls, parts: list[EventAttribution]) -> EventAttribution:
+        sets: list[tuple[tuple[int, float], ...]] = []
+        ids, rsets = [], []
+        for part in parts:
+            ids.append(part.request_id)
+            rsets.append(np.where(part.request_set > 0, part.request_set + len(sets), 0))
+            sets.extend(part.sets)
+        return cls(np.concatenate(ids).astype(np.uint64), np.concatenate(rsets).astype(np.int64),
+                   tuple(sets))
+
+
+def _request_json(r: RequestRecord) -> dict[str, Any]:
+    out = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    out["cost"] = {k: v for k, v in r.cost.items() if v}
+    return out
+
+
+def _costs_json(costs: Mapping[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in costs.items() if v}
 
 
 def host_key(host: str) -> bytes:
@@ -173,10 +323,10 @@ def process_key(host: str, pid: int, start_time: int) -> bytes:
 
 def encode_events(batch: EventBatch) -> bytes:
     events = batch.events
-    if len(events) == 0:
-        raise ValueError("an events message holds at least one event")
+    if len(events) == 0 and not batch.requests:
+        raise ValueError("an events message holds at least one event or request")
     ts = events["ts_ns"].astype(np.int64)
-    ts0 = int(ts[0])
+    ts0 = batch.first_ts_ns
     columns: dict[str, npt.NDArray[Any]] = {}
     for name in COLUMNS:
         if name == "ts":
@@ -187,7 +337,15 @@ def encode_events(batch: EventBatch) -> bytes:
             column = np.ascontiguousarray(events[_FIELD_OF.get(name, name)])
         if column.any():
             columns[name] = column.astype(np.int64)
-    message = {
+    attr = batch.attribution
+    if attr is not None:
+        if len(attr.request_id) != len(events) or len(attr.request_set) != len(events):
+            raise ValueError("an attribution has one entry per event")
+        if attr.request_id.any():
+            columns["request_id"] = attr.request_id.astype(np.int64)
+        if attr.request_set.any():
+            columns["request_set"] = attr.request_set.astype(np.int64)
+    message: dict[str, Any] = {
         "schema": EVENTS_SCHEMA,
         "v": VERSION,
         "host": batch.host,
@@ -201,6 +359,12 @@ def encode_events(batch: EventBatch) -> bytes:
         message["kernels"] = {
             str(handle): [name.short, name.full] for handle, name in batch.kernels.items()
         }
+    if attr is not None and attr.sets:
+        message["request_sets"] = [[[rid, share] for rid, share in one] for one in attr.sets]
+    if batch.requests:
+        message["requests"] = [_request_json(r) for r in batch.requests]
+    if any(batch.unattributed.values()):
+        message["unattributed"] = _costs_json(batch.unattributed)
     return orjson.dumps(message, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -226,7 +390,8 @@ def decode_events(value: bytes | None) -> EventBatch:
         start_time = int(message["start_time"])
         ts0 = int(message["ts0"])
         columns = message["columns"]
-        if count <= 0 or not isinstance(columns, dict):
+        requests = _requests(message.get("requests", []))
+        if count < 0 or (count == 0 and not requests) or not isinstance(columns, dict):
             raise WireError("no events")
         if count > MAX_EVENTS:
             raise WireError(f"{count} events in one message, more than {MAX_EVENTS}")
@@ -244,6 +409,7 @@ def decode_events(value: bytes | None) -> EventBatch:
             raise WireError(f"{count} events without a column")
         events = np.zeros(count, dtype=EVENT_DTYPE)
         events["pid"] = pid
+        attribution = _attribution(count, columns, message.get("request_sets"))
         for name, values in known.items():
             column = np.asarray(values, dtype=np.int64)
             if column.ndim != 1:
@@ -257,11 +423,54 @@ def decode_events(value: bytes | None) -> EventBatch:
         if "ts" not in columns:
             events["ts_ns"] = ts0
         kernels = _kernel_names(message.get("kernels", {}))
+        unattributed = msgspec.convert(message.get("unattributed", {}), Costs)
+    except msgspec.ValidationError as exc:
+        raise WireError(f"malformed events message: {exc}") from None
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise WireError(f"malformed events message: {exc}") from None
     return EventBatch(
-        host=host, pid=pid, start_time=start_time, events=events, kernels=kernels
+        host=host, pid=pid, start_time=start_time, events=events, kernels=kernels,
+        attribution=attribution, requests=requests, unattributed=dict(unattributed),
     )
+
+
+def _requests(value: Any) -> tuple[RequestRecord, ...]:
+    if not isinstance(value, list) or len(value) > MAX_REQUESTS:
+        raise WireError("requests is not a list of at most MAX_REQUESTS requests")
+    try:
+        return tuple(msgspec.convert(value, list[RequestRecord]))
+    except msgspec.ValidationError as exc:
+        raise WireError(f"malformed request: {exc}") from None
+
+
+def _attribution(count: int, columns: dict[str, Any], sets: Any) -> EventAttribution | None:
+    if not any(name in columns for name in ATTRIBUTION_COLUMNS) and sets is None:
+        return None
+    try:
+        parsed = msgspec.convert(
+            sets or [],
+            Annotated[list[Annotated[list[tuple[RequestId, Share]],
+                                     msgspec.Meta(min_length=1, max_length=MAX_SET)]],
+                      msgspec.Meta(max_length=MAX_REQUESTS)],
+        )
+    except msgspec.ValidationError as exc:
+        raise WireError(f"malformed request_sets: {exc}") from None
+    out = {}
+    for name in ATTRIBUTION_COLUMNS:
+        column = np.asarray(columns.get(name, np.zeros(count)), dtype=np.int64)
+        if column.shape != (count,):
+            raise WireError(f"column {name} has {column.size} values, not {count}")
+        out[name] = column
+    rid, rset = out["request_id"], out["request_set"]
+    if (rid < 0).any() or (rset < 0).any() or (rset > len(parsed)).any():
+        raise WireError("an event points at a request set that is not there")
+    if ((rid > 0) & (rset > 0)).any():
+        raise WireError("an event is both exact and shared")
+    for one in parsed:
+        if abs(sum(share for _, share in one) - 1.0) > 1e-6:
+            raise WireError("the shares of a request set do not sum to 1")
+    return EventAttribution(rid.astype(np.uint64), rset,
+                            tuple(tuple((int(r), float(x)) for r, x in one) for one in parsed))
 
 
 def _kernel_names(names: Any) -> dict[int, KernelName]:

@@ -39,7 +39,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -94,6 +94,9 @@ class WorkerStats:
     dead_letters: int = 0
     alerts: int = 0
     unknown_identities: int = 0
+    requests: int = 0
+    #: Requests of windows already closed (late beyond grace): not counted.
+    late_requests: int = 0
 
 
 class GpuUtilization:
@@ -102,10 +105,19 @@ class GpuUtilization:
     def __init__(self) -> None:
         self._host: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self._job: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+        #: host → GPU index → its NVML name; (host, job) → the name of a GPU it ran on.
+        self._names: dict[str, dict[int, str]] = defaultdict(dict)
+        self._job_gpu: dict[tuple[str, str], str] = {}
 
     def add(self, record: wire.NvmlRecord, directory: Directory) -> None:
         host, t = record.host, record.ts_ns
         for gpu in record.gpus:
+            if gpu.name:
+                self._names[host][gpu.gpu] = gpu.name
+                for proc in gpu.processes or ():
+                    job = directory.latest_job(host, proc.pid)
+                    if job is not None:
+                        self._job_gpu[host, job] = gpu.name
             if gpu.utilization_gpu_pct is not None:
                 _keep(self._host[host], (t, float(gpu.utilization_gpu_pct)))
             for proc in gpu.processes or ():
@@ -121,6 +133,30 @@ class GpuUtilization:
             if values:
                 return sum(values) / len(values)
         return None
+
+
+    def gpu_name(self, host: str, job: str) -> str | None:
+        """The NVML name of the job's GPU: one NVML saw its processes on, else the host's
+        when all its GPUs are one model."""
+        name = self._job_gpu.get((host, job))
+        if name is None:
+            names = set(self._names.get(host, {}).values())
+            name = names.pop() if len(names) == 1 else None
+        return name
+
+
+def gpu_price(settings: StreamSettings, gpu: GpuUtilization) -> Callable[[str, str], float | None]:
+    """(host, job) → USD per GPU-hour of the job's GPU: NVML's name for it, else the
+    configured model; None without a price book or a priced model."""
+    prices = settings.prices
+
+    def price(host: str, job: str) -> float | None:
+        if prices is None:
+            return None
+        name = gpu.gpu_name(host, job) or settings.gpu_model
+        return None if name is None else prices.per_hour(name)
+
+    return price
 
 
 def _keep(samples: list[tuple[int, float]], sample: tuple[int, float]) -> None:
@@ -140,6 +176,7 @@ class Worker:
         self.stats = WorkerStats()
         self.directory = Directory()
         self.gpu = GpuUtilization()
+        self.price = gpu_price(settings, self.gpu)
         self.sink = InfluxSink(settings.influx, on_written=self._written)
         self._states: dict[bytes, JobState] = {}
         self._by_partition: dict[int, set[bytes]] = defaultdict(set)
@@ -217,7 +254,7 @@ class Worker:
             await self._resolve_host(batch.host)  # the host's parked batches first, in order
         job = self._job_of(process)
         if job is None or self._parking.holds(batch.host):
-            min_ts = int(batch.events["ts_ns"].min()) if len(batch.events) else 0
+            min_ts = int(batch.events["ts_ns"].min()) if len(batch.events) else batch.first_ts_ns
             self._park(message, EVENTS, process, min_ts)
             return
         await self._apply(message, batch, job)
@@ -228,6 +265,9 @@ class Worker:
     async def _apply(self, message: Any, batch: wire.EventBatch, job: str) -> None:
         key = state_key(batch.host, job)
         state = self._load(key, batch.host, job, message.partition)
+        namespace = self.directory.namespace(batch.host, batch.pid, batch.start_time)
+        if namespace and state.labels.namespace != namespace:
+            state.labels = replace(state.labels, namespace=namespace)
         names = {handle: name.short for handle, name in batch.kernels.items()}
         now = time.time_ns()
         # An event stamped too far ahead of the wall clock (a forged message, a broken clock)
@@ -237,11 +277,17 @@ class Worker:
         future = batch.events[ahead] if ahead.any() else None
         events = batch.events[~ahead] if future is not None else batch.events
         applied = state.apply(events, message.partition, message.offset,
-                              self.settings.windows, names)
+                              self.settings.windows, names, requests=batch.requests,
+                              unattributed=batch.unattributed)
         if applied.duplicate:
             self.stats.duplicates += 1
             return
         self.stats.events += applied.events
+        self.stats.requests += len(batch.requests) - applied.late_requests
+        self.stats.late_requests += applied.late_requests
+        if applied.late_requests:
+            log.warning("%d requests of %s on %s ended in windows already closed: not counted",
+                        applied.late_requests, job, batch.host)
         latest, _ = self._clocks.get(batch.host, (0, now))
         if state.max_ts_ns >= latest:
             self._clocks[batch.host] = (state.max_ts_ns, now)
@@ -342,7 +388,8 @@ class Worker:
             changed = False
             for token in self._acked.pop(key, ()):
                 changed |= state.acknowledge(token[1], token[2], token[3])
-            writes, closed = state.due(self._host_now(state, now), settings, self.gpu.mean)
+            writes, closed = state.due(self._host_now(state, now), settings, self.gpu.mean,
+                                       self.price)
             changed |= bool(closed.memory_bound)
             for write in writes:
                 token = (key, write.window_start_ns, write.version, write.final)
@@ -516,6 +563,8 @@ class Worker:
             Fields.PENDING_POINTS: sink.pending_points,
             Fields.LAG_MESSAGES: lag,
             Fields.JOBS: len(self._states),
+            Fields.REQUESTS: s.requests,
+            Fields.LATE_REQUESTS: s.late_requests,
         }, time.time_ns())
 
 

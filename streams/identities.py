@@ -26,6 +26,7 @@ class Directory:
     def __init__(self) -> None:
         self._jobs: dict[tuple[str, int, int], str] = {}
         self._latest: dict[tuple[str, int], str] = {}
+        self._namespaces: dict[tuple[str, int, int], str] = {}
         self._lock = threading.Lock()
         self.records = 0
         self.malformed = 0
@@ -35,10 +36,16 @@ class Directory:
         with self._lock:
             self._jobs[key] = record.job
             self._latest[key[:2]] = record.job
+            if record.namespace:
+                self._namespaces[key] = record.namespace
             self.records += 1
 
     def job(self, host: str, pid: int, start_time: int) -> str | None:
         return self._jobs.get((host, pid, start_time))
+
+    def namespace(self, host: str, pid: int, start_time: int) -> str | None:
+        """The Kubernetes namespace of a process, if it runs in one."""
+        return self._namespaces.get((host, pid, start_time))
 
     def latest_job(self, host: str, pid: int) -> str | None:
         """The job of the latest process with this pid on `host` (NVML reports pids only)."""

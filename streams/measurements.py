@@ -23,6 +23,9 @@ dashboards and alert rules may name only what `ALL` lists (a test checks them ag
   pipeline           host                                 producer metrics
   events_lost        host job                             producer metrics, drops by process
   streams            worker                               stream worker metrics (lag, ...)
+  routes             host job namespace team route        requests (window of their end)
+  request_samples    host job route rank                  requests (the slowest of a window)
+  job_cost           host job namespace team              events (GPU time, who it went to)
 
 Field types are part of the contract (InfluxDB fixes a field's type per shard): an `int`
 field is always written as an integer, a `float` field always as a float. Every point's time
@@ -40,7 +43,7 @@ from typing import Final
 
 from producer.records import COPY_KINDS, SYNC_SCOPES
 
-FieldValue = int | float
+FieldValue = int | float | str
 
 
 class Tags:
@@ -57,6 +60,10 @@ class Tags:
     GPU: Final = "gpu"
     DIRECTION: Final = "direction_of_change"
     WORKER: Final = "worker"
+    ROUTE: Final = "route"
+    NAMESPACE: Final = "namespace"
+    TEAM: Final = "team"
+    RANK: Final = "rank"
 
 
 class Fields:
@@ -132,6 +139,30 @@ class Fields:
     PENDING_POINTS: Final = "pending_points"
     LAG_MESSAGES: Final = "lag_messages"
     JOBS: Final = "jobs"
+    REQUESTS: Final = "requests"
+    SERVER_ERRORS: Final = "server_errors"
+    LATENCY_P50_NS: Final = "latency_p50_ns"
+    LATENCY_P99_NS: Final = "latency_p99_ns"
+    LATENCY_NS: Final = "latency_ns"
+    BYTES_IN: Final = "bytes_in"
+    BYTES_OUT: Final = "bytes_out"
+    GPU_NS: Final = "gpu_ns"
+    LAUNCHES_PER_REQUEST: Final = "launches_per_request"
+    GPU_SECONDS_PER_REQUEST: Final = "gpu_seconds_per_request"
+    BYTES_PER_REQUEST: Final = "bytes_per_request"
+    COST_USD: Final = "cost_usd"
+    COST_PER_REQUEST_USD: Final = "cost_per_request_usd"
+    COST_PER_HOUR_USD: Final = "cost_per_hour_usd"
+    REQUEST_GPU_NS: Final = "request_gpu_ns"
+    UNATTRIBUTED_GPU_NS: Final = "unattributed_gpu_ns"
+    UNATTRIBUTED_SHARE: Final = "unattributed_share"
+    UNPRICED_GPU_NS: Final = "unpriced_gpu_ns"
+    REQUEST_ID: Final = "request_id"
+    TRACE_ID: Final = "trace_id"
+    PARENT_SPAN_ID: Final = "parent_span_id"
+    STATUS: Final = "status"
+    METHOD: Final = "method"
+    LATE_REQUESTS: Final = "late_requests"
 
 
 # -- tag values with a fixed vocabulary ------------------------------------------------------
@@ -155,6 +186,11 @@ DEFAULT_WINDOW_S: Final = 10.0
 MEMORY_BOUND_ALERT_WINDOWS: Final = 3
 #: Buckets of the log2 histograms: bucket i holds [2^i, 2^(i+1)) (bucket 0 also holds 0).
 HISTOGRAM_BUCKETS: Final = 64
+#: `routes`/`job_cost` namespace or team of a process that has none (not in Kubernetes, no
+#: such label): producer.pricing.NO_LABEL.
+NO_LABEL: Final = "(none)"
+#: `request_samples`: the slowest requests of each (window, job, route) written, rank 0..N-1.
+REQUEST_SAMPLES: Final = 10
 
 
 def bucket_label(index: int) -> str:
@@ -170,8 +206,9 @@ def bucket_label(index: int) -> str:
 @dataclass(frozen=True)
 class FieldSpec:
     name: str
-    type: type[int] | type[float]
-    #: For dashboards: "", "bytes", "ns", "1/s", "bytes/s", "%", "W", "C", "MHz", "share".
+    type: type[int] | type[float] | type[str]
+    #: For dashboards: "", "bytes", "ns", "1/s", "bytes/s", "%", "W", "C", "MHz", "share",
+    #: "usd", "s".
     unit: str = ""
 
 
@@ -181,6 +218,10 @@ def _int(name: str, unit: str = "") -> FieldSpec:
 
 def _float(name: str, unit: str = "") -> FieldSpec:
     return FieldSpec(name, float, unit)
+
+
+def _str(name: str) -> FieldSpec:
+    return FieldSpec(name, str)
 
 
 @dataclass(frozen=True)
@@ -382,6 +423,72 @@ STREAMS: Final = Measurement(
         _int(Fields.PENDING_POINTS),
         _int(Fields.LAG_MESSAGES),
         _int(Fields.JOBS),
+        _int(Fields.REQUESTS),
+        _int(Fields.LATE_REQUESTS),
+    ),
+)
+
+#: HTTP requests served by a job's processes, per route, counted in the window of their end
+#: (the response's last byte out). The GPU work of each request (its exact calls, and its
+#: shares of calls made while several requests were in flight) is summed into it: launches
+#: (kernel launches that ran; shares make fractions), GPU time (ns), bytes copied; cost is
+#: GPU-seconds at the price of the job's GPU model (USD per GPU-hour, the worker's price
+#: book). Per request: those sums / requests; per hour: cost · 3600 / window.
+ROUTES: Final = Measurement(
+    "routes",
+    (Tags.HOST, Tags.JOB, Tags.NAMESPACE, Tags.TEAM, Tags.ROUTE),
+    (
+        _int(Fields.REQUESTS),
+        _int(Fields.SERVER_ERRORS),
+        _float(Fields.LATENCY_P50_NS, "ns"),
+        _float(Fields.LATENCY_P99_NS, "ns"),
+        _int(Fields.BYTES_IN, "bytes"),
+        _int(Fields.BYTES_OUT, "bytes"),
+        _float(Fields.LAUNCHES),
+        _float(Fields.GPU_NS, "ns"),
+        _float(Fields.BYTES, "bytes"),
+        _float(Fields.COST_USD, "usd"),
+        _float(Fields.LAUNCHES_PER_REQUEST),
+        _float(Fields.GPU_SECONDS_PER_REQUEST, "s"),
+        _float(Fields.BYTES_PER_REQUEST, "bytes"),
+        _float(Fields.COST_PER_REQUEST_USD, "usd"),
+        _float(Fields.COST_PER_HOUR_USD, "usd"),
+    ),
+)
+
+#: The slowest requests of a (window, job, route), rank 0 the slowest: what a user follows to
+#: their trace backend (trace_id and the caller's span, when the request carried a W3C
+#: traceparent; absent otherwise). Bounded: at most REQUEST_SAMPLES per (window, job, route).
+REQUEST_SAMPLES_M: Final = Measurement(
+    "request_samples",
+    (Tags.HOST, Tags.JOB, Tags.ROUTE, Tags.RANK),
+    (
+        _str(Fields.REQUEST_ID),
+        _str(Fields.TRACE_ID),
+        _str(Fields.PARENT_SPAN_ID),
+        _str(Fields.METHOD),
+        _int(Fields.STATUS),
+        _int(Fields.LATENCY_NS, "ns"),
+        _float(Fields.LAUNCHES),
+        _float(Fields.GPU_NS, "ns"),
+        _float(Fields.COST_USD, "usd"),
+    ),
+)
+
+#: A job's GPU time in a window (by the time of its calls), the part its requests explain and
+#: the part no request does (idle or background work: start-up, warm-up, timers), and what it
+#: cost. Σ over jobs grouped by namespace and team is their cost.
+JOB_COST: Final = Measurement(
+    "job_cost",
+    (Tags.HOST, Tags.JOB, Tags.NAMESPACE, Tags.TEAM),
+    (
+        _float(Fields.GPU_NS, "ns"),
+        _float(Fields.REQUEST_GPU_NS, "ns"),
+        _float(Fields.UNATTRIBUTED_GPU_NS, "ns"),
+        _float(Fields.UNATTRIBUTED_SHARE, "share"),
+        _float(Fields.COST_USD, "usd"),
+        _float(Fields.COST_PER_HOUR_USD, "usd"),
+        _float(Fields.UNPRICED_GPU_NS, "ns"),
     ),
 )
 
@@ -409,6 +516,9 @@ ALL: Final[Mapping[str, Measurement]] = MappingProxyType(
             EVENTS_LOST,
             EVENTS_UNCOUNTED,
             STREAMS,
+            ROUTES,
+            REQUEST_SAMPLES_M,
+            JOB_COST,
         )
     }
 )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Final
 
 from producer.errors import UsageError
+from producer.pricing import PriceBook
 from producer.wire import DEFAULT_PREFIX
 from streams.windows import WindowSettings
 
@@ -112,6 +113,10 @@ class StreamSettings:
     metrics_s: float = 5.0
     #: Consume from the start of the topics the first time the group runs (a replay).
     from_beginning: bool = True
+    #: USD per GPU-hour by GPU model, for the cost of requests and jobs (none: no cost).
+    prices: PriceBook | None = None
+    #: The GPU model of hosts whose NVML names none (no NVML, or a process it does not list).
+    gpu_model: str | None = None
 
     @property
     def dead_letter_topic(self) -> str:

@@ -20,7 +20,7 @@ again overwrites it in InfluxDB instead of adding to it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -28,8 +28,10 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from producer.wire import RequestRecord
 from streams import aggregate as agg_math
 from streams import measurements as m
+from streams import requests as req_math
 from streams.aggregate import MemoryLedger, WindowAggregate
 from streams.detect import (
     BandwidthAnomaly,
@@ -40,12 +42,15 @@ from streams.detect import (
     check_memory_bound,
 )
 from streams.measurements import Point
+from streams.requests import Labels, RequestWindow
 
 STATE_VERSION: Final = 1
 
 Events = npt.NDArray[np.void]
 #: (host, job, window start ns, window end ns) → the job's mean GPU utilisation, if known.
 GpuUtilization = Callable[[str, str, int, int], float | None]
+#: (host, job) → the price of the job's GPU, USD per GPU-hour (None: not in the price book).
+GpuPrice = Callable[[str, str], float | None]
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ class Window:
     #: Bumped by every change; `written` is the version InfluxDB has acknowledged.
     version: int = 1
     written: int = 0
+    #: The requests that ended in the window, and its GPU time of no request.
+    requests: RequestWindow = field(default_factory=RequestWindow)
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,8 @@ class Applied:
     #: Events of windows closed before the message came (late beyond grace).
     late: Events | None = None
     duplicate: bool = False
+    #: Requests of windows closed before the message came (late beyond grace: not counted).
+    late_requests: int = 0
 
 
 @dataclass
@@ -124,6 +133,8 @@ class JobState:
     ledger: MemoryLedger = field(default_factory=MemoryLedger)
     bandwidth: BandwidthDetector = field(default_factory=BandwidthDetector)
     tracker: MemoryBoundTracker = field(default_factory=MemoryBoundTracker)
+    #: Who the job is, for cost (its processes' namespace and team).
+    labels: Labels = field(default_factory=Labels)
 
     # -- events --------------------------------------------------------------------------------
 
@@ -134,29 +145,53 @@ class JobState:
         offset: int,
         settings: WindowSettings,
         kernel_names: Mapping[int, str] | None = None,
+        *,
+        requests: Sequence[RequestRecord] = (),
+        unattributed: Mapping[str, float] | None = None,
     ) -> Applied:
-        """Add one message's events (all of this job) to their windows, unless already done."""
+        """Add one message's events, its requests and its cost of no request (all of this job)
+        to their windows, unless already done."""
         if offset <= self.offsets.get(partition, -1):
             return Applied(0, duplicate=True)
         self.offsets[partition] = offset
         late: list[Events] = []
         for start, part in agg_math.split_windows(events, settings.window_ns):
-            if start < self.closed_before_ns:
+            window = self._window(start, settings)
+            if window is None:
                 late.append(part)
                 continue
-            window = self.windows.get(start)
-            if window is None:
-                window = self.windows[start] = Window(
-                    WindowAggregate(start, self.host, self.job, settings.max_kernels)
-                )
-            else:
-                window.version += 1
             agg_math.add_events(window.agg, part, kernel_names)
+
+        def window_of(start: int) -> RequestWindow | None:
+            window = self._window(start, settings)
+            return None if window is None else window.requests
+
+        late_requests = req_math.add_requests(requests, settings.window_ns, window_of)
+        at_ns = (int(events["ts_ns"][0]) if len(events)
+                 else min((r.end_ns for r in requests), default=None))
+        if unattributed and at_ns is not None:
+            req_math.add_unattributed(unattributed, at_ns, settings.window_ns, window_of)
         if len(events):
             self.max_ts_ns = max(self.max_ts_ns, int(events["ts_ns"].max()))
+        if requests:
+            self.max_ts_ns = max(self.max_ts_ns, *(r.end_ns for r in requests))
         late_events = np.concatenate(late) if late else None
         applied = len(events) - (0 if late_events is None else len(late_events))
-        return Applied(applied, late_events)
+        return Applied(applied, late_events, late_requests=len(late_requests))
+
+    def _window(self, start: int, settings: WindowSettings) -> Window | None:
+        """The open window starting at `start`, made if new, its version bumped (it is about
+        to change); None when it is closed."""
+        if start < self.closed_before_ns:
+            return None
+        window = self.windows.get(start)
+        if window is None:
+            window = self.windows[start] = Window(
+                WindowAggregate(start, self.host, self.job, settings.max_kernels)
+            )
+        else:
+            window.version += 1
+        return window
 
     # -- windows -------------------------------------------------------------------------------
 
@@ -165,12 +200,19 @@ class JobState:
         host_now_ns: int,
         settings: WindowSettings,
         gpu_utilization: GpuUtilization | None = None,
+        gpu_price: GpuPrice | None = None,
     ) -> tuple[list[Write], Closed]:
         """Close the windows whose grace has passed at `host_now_ns` (in time order), and say
         what to write: pending final points, and provisional points of ended windows that
         changed since InfluxDB last acknowledged them."""
         closed = Closed()
         window_s = settings.window_s
+        price = gpu_price(self.host, self.job) if gpu_price else None
+
+        def request_points(start: int, window: Window) -> list[Point]:
+            return req_math.to_points(window.requests, start, host=self.host, job=self.job,
+                                      labels=self.labels, window_s=window_s,
+                                      usd_per_gpu_hour=price)
         for start in sorted(self.windows):
             end = start + settings.window_ns
             if host_now_ns < end + settings.grace_ns:
@@ -189,6 +231,7 @@ class JobState:
             )
             points += [a.to_point() for a in anomalies]
             points.append(verdict.to_point())
+            points += request_points(start, window)
             closed.anomalies += anomalies
             closed.memory_bound.append(verdict)
             self.pending[start] = (window.version, points)
@@ -205,6 +248,7 @@ class JobState:
                 continue
             points = agg_math.to_points(window.agg, window_s, memory=level,
                                         top=settings.top_kernels)
+            points += request_points(start, window)
             writes.append(Write(start, window.version, False, points))
         return writes, closed
 
@@ -238,7 +282,7 @@ class JobState:
             "partition": self.partition,
             "offsets": [[p, o] for p, o in sorted(self.offsets.items())],
             "windows": [
-                [w.agg.to_dict(), w.version, w.written]
+                [w.agg.to_dict(), w.version, w.written, w.requests.to_dict()]
                 for _, w in sorted(self.windows.items())
             ],
             "closed_before_ns": self.closed_before_ns,
@@ -250,6 +294,7 @@ class JobState:
             "ledger": self.ledger.to_dict(),
             "bandwidth": self.bandwidth.to_dict(),
             "tracker": self.tracker.to_dict(),
+            "labels": [self.labels.namespace, self.labels.team],
         })
 
     @classmethod
@@ -260,9 +305,11 @@ class JobState:
             if data.get("v") != STATE_VERSION:
                 raise ValueError(f"job state version {data.get('v')!r}, expected {STATE_VERSION}")
             windows = {}
-            for agg_dict, version, written in data["windows"]:
+            for agg_dict, version, written, *more in data["windows"]:
                 agg = WindowAggregate.from_dict(agg_dict)
-                windows[agg.window_start_ns] = Window(agg, int(version), int(written))
+                requests = RequestWindow.from_dict(more[0]) if more else RequestWindow()
+                windows[agg.window_start_ns] = Window(agg, int(version), int(written), requests)
+            namespace, team = data.get("labels", [m.NO_LABEL, m.NO_LABEL])
             return cls(
                 host=str(data["host"]),
                 job=str(data["job"]),
@@ -278,6 +325,7 @@ class JobState:
                 ledger=MemoryLedger.from_dict(data["ledger"]),
                 bandwidth=BandwidthDetector.from_dict(data["bandwidth"], settings.detect),
                 tracker=MemoryBoundTracker.from_dict(data["tracker"]),
+                labels=Labels(str(namespace), str(team)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed job state: {exc!r}") from None

@@ -187,3 +187,104 @@ def test_replay_times() -> None:
     assert parse_time("2023-11-14T22:13:20") == 1700000000 * 10**9  # naive: UTC
     with pytest.raises(UsageError, match="not a time"):
         parse_time("yesterday")
+
+
+# -- requests (additive within v1) -------------------------------------------------------------
+
+def _request(rid: int, **over: object) -> wire.RequestRecord:
+    fields: dict[str, object] = dict(
+        request_id=rid, tid=4243, method="POST", path=f"/v1/models/{rid}", route="/v1/models/{id}",
+        status=200, start_ns=1_796_000_000_000_000_000, end_ns=1_796_000_000_002_000_000,
+        bytes_in=120, bytes_out=4000, trace_id="0af7651916cd43dd8448eb211c80319c",
+        parent_span_id="b7ad6b7169203331", complete=True, port=8080,
+        cost={"launches": 3.0, "gpu_ns": 1500.5, "h2d_bytes": 4096.0})
+    fields.update(over)
+    return wire.RequestRecord(**fields)  # type: ignore[arg-type]
+
+
+def _attributed(n: int) -> wire.EventAttribution:
+    rid = np.zeros(n, dtype=np.uint64)
+    rset = np.zeros(n, dtype=np.int64)
+    rid[:5] = 11
+    rset[5:8] = 1
+    rset[8:9] = 2
+    return wire.EventAttribution(rid, rset, (((11, 0.5), (12, 0.5)),
+                                             ((11, 1 / 3), (12, 1 / 3), (13, 1 / 3))))
+
+
+def test_requests_and_attribution_round_trip_exactly() -> None:
+    events = sample(50)
+    attr = _attributed(50)
+    batch = wire.EventBatch("h", 4242, 1, events, attribution=attr,
+                            requests=(_request(11), _request(12, trace_id=None,
+                                                             parent_span_id=None, status=0,
+                                                             complete=False)),
+                            unattributed={"launches": 41.0, "gpu_ns": 7.5})
+    back = wire.decode_events(wire.encode_events(batch))
+    assert back.events.tobytes() == events.tobytes()
+    assert back.requests == batch.requests
+    assert back.unattributed == batch.unattributed
+    assert back.attribution is not None
+    assert back.attribution.request_id.tolist() == attr.request_id.tolist()
+    assert back.attribution.request_set.tolist() == attr.request_set.tolist()
+    assert back.attribution.sets == attr.sets
+    assert back.attribution.of(0) == {"request_id": 11}
+    assert back.attribution.of(8) == {"requests": [[11, 1 / 3], [12, 1 / 3], [13, 1 / 3]]}
+    assert back.attribution.of(20) == {}
+    # --output writes the same fields
+    lines = to_events(back.events, attribution=back.attribution)
+    assert lines[0]["request_id"] == 11 and "requests" not in lines[0]
+    assert lines[5]["requests"] == [[11, 0.5], [12, 0.5]] and "request_id" not in lines[5]
+    assert "request_id" not in lines[20] and "requests" not in lines[20]
+    # A message without them decodes as before: no attribution, no requests.
+    plain = wire.decode_events(wire.encode_events(wire.EventBatch("h", 4242, 1, events)))
+    assert (plain.attribution, plain.requests, plain.unattributed) == (None, (), {})
+
+
+def test_requests_without_events_and_a_selection() -> None:
+    only = wire.EventBatch("h", 4242, 1, sample(20)[:0], requests=(_request(7),))
+    back = wire.decode_events(wire.encode_events(only))
+    assert len(back.events) == 0 and back.requests == only.requests
+    assert back.first_ts_ns == _request(7).end_ns
+    with pytest.raises(ValueError):
+        wire.encode_events(wire.EventBatch("h", 4242, 1, sample(20)[:0]))
+    attr = _attributed(50)
+    keep = np.zeros(50, dtype=bool)
+    keep[[0, 8, 30]] = True
+    part = attr.take(keep)
+    assert part.request_id.tolist() == [11, 0, 0] and part.request_set.tolist() == [0, 1, 0]
+    assert part.sets == (attr.sets[1],)
+    both = wire.EventAttribution.concat([part, attr])
+    assert both.request_set.tolist()[:3] == [0, 1, 0] and both.request_set[3 + 5] == 2
+    assert both.sets == (attr.sets[1], *attr.sets)
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: m["requests"][0].update(status=1000),
+    lambda m: m["requests"][0].update(request_id=0),
+    lambda m: m["requests"][0].update(trace_id="XYZ"),
+    lambda m: m["requests"][0].update(cost={"dollars": 1}),
+    lambda m: m["requests"][0].update(cost={"launches": -1}),
+    lambda m: m["requests"][0].pop("route"),
+    lambda m: m.update(requests={"a": 1}),
+    lambda m: m.update(request_sets=[[[11, 0.5]], [[11, 1.0]]]),
+    lambda m: m.update(request_sets=[[]]),
+    lambda m: m["columns"].update(request_set=[3] * 50),
+    lambda m: m["columns"].update(request_id=[1] * 49),
+    lambda m: m["columns"].update(request_id=[11] * 50),  # exact and shared at once
+    lambda m: m.update(unattributed={"launches": "x"}),
+    lambda m: m.update(count=0, columns={}, requests=[]),
+])
+def test_malformed_requests_are_refused_in_one_line(change: object) -> None:
+    batch = wire.EventBatch("h", 4242, 1, sample(50), attribution=_attributed(50),
+                            requests=(_request(11),))
+    message = orjson.loads(wire.encode_events(batch))
+    change(message)  # type: ignore[operator]
+    with pytest.raises(wire.WireError):
+        wire.decode_events(orjson.dumps(message))
+
+
+def test_request_costs_are_the_attribution_costs() -> None:
+    from producer.attribution import COST_FIELDS
+
+    assert wire.REQUEST_COST_FIELDS == COST_FIELDS

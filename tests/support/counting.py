@@ -268,7 +268,7 @@ def figures_of_points(points: list[Point], window_s: float = 1.0) -> Figures:
         elif p.measurement == m.LAUNCH_SHAPE.name:
             kernel_launches += int(f[Fields.LAUNCHES])
             captured += int(f.get(Fields.CAPTURED_LAUNCHES, 0))
-            threads += round(f[Fields.THREADS_PER_S] * window_s)
+            threads += round(float(f[Fields.THREADS_PER_S]) * window_s)
         elif p.measurement == m.KERNELS.name:
             kernels += int(f[Fields.COUNT])
         elif p.measurement in (m.GRID_BLOCKS.name, m.BLOCK_THREADS.name):

@@ -149,6 +149,15 @@ def evaluate(rule: Mapping[str, Any], datasource_uid: str, url: str, database: s
                 labels: float(not math.isnan(v) and test(v, evaluator["params"]))
                 for labels, v in result.numbers[model["expression"]].items()
             }
+        elif model["type"] == "math":
+            # The one form the rules use: $A / $B, per labels (NaN where either is, or B is 0).
+            match = re.fullmatch(r"\$(\w+)\s*/\s*\$(\w+)", model["expression"])
+            assert match, f"math expression {model['expression']} is not evaluated here"
+            left, right = result.numbers[match.group(1)], result.numbers[match.group(2)]
+            result.numbers[ref] = {
+                labels: (v / right[labels] if right.get(labels) else math.nan)
+                for labels, v in left.items() if labels in right
+            }
         else:
             raise AssertionError(f"expression type {model['type']} is not evaluated here")
     result.firing = sorted(k for k, v in result.numbers[rule["condition"]].items() if v)

@@ -1,0 +1,221 @@
+"""Requests in the capture loop: HTTP records → requests (producer/http.py) → which request
+each CUDA event was made for and what each request cost (producer/attribution.py).
+
+Per loop turn the capture feeds the HTTP records drained so far (`feed`), then each batch of
+enriched CUDA events (`attribute`), then takes the requests answered (`take_answered`). The
+HTTP ring is drained before the CUDA ring: a call a request's thread made before it wrote the
+response was committed before the write's record, so every event of an answered request has
+been attributed by the time the request is handed on with its cost.
+
+Times: the HTTP records are CLOCK_MONOTONIC, enriched events wall clock; requests are turned
+to wall clock with the enricher's offset, once.
+
+GPU time comes from the busy spans of each batch (attribution.busy_gpu_ns): a span still open
+at a batch's end is cut there, and its rest counted in the next batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from producer import attribution as attr
+from producer.http import HttpParser, Notice, OpenRequest, ProcessStats, Request
+from producer.httprecords import HttpRecord
+from producer.wire import EventAttribution, RequestRecord
+
+log = logging.getLogger(__name__)
+
+_N: int = len(attr.COST_FIELDS)
+_NOTICES = {
+    Notice.HTTP2: "HTTP/2 (not parsed: HTTP/1.1 only)",
+    Notice.TLS: "TLS (encrypted: not parsed)",
+    Notice.GARBAGE: "bytes that are not HTTP on a server socket (ignored)",
+    Notice.UNIX: "requests on a unix socket (not captured)",
+}
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A request answered, with what it cost; `request` keeps the parser's view (monotonic
+    times), `record` the wire's (wall clock)."""
+
+    pid: int
+    request: Request
+    record: RequestRecord
+    #: "exact", "shared", "mixed" or "none": how its GPU work came to it.
+    mode: str
+    #: (kernel handle, launches) of the kernels it launched (shares as fractions).
+    kernels: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Open:
+    cost: npt.NDArray[np.float64]
+    exact: bool = False
+    shared: bool = False
+    kernels: dict[int, float] = field(default_factory=dict)
+
+
+class RequestTracker:
+    def __init__(self, clock_offset_ns: int, host_salt: bytes = b"",
+                 count_kernels: bool = False) -> None:
+        self.parser = HttpParser(host_salt=host_salt)
+        self._offset = clock_offset_ns
+        #: Count each request's launches per kernel (for its span's top kernels).
+        self.count_kernels = count_kernels
+        self._answered: dict[int, list[Request]] = {}
+        self._open: dict[int, _Open] = {}
+        self._unattributed: dict[int, npt.NDArray[np.float64]] = {}
+        #: Totals since the start: events attributed exactly, shared, unattributed.
+        self.events_exact = 0
+        self.events_shared = 0
+        self.events_unattributed = 0
+        self._next_expire = 0.0
+        self._latest_ns = 0
+
+    # -- HTTP --------------------------------------------------------------
+
+    def feed(self, records: Iterable[HttpRecord]) -> None:
+        batch = list(records)
+        for request in self.parser.feed_all(batch):
+            self._answered.setdefault(request.pid, []).append(request)
+        if batch:
+            self._latest_ns = max(self._latest_ns, *(r.ts_exit_ns for r in batch))
+        for pid, kind in self.parser.take_notices():
+            log.info("pid %d: %s", pid, _NOTICES.get(kind, kind.value))
+        now = time.monotonic()
+        if now >= self._next_expire:  # requests unanswered for long, by the records' clock
+            self._next_expire = now + 10.0
+            for request in self.parser.expire(self._latest_ns):
+                self._answered.setdefault(request.pid, []).append(request)
+
+    def forget_pid(self, pid: int) -> None:
+        """A process exited: its open requests end as incomplete."""
+        for request in self.parser.forget_pid(pid):
+            self._answered.setdefault(request.pid, []).append(request)
+
+    def close(self) -> None:
+        for pid in {r.pid for r in self.parser.open_requests()}:
+            self.forget_pid(pid)
+
+    def stats(self) -> dict[int, ProcessStats]:
+        return self.parser.all_stats()
+
+    # -- CUDA events ---------------------------------------------------------
+
+    def attribute(self, events: npt.NDArray[np.void]) -> EventAttribution:
+        """Attribute an enriched batch (wall clock), in its order; costs go to the requests."""
+        n = len(events)
+        request_id = np.zeros(n, dtype=np.uint64)
+        request_set = np.zeros(n, dtype=np.int64)
+        sets: list[tuple[tuple[int, float], ...]] = []
+        if n == 0:
+            return EventAttribution(request_id, request_set, ())
+        pids = events["pid"]
+        unique, inverse = np.unique(pids, return_inverse=True)
+        for k, pid in enumerate(unique.tolist()):
+            index = np.arange(n) if len(unique) == 1 else np.flatnonzero(inverse == k)
+            part = events if len(unique) == 1 else events[index]
+            table = self._table(pid)
+            a = attr.attribute(table, part)
+            costs = attr.event_costs(part)
+            roll = attr.rollup(a, costs)
+            self._account(pid, a, roll, part)
+            request_id[index] = a.request_ids()
+            shared = np.flatnonzero(a.mode == attr.SHARED)
+            if len(shared):
+                segments, first = np.unique(a.segment[shared], return_inverse=True)
+                base = len(sets)
+                for seg in segments.tolist():
+                    members = a.segment_members[a.segment_offsets[seg]:a.segment_offsets[seg + 1]]
+                    share = 1.0 / len(members)
+                    sets.append(tuple((int(table.request_id[m]), share) for m in members))
+                request_set[index[shared]] = base + 1 + first
+            self.events_exact += int((a.mode == attr.EXACT).sum())
+            self.events_shared += len(shared)
+            self.events_unattributed += int((a.mode == attr.UNATTRIBUTED).sum())
+        return EventAttribution(request_id, request_set, tuple(sets))
+
+    def _table(self, pid: int) -> attr.RequestTable:
+        """The requests of `pid` answered and not handed on yet, and those in flight."""
+        items: list[Request | OpenRequest] = [*self._answered.get(pid, ()),
+                                              *self.parser.open_requests(pid)]
+        table = attr.RequestTable.of(items)
+        off = np.int64(self._offset)
+        start = table.start_ns + off
+        end = np.where(table.end_ns == attr.OPEN_END, attr.OPEN_END, table.end_ns + off)
+        return attr.RequestTable(table.request_id, start, end, table.tid)
+
+    def _account(self, pid: int, a: attr.Attribution, roll: attr.Rollup,
+                 events: npt.NDArray[np.void]) -> None:
+        per = roll.per_request
+        touched = np.flatnonzero(per.any(axis=1))
+        for i in touched.tolist():
+            rid = int(roll.request_ids[i])
+            acc = self._open.get(rid)
+            if acc is None:
+                acc = self._open[rid] = _Open(np.zeros(_N))
+            acc.cost += per[i]
+            acc.exact |= bool(roll.exact[i].any())
+            acc.shared |= bool(roll.shared[i].any())
+        if roll.unattributed.any():
+            self._unattributed[pid] = self._unattributed.get(pid, np.zeros(_N)) + roll.unattributed
+        if self.count_kernels:
+            for rid, top in attr.kernel_launches(a, events).items():
+                acc = self._open.setdefault(rid, _Open(np.zeros(_N)))
+                for handle, count in top.items():
+                    acc.kernels[handle] = acc.kernels.get(handle, 0.0) + count
+
+    # -- handing on ------------------------------------------------------------
+
+    def take_answered(
+        self, before_ns: int | None = None
+    ) -> dict[int, tuple[list[Answered], dict[str, float]]]:
+        """Per pid: the requests answered since the last call, with their cost, and the cost
+        no request explains in the events attributed since then. With `before_ns` (wall
+        clock), only the requests that ended before it: the events of the others may still be
+        held back, and they wait for the next call."""
+        out: dict[int, tuple[list[Answered], dict[str, float]]] = {}
+        answered, self._answered = self._answered, {}
+        if before_ns is not None:
+            limit = before_ns - self._offset
+            for pid, requests in list(answered.items()):
+                later = [r for r in requests if r.end_ns >= limit]
+                if later:
+                    self._answered[pid] = later
+                    answered[pid] = [r for r in requests if r.end_ns < limit]
+        unattributed, self._unattributed = self._unattributed, {}
+        for pid, requests in answered.items():
+            if requests:
+                out[pid] = ([self._answered_one(pid, r) for r in requests], {})
+        for pid, cost in unattributed.items():
+            done = out.setdefault(pid, ([], {}))
+            done[1].update(_costs(cost))
+        return out
+
+    def _answered_one(self, pid: int, r: Request) -> Answered:
+        acc = self._open.pop(r.request_id, None)
+        cost = _costs(acc.cost) if acc is not None else {}
+        mode = "none"
+        if acc is not None and (acc.exact or acc.shared):
+            mode = "mixed" if acc.exact and acc.shared else "exact" if acc.exact else "shared"
+        record = RequestRecord(
+            request_id=r.request_id, tid=r.tid, method=r.method, path=r.path[:16_384],
+            route=r.route, status=r.status, start_ns=r.start_ns + self._offset,
+            end_ns=r.end_ns + self._offset, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
+            trace_id=r.trace.trace_id if r.trace else None,
+            parent_span_id=r.trace.parent_id if r.trace else None,
+            complete=r.complete, port=r.lport, cost=cost,
+        )
+        return Answered(pid, r, record, mode, dict(acc.kernels) if acc else {})
+
+
+def _costs(values: npt.NDArray[np.float64]) -> dict[str, float]:
+    return {name: float(v) for name, v in zip(attr.COST_FIELDS, values.tolist(), strict=True)
+            if v}
