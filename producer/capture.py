@@ -33,6 +33,11 @@ from producer.sinks import EventSink, Guarded
 
 log = logging.getLogger(__name__)
 
+#: With the HTTP capture, events of the last this-many ns wait a turn: an HTTP record committed
+#: before a drain can still be behind one that another CPU (a descheduled vCPU) has reserved and
+#: not yet committed, and the ring's reader stops there.
+HTTP_SETTLE_NS = 100_000_000
+
 #: Events handed to the sinks per batch: big enough to amortise the per-batch
 #: cost, small enough to keep memory flat.
 BATCH_EVENTS = 65536
@@ -223,9 +228,9 @@ class Capture:
         cut = np.iinfo(np.int64).max
         if requests is not None and self.http_probes is not None:
             # Before the CUDA ring: every request read before `cut` is known once this drain
-            # is parsed; a call made after it may be for a request not read yet, and waits
-            # (`_held`) for the next turn's HTTP records.
-            cut = time.monotonic_ns() + self.enricher.clock_offset_ns
+            # is parsed (HTTP_SETTLE_NS); a call made after it may be for a request not read
+            # yet, and waits (`_held`) for a later turn's HTTP records.
+            cut = time.monotonic_ns() - HTTP_SETTLE_NS + self.enricher.clock_offset_ns
             requests.feed(self.http_probes.drain())
         while True:
             drained = self.probes.ring.drain(BATCH_EVENTS)

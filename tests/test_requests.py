@@ -317,7 +317,8 @@ def test_producer_publishes_requests_and_replay_carries_them(tmp_path: Path) -> 
                  "--clients", "3", "--requests", "40", "--hold"],
                 stdin=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
             assert server.stdin is not None
-            node.wait_for_captured(1, timeout_s=240)  # its warm-up launches: probed, watched
+            # Its runtime probed, so the process is watched (the same scan): then load.
+            node.wait_for_library(str(runtime), timeout_s=240)
             server.stdin.write(b"go\n")
             server.stdin.close()
             assert server.wait(timeout=300) == 0
