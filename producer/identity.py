@@ -70,9 +70,12 @@ def _boot_time_ns(proc_root: Path) -> int | None:
     return None
 
 
+#: The team a process's cost is rolled up under: a pod label given to the container by the
+#: downward API (`valueFrom.fieldRef.fieldPath: metadata.labels['team']`), or set by hand.
+TEAM_VARIABLE: Final = "GPUFLIGHT_TEAM"
 #: The environment variables an identity is made of; no other is read out of /proc/PID/environ.
 ENVIRON_NAMES: Final = ("KUBERNETES_SERVICE_HOST", "POD_NAME", "POD_NAMESPACE", "HOSTNAME",
-                        "SLURM_JOB_ID")
+                        "SLURM_JOB_ID", TEAM_VARIABLE)
 #: How much of /proc/PID/environ is read: this first, and up to the most the kernel allows
 #: (a quarter of the stack limit for argv and environ together, 2 MiB by default) when that
 #: is not enough.
@@ -168,4 +171,5 @@ def resolve(proc_root: Path, pid: int, host: str, clock_ticks: int = 100,
         namespace=namespace,
         slurm_job_id=slurm_job_id,
         job=job_of(pid, comm, pod, namespace, slurm_job_id),
+        team=_clip(env.get(TEAM_VARIABLE)),
     )

@@ -87,7 +87,8 @@ A processes message (`ProcessRecord`), published once per process while it is al
    "comm": str|null, "cmdline": [str], "exe": str|null,
    "container_id": str|null, "pod_uid": str|null, "pod": str|null, "namespace": str|null,
    "slurm_job_id": str|null,
-   "job": str}          # k8s:NAMESPACE/POD, slurm:ID or COMM:PID (producer/identity.py)
+   "job": str,          # k8s:NAMESPACE/POD, slurm:ID or COMM:PID (producer/identity.py)
+   "team": str|null}    # $GPUFLIGHT_TEAM (a pod label through the downward API); absent: null
 
 A metrics message (`MetricsRecord`), every metrics interval; counters since the producer
 started (a restart begins again at 0):
@@ -525,6 +526,8 @@ class ProcessRecord:
     slurm_job_id: Text | None
     #: The job it belongs to: k8s:NAMESPACE/POD, slurm:ID or COMM:PID.
     job: Annotated[str, msgspec.Meta(min_length=1, max_length=2 * MAX_TEXT + 16)]
+    #: The team its cost is rolled up under ($GPUFLIGHT_TEAM), additive: absent is None.
+    team: Text | None = None
 
 
 @dataclass(frozen=True)

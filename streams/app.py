@@ -268,6 +268,9 @@ class Worker:
         namespace = self.directory.namespace(batch.host, batch.pid, batch.start_time)
         if namespace and state.labels.namespace != namespace:
             state.labels = replace(state.labels, namespace=namespace)
+        team = self.directory.team(batch.host, batch.pid, batch.start_time)
+        if team and state.labels.team != team:
+            state.labels = replace(state.labels, team=team)
         names = {handle: name.short for handle, name in batch.kernels.items()}
         now = time.time_ns()
         # An event stamped too far ahead of the wall clock (a forged message, a broken clock)

@@ -27,6 +27,7 @@ class Directory:
         self._jobs: dict[tuple[str, int, int], str] = {}
         self._latest: dict[tuple[str, int], str] = {}
         self._namespaces: dict[tuple[str, int, int], str] = {}
+        self._teams: dict[tuple[str, int, int], str] = {}
         self._lock = threading.Lock()
         self.records = 0
         self.malformed = 0
@@ -38,6 +39,8 @@ class Directory:
             self._latest[key[:2]] = record.job
             if record.namespace:
                 self._namespaces[key] = record.namespace
+            if record.team:
+                self._teams[key] = record.team
             self.records += 1
 
     def job(self, host: str, pid: int, start_time: int) -> str | None:
@@ -46,6 +49,10 @@ class Directory:
     def namespace(self, host: str, pid: int, start_time: int) -> str | None:
         """The Kubernetes namespace of a process, if it runs in one."""
         return self._namespaces.get((host, pid, start_time))
+
+    def team(self, host: str, pid: int, start_time: int) -> str | None:
+        """The team a process's cost goes to ($GPUFLIGHT_TEAM in its environment), if any."""
+        return self._teams.get((host, pid, start_time))
 
     def latest_job(self, host: str, pid: int) -> str | None:
         """The job of the latest process with this pid on `host` (NVML reports pids only)."""

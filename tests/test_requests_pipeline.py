@@ -31,7 +31,6 @@ import pytest
 from grafana import generate
 from producer import wire
 from producer.wire import RequestRecord
-from streams import measurements as m
 from streams.measurements import Fields, Tags
 from tests.support.grafana_eval import evaluate, influxql, interpolate, render
 from tests.support.influx_fixture import DATABASE
@@ -84,7 +83,8 @@ def served(kafka_bootstrap: str, influx_url: str,
     feed = Feed(kafka_bootstrap, names)
     host, pid, job = f"{names}-node", 41, "k8s:ml/serve-0"
     feed.raw(feed.topics.processes, host, wire.encode_process(wire.ProcessRecord(
-        host, pid, 9, None, "python3", (), None, None, None, "serve-0", "ml", None, job)))
+        host, pid, 9, None, "python3", (), None, None, None, "serve-0", "ml", None, job,
+        team="search")))
     now = time.time_ns() // W * W
     rid = 1
     for phase in PHASES:
@@ -148,7 +148,7 @@ def test_requests_are_counted_exactly_and_priced_by_hand(served: Run) -> None:
     (job,) = rows(served.url, f"SELECT sum(gpu_ns) AS g, sum(unattributed_gpu_ns) AS u, "
                               f"sum(cost_usd) AS c FROM job_cost WHERE host = '{served.host}' "
                               f"GROUP BY namespace, team")
-    assert (job[Tags.NAMESPACE], job[Tags.TEAM]) == ("ml", m.NO_LABEL)
+    assert (job[Tags.NAMESPACE], job[Tags.TEAM]) == ("ml", "search")
     assert job["u"] == pytest.approx(2 * UNATTRIBUTED_GPU_NS)
     assert job["g"] == pytest.approx(5.2e9 + 1e9)
     assert job["c"] == pytest.approx(6.2 * USD_PER_GPU_S)
@@ -182,7 +182,7 @@ def test_report_by_route_and_cost_by_namespace_match_the_hand_computation(served
     assert ml["unattributed_share"] == pytest.approx(1 / 6.2)
     assert ml["cost_usd"] == pytest.approx(0.0062)
     assert ml["cost_per_hour_usd"] == pytest.approx(0.0062 / 3, rel=1e-3)
-    assert gpuflight(served, "cost", "--by", "team")["rows"][0]["key"] == m.NO_LABEL
+    assert gpuflight(served, "cost", "--by", "team")["rows"][0]["key"] == "search"
     table = subprocess.run([sys.executable, "-m", "gpuflight", "cost", "--influx", served.url,
                             "--host", served.host, "--since", "3h"],
                            capture_output=True, text=True, env=served.env, timeout=60,
@@ -234,7 +234,7 @@ def test_every_query_of_the_requests_dashboard(served: Run) -> None:
     assert present(share.numbers("unexplained")) == pytest.approx(
         [0.5 / 2.6, 0.5 / 3.6])
     (team,) = seen["Cost per hour by namespace and team"]
-    assert team.tags == {Tags.NAMESPACE: "ml", Tags.TEAM: m.NO_LABEL}
+    assert team.tags == {Tags.NAMESPACE: "ml", Tags.TEAM: "search"}
     assert sum(team.numbers("usd_per_hour")) / 3600 == pytest.approx(0.0062)
     samples = [dict(zip(s.columns, row, strict=True))
                for s in seen["Slowest requests, with their traces"] for row in s.values]

@@ -28,7 +28,8 @@ PROCESS_V1 = (
     b'"cmdline":["python3","train.py","--fused"],"exe":null,'
     b'"container_id":"abababababababababababababababababababababababababababababababab",'
     b'"pod_uid":"1c2d3e4f-aaaa-bbbb-cccc-0123456789ab","pod":"trainer-0",'
-    b'"namespace":"ml-team","slurm_job_id":null,"job":"k8s:ml-team/trainer-0"}'
+    b'"namespace":"ml-team","slurm_job_id":null,"job":"k8s:ml-team/trainer-0",'
+    b'"team":"search"}'
 )
 METRICS_V1 = (
     b'{"schema":"gpuflight.metrics","v":1,"host":"gpu-node-1","ts_ns":1796000000123456789,'
@@ -55,7 +56,7 @@ PROCESS = wire.ProcessRecord(
     host="gpu-node-1", pid=77, start_time=123456, started_at_ns=1_700_001_234_560_000_000,
     comm="python3 train", cmdline=("python3", "train.py", "--fused"), exe=None,
     container_id="ab" * 32, pod_uid="1c2d3e4f-aaaa-bbbb-cccc-0123456789ab", pod="trainer-0",
-    namespace="ml-team", slurm_job_id=None, job="k8s:ml-team/trainer-0",
+    namespace="ml-team", slurm_job_id=None, job="k8s:ml-team/trainer-0", team="search",
 )
 METRICS = wire.MetricsRecord(
     host="gpu-node-1", ts_ns=1_796_000_000_123_456_789, uptime_s=12.346, captured=1_000_000,
@@ -102,7 +103,8 @@ def test_the_producer_builds_the_same_messages(tmp_path: Path) -> None:
     cgroup = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
               f"1c2d3e4f_aaaa_bbbb_cccc_0123456789ab.slice/cri-containerd-{'ab' * 32}.scope\n")
     write_proc(tmp_path, 77, cgroup, {"KUBERNETES_SERVICE_HOST": "10.0.0.1",
-                                      "HOSTNAME": "trainer-0", "POD_NAMESPACE": "ml-team"})
+                                      "HOSTNAME": "trainer-0", "POD_NAMESPACE": "ml-team",
+                                      "GPUFLIGHT_TEAM": "search"})
     assert wire.encode_process(identity.resolve(tmp_path, 77, "gpu-node-1")) == PROCESS_V1
 
     drops = types.SimpleNamespace(events=70, by_pid={4242: 50, 4343: 20}, names=3, forwarded=12)
@@ -266,3 +268,9 @@ def test_any_mutation_decodes_or_is_a_wire_error(name: str) -> None:
         else:
             outcomes["decoded"] += 1
     assert outcomes["refused"] > 500 and outcomes["decoded"] > 100, outcomes
+
+
+def test_a_process_message_from_before_team_decodes_with_none() -> None:
+    older = PROCESS_V1.replace(b',"team":"search"', b"")
+    assert older != PROCESS_V1
+    assert wire.decode_process(older) == dataclasses.replace(PROCESS, team=None)
