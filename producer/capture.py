@@ -78,6 +78,7 @@ class Capture:
         self._next_rescan = 0.0
         #: Enriched events made after the last HTTP drain, waiting for the next (requests).
         self._held: npt.NDArray[np.void] = np.zeros(0, dtype=EVENT_DTYPE)
+        self._finished = False
         self.stats = CaptureStats()
         self.probes = Probes(settings)
         self._check_permitted()
@@ -288,24 +289,32 @@ class Capture:
         """The outputs that failed (and were switched off), with why and what they lost."""
         return [s for s in self.sinks if s.failure is not None]
 
+    def finish(self) -> None:
+        """At shutdown, before the last counts are read: what the ring holds, the events held
+        back for their requests, and the requests still open (ended as incomplete: their
+        connections outlived the capture). A second call finds nothing more."""
+        self.drain(until_empty=True)
+        if self.requests is None:
+            return
+        self.drain(until_empty=True)  # a last HTTP drain for the events held back
+        if len(self._held):
+            held, self._held = self._held, self._held[:0]
+            attribution = self.requests.attribute(held)
+            for sink in self.sinks:
+                sink.write(held, attribution)
+            self.stats.events += len(held)
+        if not self._finished:
+            self._finished = True
+            self.requests.close()
+            self._hand_on_requests(self.requests)
+
     def close(self) -> DropCounts:
         """Final drain; returns the drop counts; closes sinks and probes."""
         # A loader notification may still hold a process: release it first.
         for note in self.probes.poll_loader(0):
             if note.held:
                 self._release(note.pid)
-        self.drain(until_empty=True)
-        if self.requests is not None:
-            self.drain(until_empty=True)  # a last HTTP drain for the events held back
-            if len(self._held):
-                held, self._held = self._held, self._held[:0]
-                attribution = self.requests.attribute(held)
-                for sink in self.sinks:
-                    sink.write(held, attribution)
-                self.stats.events += len(held)
-            # What is still open ends as incomplete (its connection outlived the capture).
-            self.requests.close()
-            self._hand_on_requests(self.requests)
+        self.finish()
         drops = self.probes.drops()
         if self.http_probes is not None:
             self._close_http(self.http_probes)

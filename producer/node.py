@@ -131,7 +131,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
             _status(status, capture, STATE_READY)
     finally:
         nvml_stop.set()
-        capture.drain(until_empty=True)
+        capture.finish()  # everything, held-back events included, before the last metrics
         if kafka_sink is not None and kafka is not None:
             # The last metrics say what was delivered, so deliver first.
             kafka_sink.flush(kafka.close_timeout_s)
