@@ -361,6 +361,10 @@ def check_nothing_lost(series: list[Series], ctx: Context) -> None:
     assert series == [], "the pipeline run lost no event"
 
 
+def check_nothing_uncounted(series: list[Series], ctx: Context) -> None:
+    assert series == [], "the worker counted every event of the pipeline run (none late)"
+
+
 def check_lag(series: list[Series], ctx: Context) -> None:
     assert series and all(set(s.tags) == {Tags.WORKER} for s in series)
     assert all(v >= 0 for s in series for v in s.numbers("lag"))
@@ -546,6 +550,7 @@ CHECKS: dict[tuple[str, str, str], Check] = {
     ("job", "Memory-bound verdict", "A"): check_verdict,
     ("job", "Failed calls by API", "A"): check_errors,
     ("job", "Events lost by the producer", "A"): check_nothing_lost,
+    ("job", "Events not counted by the stream worker", "A"): check_nothing_uncounted,
     ("transfers", "Achieved bandwidth vs baseline", "A"): check_bandwidth,
     ("transfers", "Achieved bandwidth vs baseline", "B"): check_anomaly_baseline,
     ("transfers", "Bytes copied/s vs baseline", "A"): check_bytes_by_kind("observed"),
