@@ -47,7 +47,7 @@ from tests.support.conformance import (
     read_events,
     traced_launches,
 )
-from tests.test_simgpu import FRAMEWORKS, frameworks_python
+from tests.support.frameworks import FRAMEWORKS, require_frameworks_python
 
 TRACE_TIMEOUT_S = 1800
 
@@ -71,15 +71,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> SimGpu:
 @pytest.fixture(scope="module")
 def python() -> Path:
     require(bpf_unavailable_reason())
-    path = frameworks_python()
-    require(
-        None
-        if path
-        else "no frameworks venv (run scripts/setup-frameworks, or set "
-        "GF_FRAMEWORKS_PYTHON to a python with torch 2.15)"
-    )
-    assert path is not None
-    return path
+    return require_frameworks_python()
 
 
 def trace_workload(

@@ -270,7 +270,7 @@ def test_an_exported_runtime_is_probed_whole(tmp_path: Path) -> None:
 
 
 def test_nccl_and_nvshmem_are_probed_for_what_they_call() -> None:
-    from tests.test_simgpu import frameworks_python
+    from tests.support.frameworks import frameworks_python
 
     python = frameworks_python()
     if python is None:

@@ -15,7 +15,7 @@ import pytest
 from gpuflight.simgpu.build import build, read_counts
 from tests.conftest import REPO, bpf_unavailable_reason, require
 from tests.support.conformance import demangle_all
-from tests.test_simgpu import frameworks_python
+from tests.support.frameworks import frameworks_python
 
 
 def has_nvidia_gpu() -> bool:

@@ -19,17 +19,10 @@ from typing import Any
 import pytest
 
 from gpuflight.simgpu.build import SimGpu, build, read_counts
-from tests.conftest import REPO, require
+from tests.conftest import REPO
+from tests.support.frameworks import FRAMEWORKS, require_frameworks_python
 
-FRAMEWORKS = REPO / "tests" / "frameworks"
 TIMEOUT_S = 600
-
-
-def frameworks_python() -> Path | None:
-    """The frameworks venv's python, if it is there."""
-    env = os.environ.get("GF_FRAMEWORKS_PYTHON")
-    path = Path(env) if env else REPO / ".cache" / "frameworks" / "venv" / "bin" / "python"
-    return path if path.is_file() else None
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +32,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> SimGpu:
 
 @pytest.fixture
 def python() -> Path:
-    path = frameworks_python()
-    require(
-        None
-        if path
-        else "no frameworks venv (run scripts/setup-frameworks, or set "
-        "GF_FRAMEWORKS_PYTHON to a python with torch 2.15)"
-    )
-    assert path is not None
-    return path
+    return require_frameworks_python()
 
 
 def run_workload(

@@ -19,7 +19,7 @@ import pytest
 from gpuflight.demo import showcase
 from gpuflight.demo.torch_showcase import LABELS, window_summary
 from tests.conftest import REPO, bpf_unavailable_reason, require
-from tests.test_simgpu import frameworks_python
+from tests.support.frameworks import frameworks_python
 
 
 def launch(ts: int, grid: tuple[int, int, int], captured: bool = False) -> dict[str, Any]:
