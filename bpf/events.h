@@ -282,7 +282,8 @@ struct gf_text_ranges {
 /* A process whose dynamic loader changed its link map (dlopen, start-up). */
 struct gf_loader_event {
 	__u32 pid;
-	__u32 held; /* 1 when the probe stopped the process (SIGSTOP) for us */
+	__u32 held;  /* 1 when the probe stopped the process (SIGSTOP) for us */
+	__u64 ts_ns; /* CLOCK_MONOTONIC when it did: how long a hold lasts is measured from it */
 };
 
 #endif

@@ -49,6 +49,9 @@ class CaptureStats:
     batches: int = 0
     rescans: int = 0
     held_released: int = 0
+    #: How long the holds lasted (from the probe's stop to our SIGCONT), in all and the longest.
+    held_ns_total: int = 0
+    held_ns_max: int = 0
     #: HTTP requests answered (with the HTTP capture on).
     requests: int = 0
 
@@ -205,7 +208,7 @@ class Capture:
             self.scan({n.pid for n in notes})
             for note in notes:
                 if note.held:
-                    self._release(note.pid)
+                    self._release(note.pid, note.ts_ns)
         now = time.monotonic()
         if now >= self._next_rescan:
             self.rescan()
@@ -214,10 +217,15 @@ class Capture:
         for sink in self.sinks:
             sink.tick()
 
-    def _release(self, pid: int) -> None:
+    def _release(self, pid: int, held_since_ns: int = 0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
             self.stats.held_released += 1
+            if held_since_ns:
+                held = max(0, time.monotonic_ns() - held_since_ns)
+                self.stats.held_ns_total += held
+                self.stats.held_ns_max = max(self.stats.held_ns_max, held)
+                log.debug("process %d held %.1f ms", pid, held / 1e6)
 
     def drain(self, until_empty: bool = False) -> int:
         """Take what the ring holds now. A batch short of BATCH_EVENTS means the reader
@@ -313,7 +321,7 @@ class Capture:
         # A loader notification may still hold a process: release it first.
         for note in self.probes.poll_loader(0):
             if note.held:
-                self._release(note.pid)
+                self._release(note.pid, note.ts_ns)
         self.finish()
         drops = self.probes.drops()
         if self.http_probes is not None:

@@ -69,7 +69,10 @@ _CACHE_SIZE = 4096
 
 # Names are grouped by this many leading characters, so each group's pattern starts with a
 # literal that the regex engine can skip to (the CUDA names all share "cuda").
-_PREFIX_LEN = 4
+_PREFIX_LEN = 2
+#: ... and a name's characters after its group's common prefix that a match must begin with.
+_NEXT_LEN = 3
+_IDENTIFIER = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
 
 _T = TypeVar("_T")
 
@@ -493,38 +496,65 @@ def _string_at(strings: bytes, offset: int) -> str:
 def _name_offsets(strings: bytes, wanted: frozenset[str]) -> frozenset[int]:
     """Offsets in a string table where a wanted name starts, ending in NUL or '@' (a version).
 
-    No NUL is required before the name: linkers share a string's tail between names.
+    No NUL is required before the name: linkers share a string's tail between names. One
+    pass per group of names sharing a prefix finds every identifier that starts with it (the
+    regex engine's fast literal search: a 73 MB .strtab in ~0.07 s, where an alternation of
+    the names took 0.46 s); a wanted name starting inside one found (a shared tail) is looked
+    for there.
     """
+    names, patterns, prefixes = _patterns(wanted)
     offsets: set[int] = set()
-    for pattern, suffixes in _patterns(wanted):
+    for pattern in patterns:
         for match in pattern.finditer(strings):
-            start, text = match.start(), match.group(1)
-            offsets.add(start)
-            # A wanted name that is a tail of the one matched starts inside the match.
-            offsets.update(start + len(text) - len(s) for s in suffixes.get(text, ()))
+            start, text = match.start(), match.group()
+            if text in names:
+                offsets.add(start)
+            for prefix in prefixes:
+                inner = text.find(prefix, 1)
+                while inner > 0:
+                    if text[inner:] in names:
+                        offsets.add(start + inner)
+                    inner = text.find(prefix, inner + 1)
     return frozenset(offsets)
 
 
 @lru_cache(maxsize=64)
 def _patterns(
     wanted: frozenset[str],
-) -> tuple[tuple[re.Pattern[bytes], Mapping[bytes, tuple[bytes, ...]]], ...]:
-    """One compiled search per group of names sharing a prefix, with each name's tails."""
+) -> tuple[frozenset[bytes], tuple[re.Pattern[bytes], ...], tuple[bytes, ...]]:
+    """The names, one search per group of names sharing their first two characters (for the
+    identifiers starting with the group's longest common prefix), and those prefixes."""
     encoded = sorted(name.encode() for name in wanted if name)
     groups: dict[bytes, list[bytes]] = {}
     for name in encoded:
         groups.setdefault(name[:_PREFIX_LEN], []).append(name)
-    suffixes = {
-        name: tuple(other for other in encoded if other != name and name.endswith(other))
-        for name in encoded
-    }
-    return tuple(
-        (
-            re.compile(b"(" + b"|".join(re.escape(n) for n in names) + b")[\x00@]"),
-            {n: suffixes[n] for n in names if suffixes[n]},
+    prefixes = tuple(_common_prefix(names[0], names[-1]) for names in groups.values())
+    # The characters of an identifier, and any other a wanted name has.
+    other = sorted(set(b"".join(encoded)) - set(_IDENTIFIER))
+    chars = b"A-Za-z0-9_" + b"".join(re.escape(bytes([c])) for c in other)
+    # After the prefix, the names' next few characters: "cuda" in a C++ namespace
+    # ("4cuda6detail") is not worth a look.
+    patterns = tuple(
+        re.compile(
+            re.escape(prefix)
+            + b"(?:"
+            + b"|".join(re.escape(c) for c in sorted(
+                {n[len(prefix) : len(prefix) + _NEXT_LEN] for n in names}))
+            + b")["
+            + chars
+            + rb"]*(?=[\x00@])"
         )
-        for names in groups.values()
+        for prefix, names in zip(prefixes, groups.values(), strict=True)
     )
+    return frozenset(encoded), patterns, prefixes
+
+
+def _common_prefix(first: bytes, last: bytes) -> bytes:
+    """What the first and the last of sorted names (so all of them) begin with."""
+    size = 0
+    while size < min(len(first), len(last)) and first[size] == last[size]:
+        size += 1
+    return first[:size]
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,9 @@ CAP_SYS_ADMIN = 21
 #: root, every other capability dropped) it captures every process of the node. CAP_SYS_ADMIN
 #: covers CAP_BPF and CAP_PERFMON in the kernel's checks, so they are not asked for apart.
 NODE_CAPABILITIES: Mapping[str, tuple[int, str]] = {
-    "CAP_SYS_ADMIN": (CAP_SYS_ADMIN, "uprobes (Linux 6.16 and the stable kernels since "
-                      "mid-2025 take it for perf_event_open of a uprobe) and BPF"),
+    "CAP_SYS_ADMIN": (CAP_SYS_ADMIN, "/proc/PID/map_files (a library deleted or replaced "
+                      "since it was mapped), uprobes on kernels without uprobe_multi links "
+                      "(before 6.6: perf_event_open of a uprobe takes it since 6.16) and BPF"),
     "CAP_SYS_PTRACE": (CAP_SYS_PTRACE, "the maps and mount namespaces (/proc/PID/maps, "
                        "/proc/PID/root) of processes with capabilities it lacks"),
     "CAP_DAC_READ_SEARCH": (CAP_DAC_READ_SEARCH, "libraries under other users' "

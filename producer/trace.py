@@ -47,6 +47,11 @@ class TraceResult:
     #: The HTTP requests the command served (with the HTTP capture on), and their table.
     requests: tuple[Answered, ...] = ()
     routes: RouteTable | None = None
+    #: How often the command was held while its new library files were probed (at a dlopen
+    #: or exec), how long in all, and the longest hold, in seconds.
+    holds: int = 0
+    held_s: float = 0.0
+    longest_hold_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -282,7 +287,14 @@ def run(
         probed=_probed(capture),
         requests=tuple(summary_sink.requests),
         routes=routes,
+        holds=capture.stats.held_released,
+        held_s=capture.stats.held_ns_total / 1e9,
+        longest_hold_s=capture.stats.held_ns_max / 1e9,
     )
+    if result.holds:
+        attach_lines.append(
+            f"  held while probing: {result.holds} time(s), {result.held_s:.2f} s in all, "
+            f"longest {result.longest_hold_s * 1000:.0f} ms")
     if print_summary:
         title = " ".join(argv)
         text = "\n".join([

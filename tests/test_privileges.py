@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from producer import environment
+from producer.probes import UprobeLinks
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import GPUFLIGHT, Producer, read_events, wait_for_probe_releases
 from tests.workloads import build, expected
@@ -143,8 +144,10 @@ sys.exit(None if attached is not None and attached.probes > 0 else "attach faile
 """
 
 #: Each capability of the set, and what happens without it (the others kept). Without
-#: CAP_SYS_ADMIN the program still loads (CAP_BPF and CAP_PERFMON given in its place): only
-#: the uprobes are refused.
+#: CAP_SYS_ADMIN the program still loads (CAP_BPF and CAP_PERFMON given in its place): on a
+#: kernel without uprobe_multi links the uprobes are refused; with them (6.6+), the probes
+#: attach, and what it costs is a runtime deleted or replaced since it was mapped, reached
+#: only through /proc/PID/map_files.
 WITHOUT: Mapping[str, tuple[tuple[str, ...], str]] = {
     "CAP_SYS_ADMIN": (("CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"),
                       "attach failed"),
@@ -162,14 +165,26 @@ def probe_one(capabilities: Sequence[str], pid: int, home: Path
 
 def test_each_capability_is_needed(private_home: Path) -> None:
     assert set(WITHOUT) == set(NODE)
+    multi = UprobeLinks().multi
     job = as_nobody(private_home, "--start-delay-ms", "600000", "--iters", "1")
     try:
+        stop_once_mapped(job.pid, private_home)
         full = probe_one(NODE, job.pid, private_home)
         assert full.returncode == 0, full.stderr
         for name, (kept, failure) in WITHOUT.items():
             assert name not in kept
             proc = probe_one(kept, job.pid, private_home)
+            if name == "CAP_SYS_ADMIN" and multi:
+                assert proc.returncode == 0, proc.stderr  # uprobe_multi links: no PMU
+                continue
             assert proc.returncode == 1 and failure in proc.stderr, (name, proc.stderr)
+        if multi:
+            # The runtime the job maps, deleted: /proc/PID/map_files is the one way to it.
+            for runtime in (private_home / "lib").glob("libcudart*"):
+                runtime.unlink()
+            assert probe_one(NODE, job.pid, private_home).returncode == 0
+            proc = probe_one(WITHOUT["CAP_SYS_ADMIN"][0], job.pid, private_home)
+            assert proc.returncode == 1 and "found no runtime" in proc.stderr, proc.stderr
     finally:
         job.kill()
         job.wait()
