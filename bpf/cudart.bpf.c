@@ -18,6 +18,7 @@
  *                     stopped (SIGSTOP) until user space has attached to what
  *                     it mapped
  *   GF_WATCH_EXEC     1: exec is reported like a link-map change (needs tracefs)
+ *   GF_HOLD_ON_LISTEN 1: a listen(2) in scope is reported, and held (needs tracefs)
  *   GF_NAMES_PAGES    size of the `names` ring buffer in pages (power of two)
  */
 #include <uapi/linux/ptrace.h>
@@ -776,7 +777,7 @@ GF_NAME_PROBES(GF_NAME_PROBE)
  * (SIGSTOP) until that rescan has attached to what it mapped, so not even its
  * first call is missed. The stop is sent only once the notification is
  * queued, so a held process is always released. */
-static __always_inline int gf_loader_notify(void)
+static __always_inline int gf_loader_notify(u16 reason)
 {
 	u32 pid = bpf_get_current_pid_tgid() >> 32;
 	u32 held = 0;
@@ -794,6 +795,7 @@ static __always_inline int gf_loader_notify(void)
 	}
 	e->pid = pid;
 	e->held = held;
+	e->reason = reason;
 	e->ts_ns = bpf_ktime_get_ns();
 	if (held)
 		bpf_send_signal(GF_SIGSTOP);
@@ -818,13 +820,19 @@ int on_loader_change(struct pt_regs *ctx)
 		    state != GF_RT_CONSISTENT)
 			return 0;
 	}
-	return gf_loader_notify();
+	return gf_loader_notify(GF_LOADER_MAPPED);
 }
 
 #if GF_WATCH_EXEC
 /* A new image: its own loader (a container's, say) or a static runtime in the
  * executable is mapped before any of its code runs. */
-TRACEPOINT_PROBE(sched, sched_process_exec) { return gf_loader_notify(); }
+TRACEPOINT_PROBE(sched, sched_process_exec) { return gf_loader_notify(GF_LOADER_MAPPED); }
+#endif
+
+#if GF_HOLD_ON_LISTEN
+/* trace: the HTTP capture is set up when a process in scope first listens, held meanwhile
+ * (nothing is accepted before a listen); user space releases later ones at once. */
+TRACEPOINT_PROBE(syscalls, sys_enter_listen) { return gf_loader_notify(GF_LOADER_LISTEN); }
 #endif
 
 #if GF_FOLLOW_FORKS

@@ -280,10 +280,17 @@ struct gf_text_ranges {
 };
 
 /* A process whose dynamic loader changed its link map (dlopen, start-up). */
+/* Why a loader event was sent (gf_loader_event.reason). */
+enum gf_loader_reason {
+	GF_LOADER_MAPPED = 0, /* the link map changed, or an exec: rescan the process */
+	GF_LOADER_LISTEN = 1, /* a first listen(2) in scope: the HTTP capture is wanted */
+};
+
 struct gf_loader_event {
 	__u32 pid;
-	__u32 held;  /* 1 when the probe stopped the process (SIGSTOP) for us */
-	__u64 ts_ns; /* CLOCK_MONOTONIC when it did: how long a hold lasts is measured from it */
+	__u16 held;   /* 1 when the probe stopped the process (SIGSTOP) for us */
+	__u16 reason; /* enum gf_loader_reason */
+	__u64 ts_ns;  /* CLOCK_MONOTONIC when it did: how long a hold lasts is measured from it */
 };
 
 #endif

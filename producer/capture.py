@@ -63,8 +63,10 @@ class Capture:
         sinks: Sequence[EventSink],
         enricher: Enricher | None = None,
     ) -> None:
-        if (settings.follow_forks or settings.watch_exec) and not ensure_tracefs():
-            settings = replace(settings, follow_forks=False, watch_exec=False)
+        if (settings.follow_forks or settings.watch_exec or settings.http_on_listen) and \
+                not ensure_tracefs():
+            settings = replace(settings, follow_forks=False, watch_exec=False,
+                               http_at_listen=False)
         self.settings = settings
         #: Each sink guarded: one that fails is switched off, and the others go on.
         self.sinks = [Guarded(s, getattr(s, "name", type(s).__name__)) for s in sinks]
@@ -90,14 +92,30 @@ class Capture:
         #: The HTTP capture and the attribution of events to requests (settings.http).
         self.http_probes: HttpProbes | None = None
         self.requests: RequestTracker | None = None
+        #: The processes to watch for HTTP once the capture is up (settings.http_on_listen).
+        self._http_wanted: set[int] = set()
+        self._http_tried = False
         if settings.http:
-            try:
-                self.http_probes = HttpProbes(settings)
-            except SetupError as exc:
-                log.warning("HTTP requests are not captured: %s", exc)
-            else:
-                self.requests = RequestTracker(self.enricher.clock_offset_ns,
-                                               host_salt=socket.gethostname().encode())
+            # From the start, so that what is made before a lazy HTTP capture is up (no request
+            # can be in flight then) is counted as work outside requests.
+            self.requests = RequestTracker(self.enricher.clock_offset_ns,
+                                           host_salt=socket.gethostname().encode())
+            if not settings.http_on_listen:
+                self._start_http()
+
+    def _start_http(self) -> None:
+        """Compile and attach the HTTP capture (once; a failure is a warning)."""
+        if self._http_tried:
+            return
+        self._http_tried = True
+        try:
+            self.http_probes = HttpProbes(self.settings)
+        except SetupError as exc:
+            log.warning("HTTP requests are not captured: %s", exc)
+            self.requests = None
+            return
+        self.http_probes.watch(self._http_wanted)
+        self._http_wanted.clear()
 
     def _check_permitted(self) -> None:
         """Attach our own dynamic loader first. It is probed anyway (a traced command is a
@@ -151,9 +169,12 @@ class Capture:
                 self.watch_http([pid])
 
     def watch_http(self, pids: Iterable[int]) -> None:
-        """Capture the HTTP requests these processes serve (when the HTTP capture is on)."""
+        """Capture the HTTP requests these processes serve (when the HTTP capture is on, or
+        from when it is set up)."""
         if self.http_probes is not None:
             self.http_probes.watch(pids)
+        elif self.settings.http and not self._http_tried:
+            self._http_wanted.update(pids)
 
     def _register_text(
         self, pid: int, keys: Iterable[discover.LibraryKey], snapshot: discover.Snapshot
@@ -186,6 +207,7 @@ class Capture:
             del self._text[gone]
         self._loader_covered &= live
         self._observed &= live
+        self._http_wanted &= live
         if self.http_probes is not None and self.requests is not None:
             for gone in self.http_probes.watched - live:
                 self.http_probes.unwatch(gone)
@@ -205,6 +227,8 @@ class Capture:
         timeout = self.settings.poll_interval_s if timeout_s is None else timeout_s
         notes = self.probes.poll_loader(timeout)
         if notes:
+            if any(n.listen for n in notes):
+                self._start_http()  # before the process can accept anything
             self.scan({n.pid for n in notes})
             for note in notes:
                 if note.held:

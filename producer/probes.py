@@ -36,6 +36,7 @@ from producer.records import (
     DROP_SLOTS,
     FORWARDED,
     LOADER_EVENT_DTYPE,
+    LOADER_LISTEN,
     MAX_RUNTIME_RANGES,
     NAME_EVENT_DTYPE,
     NAME_WITH_RETURN,
@@ -62,6 +63,8 @@ class LoaderEvent:
     held: bool
     #: CLOCK_MONOTONIC (time.monotonic_ns) when the probe saw the change (and held the process).
     ts_ns: int = 0
+    #: A first listen(2) (records.LOADER_LISTEN), not a change of what the process maps.
+    listen: bool = False
 
 
 @dataclass(frozen=True)
@@ -364,8 +367,9 @@ class Probes:
 
     def _on_loader_event(self, _ctx: Any, data: Any, size: int) -> None:
         raw = np.frombuffer(ctypes.string_at(data, size), dtype=LOADER_EVENT_DTYPE)[0]
-        self._loader_events.append(
-            LoaderEvent(int(raw["pid"]), bool(raw["held"]), int(raw["ts_ns"])))
+        self._loader_events.append(LoaderEvent(
+            int(raw["pid"]), bool(raw["held"]), int(raw["ts_ns"]),
+            int(raw["reason"]) == LOADER_LISTEN))
 
     def _on_name(self, _ctx: Any, data: Any, size: int) -> None:
         self._names.append(ctypes.string_at(data, size))

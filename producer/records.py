@@ -303,7 +303,11 @@ TEXT_RANGES_DTYPE: Final = np.dtype(
 )
 
 #: struct gf_loader_event.
-LOADER_EVENT_DTYPE: Final = np.dtype([("pid", "<u4"), ("held", "<u4"), ("ts_ns", "<u8")])
+LOADER_EVENT_DTYPE: Final = np.dtype(
+    [("pid", "<u4"), ("held", "<u2"), ("reason", "<u2"), ("ts_ns", "<u8")])
+#: enum gf_loader_reason
+LOADER_MAPPED: Final = 0
+LOADER_LISTEN: Final = 1
 
 #: A ring buffer record: the kernel's 8-byte header, then one gf_event.
 RINGBUF_HEADER_BYTES: Final = 8

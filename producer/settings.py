@@ -47,6 +47,9 @@ class CaptureSettings:
     #: Capture the HTTP/1.1 requests the captured processes serve, and attribute every CUDA
     #: call to its request(s) (bpf/http.bpf.h, producer/requesttrack.py).
     http: bool = False
+    #: With `http` in trace mode (a scope, holds): set the HTTP capture up at the first
+    #: listen(2) of a process in scope, held meanwhile, rather than at start (needs tracefs).
+    http_at_listen: bool = True
 
     @property
     def ringbuf_bytes(self) -> int:
@@ -56,6 +59,13 @@ class CaptureSettings:
     def filter_pids(self) -> bool:
         return self.pids is not None
 
+    @property
+    def http_on_listen(self) -> bool:
+        """Whether the HTTP capture waits for a listen(2) in scope: compiling it costs ~1.8 s,
+        which a command that serves nothing (most do not) never pays then, and a server
+        accepts nothing before it listens, so no request is missed."""
+        return self.http and self.http_at_listen and self.filter_pids and self.hold_on_load
+
     def cflags(self) -> list[str]:
         return [
             f"-I{self.bpf_dir}",
@@ -64,4 +74,5 @@ class CaptureSettings:
             f"-DGF_FOLLOW_FORKS={int(self.follow_forks)}",
             f"-DGF_HOLD_ON_LOAD={int(self.hold_on_load)}",
             f"-DGF_WATCH_EXEC={int(self.watch_exec)}",
+            f"-DGF_HOLD_ON_LISTEN={int(self.http_on_listen)}",
         ]

@@ -69,6 +69,11 @@ def test_kinds_and_scopes_match_header() -> None:
     assert scopes == records.SYNC_SCOPES
 
 
+def test_loader_reasons_match_header() -> None:
+    assert _enum("gf_loader_reason") == {"GF_LOADER_MAPPED": records.LOADER_MAPPED,
+                                         "GF_LOADER_LISTEN": records.LOADER_LISTEN}
+
+
 def test_struct_layout_matches_header(tmp_path: Path) -> None:
     """Compile the header and compare every offset and the size with the dtype."""
     cc = shutil.which("cc")
@@ -78,6 +83,9 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
     source = tmp_path / "layout.c"
     prints = "\n".join(
         f'printf("{f} %zu\\n", offsetof(struct gf_event, {f}));' for f in fields
+    ) + "\n" + "\n".join(
+        f'printf("loader.{f} %zu\\n", offsetof(struct gf_loader_event, {f}));'
+        for f in records.LOADER_EVENT_DTYPE.names or ()
     )
     source.write_text(
         "#include <stdio.h>\n#include <stddef.h>\n#include <linux/types.h>\n"
@@ -93,6 +101,9 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
         assert int(out[name]) == records.EVENT_DTYPE.fields[name][1], name  # type: ignore[index]
     assert int(out["size"]) == records.EVENT_DTYPE.itemsize
     assert int(out["loader"]) == records.LOADER_EVENT_DTYPE.itemsize
+    for name in records.LOADER_EVENT_DTYPE.names or ():
+        offset = records.LOADER_EVENT_DTYPE.fields[name][1]  # type: ignore[index]
+        assert int(out[f"loader.{name}"]) == offset, name
 
 
 def test_bpf_programs_are_the_probe_table(tmp_path: Path) -> None:
