@@ -20,7 +20,8 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -307,13 +308,15 @@ def _distribution_version() -> str:
 
 
 def open_verdict_store(
-    directory: Path | None, max_entries: int = verdicts.DEFAULT_MAX_ENTRIES
+    directory: Path | None,
+    max_entries: int = verdicts.DEFAULT_MAX_ENTRIES,
+    clock: Callable[[], float] = time.time,
 ) -> verdicts.VerdictStore:
     """The verdicts kept in `directory` (CaptureSettings.verdict_cache_dir) for a Classifier;
     None: a store that is off (remembers nothing, never touches disk). Never raises."""
     vocabulary = verdicts.Vocabulary(RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS)
     fingerprint = verdict_fingerprint() if directory is not None else ""
-    return verdicts.VerdictStore.load(directory, fingerprint, vocabulary, max_entries)
+    return verdicts.VerdictStore.load(directory, fingerprint, vocabulary, max_entries, clock)
 
 
 def scan(

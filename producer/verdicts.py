@@ -37,7 +37,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,14 +124,16 @@ class VerdictStore:
         fingerprint: str,
         vocabulary: Vocabulary,
         max_entries: int = DEFAULT_MAX_ENTRIES,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.directory = directory
+        self._clock = clock
         self.fingerprint = fingerprint
         self._vocabulary = vocabulary
         self._max_entries = max(1, max_entries)
         self._entries: dict[Identity, tuple[Stored, int]] = {}
         self._dirty = False
-        self._last_save = time.monotonic()
+        self._last_save = self._clock()
         #: Lookups answered, and verdicts learned since loading (bench, logs).
         self.hits = 0
         self.learned = 0
@@ -143,9 +145,10 @@ class VerdictStore:
         fingerprint: str,
         vocabulary: Vocabulary,
         max_entries: int = DEFAULT_MAX_ENTRIES,
+        clock: Callable[[], float] = time.time,
     ) -> VerdictStore:
         """A store holding what `directory` has for this fingerprint (nothing if unusable)."""
-        store = cls(directory, fingerprint, vocabulary, max_entries)
+        store = cls(directory, fingerprint, vocabulary, max_entries, clock)
         if store.path is not None:
             store._entries = store._read(store.path)
             store._trim(store._max_entries)
@@ -174,7 +177,7 @@ class VerdictStore:
         if entry is None:
             return None
         self.hits += 1
-        now = int(time.time())
+        now = int(self._clock())
         if entry[1] != now:  # marks it used; not by itself worth a write
             self._entries[identity] = (entry[0], now)
         return entry[0]
@@ -186,7 +189,7 @@ class VerdictStore:
         entry = self._entries.get(identity)
         if entry is not None and entry[0] == verdict:
             return
-        self._entries[identity] = (verdict, int(time.time()))
+        self._entries[identity] = (verdict, int(self._clock()))
         self._dirty = True
         self.learned += 1
         if len(self._entries) > self._max_entries * _SLACK:
@@ -194,13 +197,14 @@ class VerdictStore:
 
     def save_if_dirty(self, min_interval_s: float = 0.0) -> bool:
         """Write the file if something new was learned (and `min_interval_s` has passed since
-        the last write); True if written. Cheap otherwise: call it as often as convenient.
+        the last write, or since the store was opened); True if written. Cheap otherwise:
+        call it as often as convenient.
 
         Never raises: a folder that cannot be written costs the next run its head start, not
         this one its output (logged once, at info)."""
         if not self._dirty or self.path is None:
             return False
-        if time.monotonic() - self._last_save < min_interval_s:
+        if self._clock() - self._last_save < min_interval_s:
             return False
         assert self.directory is not None
         try:
@@ -210,7 +214,7 @@ class VerdictStore:
             self._dirty = False  # one line, not one per save
             return False
         self._dirty = False
-        self._last_save = time.monotonic()
+        self._last_save = self._clock()
         return True
 
     # --- disk ---------------------------------------------------------------------------------
