@@ -20,6 +20,12 @@ for libtorch_cuda.so, libcublasLt.so.13, libnccl.so.2 and a generated library wi
 .symtab of 2 million symbols (issue 17, defect 6). With `--baseline REV` the same runs in a
 `git archive` of REV too, side by side in fresh interpreters.
 
+Classification from the verdict cache (producer/verdicts.py, issue 14): the files a PyTorch
+start-up maps (those `import torch` maps, and every shared object under torch/lib and
+nvidia/) classified by discover.scan in fresh interpreters with the cache off, with an empty
+cache (the first run: it saves what it learned), and with that saved cache (every later run).
+`--no-files` skips the per-file table.
+
 Needs root (BPF) for the traced runs; the per-file figures need none (`--no-trace`).
 """
 
@@ -199,6 +205,119 @@ def file_costs(tree: Path, files: list[tuple[str, str]], rounds: int) -> dict[st
     return merged
 
 
+# --- classification from the verdict store (producer/verdicts.py) -----------------------------
+
+_STORE_COSTS = r"""
+import json, sys, time
+from pathlib import Path
+from producer import discover
+proc, cache = sys.argv[1], sys.argv[2]
+wall, cpu = time.perf_counter(), time.thread_time()
+store = discover.open_verdict_store(Path(cache) if cache else None)
+load = (time.perf_counter() - wall, time.thread_time() - cpu)
+wall, cpu = time.perf_counter(), time.thread_time()
+found = discover.scan(Path(proc), cache=discover.Classifier(store=store)).libraries
+scan = (time.perf_counter() - wall, time.thread_time() - cpu)
+wall, cpu = time.perf_counter(), time.thread_time()
+store.save_if_dirty()
+save = (time.perf_counter() - wall, time.thread_time() - cpu)
+kinds = sorted(lib.kind for lib in found.values())
+print(json.dumps({"load": load, "scan": scan, "save": save, "kinds": kinds,
+                  "entries": len(store), "hits": store.hits}))
+"""
+
+
+_FULL_STORE = r"""
+import json, sys, time
+from pathlib import Path
+from producer import discover, verdicts
+cache = Path(sys.argv[1])
+store = discover.open_verdict_store(cache)
+if not len(store):  # the first run fills it: files that define nothing, the common case
+    nothing = verdicts.Stored(frozenset(), frozenset(), None)
+    t = 1_700_000_000_000_000_000
+    for n in range(verdicts.DEFAULT_MAX_ENTRIES):
+        store.put((2049, n, 4096 + n, t + n, t + n), nothing)
+    store.save_if_dirty()
+    print(json.dumps(None))
+else:
+    wall, cpu = time.perf_counter(), time.thread_time()
+    store = discover.open_verdict_store(cache)
+    print(json.dumps([len(store), time.perf_counter() - wall, time.thread_time() - cpu,
+                      (cache / verdicts.FILE_NAME).stat().st_size]))
+"""
+
+
+def full_store_cost(rounds: int, tmp: Path) -> tuple[int, float, float, int]:
+    """(entries, wall s, CPU s, bytes) of opening a full cache, median of fresh interpreters."""
+    runs = []
+    for n in range(rounds + 1):
+        out = subprocess.run(
+            [sys.executable, "-c", _FULL_STORE, str(tmp / "full")],
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+            capture_output=True, text=True, check=True,
+        ).stdout
+        if n:
+            runs.append(json.loads(out))
+    return (runs[0][0], statistics.median(r[1] for r in runs),
+            statistics.median(r[2] for r in runs), runs[0][3])
+
+
+def startup_files(python: Path, site: Path) -> list[str]:
+    """The files `import torch` maps executable, and every shared object under torch/lib and
+    nvidia/ (what a CUDA start-up dlopens next): the files a traced PyTorch start-up has
+    classified while it is held."""
+    maps = subprocess.run(
+        [str(python), "-c", "import torch; print(open('/proc/self/maps').read())"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    files = {f[5] for f in (line.split() for line in maps.splitlines())
+             if len(f) >= 6 and "x" in f[1] and f[5].startswith("/")}
+    for folder in (site / "torch" / "lib", site / "nvidia"):
+        files |= {str(p) for p in folder.rglob("*.so*") if p.is_file()}
+    return sorted(f for f in files if os.path.isfile(f))
+
+
+def fake_proc(files: list[str], into: Path) -> Path:
+    """A /proc with one process that maps `files` (its root is the real /)."""
+    pid = into / "4242"
+    pid.mkdir(parents=True)
+    (pid / "root").symlink_to("/")
+    lines = []
+    for i, path in enumerate(files):
+        st = os.stat(path)
+        start = 0x7F0000000000 + i * 0x100000
+        lines.append(f"{start:x}-{start + 0x1000:x} r-xp 00001000 {os.major(st.st_dev):02x}:"
+                     f"{os.minor(st.st_dev):02x} {st.st_ino}    {path}")
+    (pid / "maps").write_text("\n".join(lines) + "\n")
+    (pid / "stat").write_text("4242 (python) S 1 4242 4242 0 -1 4194304 0\n")
+    return into
+
+
+def store_costs(files: list[str], rounds: int, tmp: Path) -> dict[str, dict[str, Any]]:
+    """Classifying `files` in fresh interpreters with the cache off, with an empty cache, and
+    with the cache the empty run saved: the median (wall, CPU) of each phase."""
+    proc = fake_proc(files, tmp / "proc")
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "cold": [], "warm": []}
+    for n in range(rounds):
+        cache = tmp / f"cache{n}"
+        for mode, folder in (("off", ""), ("cold", str(cache)), ("warm", str(cache))):
+            out = subprocess.run(
+                [sys.executable, "-c", _STORE_COSTS, str(proc), folder],
+                env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                capture_output=True, text=True, check=True,
+            ).stdout
+            runs[mode].append(json.loads(out))
+        runs["cold"][-1]["bytes"] = (cache / "verdicts.json").stat().st_size
+    merged: dict[str, dict[str, Any]] = {}
+    for mode, results in runs.items():
+        merged[mode] = dict(results[0])
+        for phase in ("load", "scan", "save"):
+            merged[mode][phase] = [statistics.median(r[phase][i] for r in results)
+                                   for i in (0, 1)]
+    return merged
+
+
 def archive(rev: str, into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True,
@@ -210,12 +329,57 @@ def archive(rev: str, into: Path) -> Path:
 # --- report -------------------------------------------------------------------------------------
 
 
+def print_file_costs(site: Path, rounds: int, baseline: str | None, tmp: Path) -> None:
+    files = [(f, str(site / f)) for f in FILES if (site / f).exists()]
+    files.append((BIG_SYMTAB, str(big_symtab(tmp / "libbig.so"))))
+    costs = {"this tree": file_costs(ROOT, files, rounds)}
+    if baseline:
+        costs[baseline] = file_costs(archive(baseline, tmp / "base"), files, rounds)
+    print("\nCPU per new library file (median of fresh interpreters):\n")
+    head = " | ".join(f"{tree}: classify + statics / all functions" for tree in costs)
+    print(f"| file | MB | {head} | runtime functions defined | probed |")
+    print("| --- | --- |" + " --- |" * len(costs) + " --- | --- |")
+    for label, _ in files:
+        mine = costs["this tree"][label]
+        cells = " | ".join(
+            f"{c[label]['cpu_s']:.2f} s / {c[label]['table_cpu_s']:.2f} s"
+            for c in costs.values()
+        )
+        probed = "all" if mine["probed"] is None else mine["probed"]
+        if not mine["runtime_functions"]:
+            probed = "-"
+        print(f"| {label} | {mine['mb']:.0f} | {cells} | {mine['runtime_functions']} "
+              f"| {probed} |")
+
+
+def print_store_costs(files: list[str], rounds: int, tmp: Path) -> None:
+    costs = store_costs(files, rounds, tmp)
+    cold = costs["cold"]
+    kinds = ", ".join(f"{cold['kinds'].count(k)} {k}" for k in sorted(set(cold["kinds"])))
+    print(f"\nClassifying a PyTorch start-up's files: {len(files)} paths, {cold['entries']} "
+          f"distinct files ({kinds}), fresh interpreters, median of {rounds}; wall / CPU:\n")
+    print("| verdict cache | open the cache | classify (discover.scan) | save | total |")
+    print("| --- | --- | --- | --- | --- |")
+    labels = {"off": "off", "cold": "empty (first run)", "warm": "as the first run saved it"}
+    for mode, c in costs.items():
+        cells = [f"{c[p][0] * 1e3:.1f} / {c[p][1] * 1e3:.1f} ms" for p in ("load", "scan", "save")]
+        total = sum(c[p][0] for p in ("load", "scan", "save"))
+        print(f"| {labels[mode]} | {' | '.join(cells)} | {total * 1e3:.1f} ms |")
+    print(f"\nThe saved cache: {cold['entries']} entries, {cold['bytes']:,} bytes; "
+          f"the second run's hits: {costs['warm']['hits']}.")
+    entries, wall, cpu, size = full_store_cost(rounds, tmp)
+    print(f"A full cache ({entries:,} entries of files that define nothing, {size:,} bytes) "
+          f"opens in {wall * 1e3:.1f} ms ({cpu * 1e3:.1f} ms CPU).")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scripts", default="import,mlp")
     parser.add_argument("--baseline", help="a git revision to compare the per-file CPU with")
     parser.add_argument("--no-trace", action="store_true", help="per-file CPU only")
+    parser.add_argument("--no-files", action="store_true",
+                        help="skip the per-file CPU table (the verdict cache figures stay)")
     args = parser.parse_args()
     python = frameworks_python()
     site = site_packages(python)
@@ -224,27 +388,9 @@ def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     with tempfile.TemporaryDirectory(prefix="gf-startup-") as tmp_name:
         tmp = Path(tmp_name)
-        files = [(f, str(site / f)) for f in FILES if (site / f).exists()]
-        files.append((BIG_SYMTAB, str(big_symtab(tmp / "libbig.so"))))
-        costs = {"this tree": file_costs(ROOT, files, args.rounds)}
-        if args.baseline:
-            costs[args.baseline] = file_costs(archive(args.baseline, tmp / "base"), files,
-                                              args.rounds)
-        print("\nCPU per new library file (median of fresh interpreters):\n")
-        head = " | ".join(f"{tree}: classify + statics / all functions" for tree in costs)
-        print(f"| file | MB | {head} | runtime functions defined | probed |")
-        print("| --- | --- |" + " --- |" * len(costs) + " --- | --- |")
-        for label, _ in files:
-            mine = costs["this tree"][label]
-            cells = " | ".join(
-                f"{c[label]['cpu_s']:.2f} s / {c[label]['table_cpu_s']:.2f} s"
-                for c in costs.values()
-            )
-            probed = "all" if mine["probed"] is None else mine["probed"]
-            if not mine["runtime_functions"]:
-                probed = "-"
-            print(f"| {label} | {mine['mb']:.0f} | {cells} | {mine['runtime_functions']} "
-                  f"| {probed} |")
+        if not args.no_files:
+            print_file_costs(site, args.rounds, args.baseline, tmp)
+        print_store_costs(startup_files(python, site), args.rounds, tmp)
         if args.no_trace:
             return
         if os.geteuid() != 0:
