@@ -2,6 +2,7 @@
 agent spends on each new library file.
 
     sudo .venv/bin/python bench/startup.py [--rounds R] [--scripts import,mlp] [--baseline REV]
+        [--no-trace] [--no-files] [--verdict-cache warm|off]
 
 Wall time: real PyTorch (the frameworks venv of scripts/setup-frameworks, or
 $GF_FRAMEWORKS_PYTHON) on the simulated GPU (gpuflight/simgpu), two programs:
@@ -11,7 +12,9 @@ $GF_FRAMEWORKS_PYTHON) on the simulated GPU (gpuflight/simgpu), two programs:
            Inductor and Triton caches each run)
 
 run alone and under `gpuflight trace`, alternating (which goes first alternates too), R
-rounds; the table gives the median of each and their ratio.
+rounds; the table gives the median of each and their ratio. The traced runs use a verdict
+cache of their own (GPUFLIGHT_CACHE_DIR), filled by one untimed traced run first, as every
+run after a machine's first finds it (`--verdict-cache off`: classify every file each run).
 
 Per new library file: the CPU time (this thread's) that classifying a file the agent has not
 seen costs — what discovery reads (the runtime and driver functions it defines, and, for a
@@ -82,6 +85,8 @@ def command(script: str, python: Path) -> list[str]:
 
 
 def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path) -> float:
+    """Wall seconds of `argv`, alone or under `gpuflight trace` (its verdict cache: env's
+    GPUFLIGHT_CACHE_DIR)."""
     run_env = dict(env)
     cache = Path(tempfile.mkdtemp(dir=tmp))
     run_env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
@@ -102,15 +107,22 @@ def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path) -> floa
     return elapsed
 
 
-def wall_times(scripts: list[str], rounds: int, python: Path, tmp: Path) -> dict[str, Any]:
+def wall_times(
+    scripts: list[str], rounds: int, python: Path, tmp: Path, verdicts: str
+) -> dict[str, Any]:
+    """`verdicts`: the traced runs' verdict cache, "warm" (one of our own, filled by a traced
+    run before the timed ones) or "off"; never the machine's."""
     from gpuflight.simgpu.build import build
 
     sim = build(tmp / "simgpu")
     env = {**os.environ, **sim.env(devices=1, counts=tmp / "counts.json")}
+    env["GPUFLIGHT_CACHE_DIR"] = str(tmp / "verdicts") if verdicts == "warm" else "off"
     results: dict[str, Any] = {}
     for script in scripts:
         argv = command(script, python)
         timed(argv, env, False, tmp)  # warm the page cache: the first run reads 6 GB of wheels
+        if verdicts == "warm":
+            timed(argv, env, True, tmp)  # fills the verdict cache
         alone: list[float] = []
         traced: list[float] = []
         for i in range(rounds):
@@ -380,6 +392,9 @@ def main() -> None:
     parser.add_argument("--no-trace", action="store_true", help="per-file CPU only")
     parser.add_argument("--no-files", action="store_true",
                         help="skip the per-file CPU table (the verdict cache figures stay)")
+    parser.add_argument("--verdict-cache", choices=("warm", "off"), default="warm",
+                        help="the traced runs' verdict cache: filled by an untimed traced run "
+                             "first (default), or off")
     args = parser.parse_args()
     python = frameworks_python()
     site = site_packages(python)
@@ -395,8 +410,10 @@ def main() -> None:
             return
         if os.geteuid() != 0:
             sys.exit("the traced runs need root (BPF): run with sudo, or --no-trace")
-        walls = wall_times(args.scripts.split(","), args.rounds, python, tmp)
-    print(f"\nWall time, {args.rounds} rounds alternating (median, all runs):\n")
+        walls = wall_times(args.scripts.split(","), args.rounds, python, tmp,
+                           args.verdict_cache)
+    print(f"\nWall time, {args.rounds} rounds alternating (median, all runs), verdict cache "
+          f"{args.verdict_cache}:\n")
     print("| program | alone | under trace | traced / alone |")
     print("| --- | --- | --- | --- |")
     def runs(times: list[float]) -> str:
