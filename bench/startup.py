@@ -2,7 +2,7 @@
 agent spends on each new library file.
 
     sudo .venv/bin/python bench/startup.py [--rounds R] [--scripts import,mlp] [--baseline REV]
-        [--no-trace] [--no-files] [--verdict-cache warm|off]
+        [--no-trace] [--no-files] [--verdict-cache warm|off|both]
 
 Wall time: real PyTorch (the frameworks venv of scripts/setup-frameworks, or
 $GF_FRAMEWORKS_PYTHON) on the simulated GPU (gpuflight/simgpu), two programs:
@@ -14,7 +14,8 @@ $GF_FRAMEWORKS_PYTHON) on the simulated GPU (gpuflight/simgpu), two programs:
 run alone and under `gpuflight trace`, alternating (which goes first alternates too), R
 rounds; the table gives the median of each and their ratio. The traced runs use a verdict
 cache of their own (GPUFLIGHT_CACHE_DIR), filled by one untimed traced run first, as every
-run after a machine's first finds it (`--verdict-cache off`: classify every file each run).
+run after a machine's first finds it (`--verdict-cache off`: classify every file each run;
+`both`: the two side by side).
 
 Per new library file: the CPU time (this thread's) that classifying a file the agent has not
 seen costs — what discovery reads (the runtime and driver functions it defines, and, for a
@@ -108,31 +109,33 @@ def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path) -> floa
 
 
 def wall_times(
-    scripts: list[str], rounds: int, python: Path, tmp: Path, verdicts: str
-) -> dict[str, Any]:
-    """`verdicts`: the traced runs' verdict cache, "warm" (one of our own, filled by a traced
-    run before the timed ones) or "off"; never the machine's."""
+    scripts: list[str], rounds: int, python: Path, tmp: Path, caches: list[str]
+) -> dict[str, dict[str, list[float]]]:
+    """Per script: the wall times alone and traced with each verdict cache in `caches`:
+    "warm" (one of our own, filled by an untimed traced run first) or "off"; never the
+    machine's. Which variant goes first rotates from round to round."""
     from gpuflight.simgpu.build import build
 
     sim = build(tmp / "simgpu")
     env = {**os.environ, **sim.env(devices=1, counts=tmp / "counts.json")}
-    env["GPUFLIGHT_CACHE_DIR"] = str(tmp / "verdicts") if verdicts == "warm" else "off"
-    results: dict[str, Any] = {}
+    envs = {"alone": env}
+    for cache in caches:
+        folder = str(tmp / "verdicts") if cache == "warm" else "off"
+        envs[f"traced, cache {cache}"] = {**env, "GPUFLIGHT_CACHE_DIR": folder}
+    results: dict[str, dict[str, list[float]]] = {}
     for script in scripts:
         argv = command(script, python)
         timed(argv, env, False, tmp)  # warm the page cache: the first run reads 6 GB of wheels
-        if verdicts == "warm":
-            timed(argv, env, True, tmp)  # fills the verdict cache
-        alone: list[float] = []
-        traced: list[float] = []
+        if "warm" in caches:
+            timed(argv, envs["traced, cache warm"], True, tmp)  # fills the verdict cache
+        times: dict[str, list[float]] = {variant: [] for variant in envs}
+        variants = list(envs)
         for i in range(rounds):
-            order = (False, True) if i % 2 == 0 else (True, False)
-            for under_trace in order:
-                t = timed(argv, env, under_trace, tmp)
-                (traced if under_trace else alone).append(t)
-                print(f"  {script} {'traced' if under_trace else 'alone '} {t:7.2f} s",
-                      file=sys.stderr)
-        results[script] = {"alone": alone, "traced": traced}
+            for variant in variants[i % len(variants):] + variants[:i % len(variants)]:
+                t = timed(argv, envs[variant], variant != "alone", tmp)
+                times[variant].append(t)
+                print(f"  {script} {variant:<20} {t:7.2f} s", file=sys.stderr)
+        results[script] = times
     return results
 
 
@@ -392,9 +395,9 @@ def main() -> None:
     parser.add_argument("--no-trace", action="store_true", help="per-file CPU only")
     parser.add_argument("--no-files", action="store_true",
                         help="skip the per-file CPU table (the verdict cache figures stay)")
-    parser.add_argument("--verdict-cache", choices=("warm", "off"), default="warm",
+    parser.add_argument("--verdict-cache", choices=("warm", "off", "both"), default="warm",
                         help="the traced runs' verdict cache: filled by an untimed traced run "
-                             "first (default), or off")
+                             "first (default), off, or both side by side")
     args = parser.parse_args()
     python = frameworks_python()
     site = site_packages(python)
@@ -410,19 +413,23 @@ def main() -> None:
             return
         if os.geteuid() != 0:
             sys.exit("the traced runs need root (BPF): run with sudo, or --no-trace")
-        walls = wall_times(args.scripts.split(","), args.rounds, python, tmp,
-                           args.verdict_cache)
-    print(f"\nWall time, {args.rounds} rounds alternating (median, all runs), verdict cache "
-          f"{args.verdict_cache}:\n")
-    print("| program | alone | under trace | traced / alone |")
-    print("| --- | --- | --- | --- |")
+        caches = ["warm", "off"] if args.verdict_cache == "both" else [args.verdict_cache]
+        walls = wall_times(args.scripts.split(","), args.rounds, python, tmp, caches)
+    print(f"\nWall time, {args.rounds} rounds alternating (median, all runs):\n")
+    variants = list(next(iter(walls.values())))
+    traced = variants[1:]
+    print("| program | " + " | ".join(variants) + " | " + " | ".join(
+        f"{v} / alone" for v in traced) + " |")
+    print("| --- |" + " --- |" * (len(variants) + len(traced)))
+
     def runs(times: list[float]) -> str:
         return " / ".join(f"{t:.1f}" for t in times)
 
     for script, w in walls.items():
-        alone, traced = statistics.median(w["alone"]), statistics.median(w["traced"])
-        print(f"| {script} | {alone:.2f} s ({runs(w['alone'])}) | {traced:.2f} s "
-              f"({runs(w['traced'])}) | {traced / alone:.1f}x |")
+        alone = statistics.median(w["alone"])
+        cells = [f"{statistics.median(w[v]):.2f} s ({runs(w[v])})" for v in variants]
+        ratios = [f"{statistics.median(w[v]) / alone:.1f}x" for v in traced]
+        print(f"| {script} | {' | '.join(cells)} | {' | '.join(ratios)} |")
 
 
 if __name__ == "__main__":
