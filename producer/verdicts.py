@@ -209,7 +209,7 @@ class VerdictStore:
         assert self.directory is not None
         try:
             self._write(self.directory, self.path)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the folder's name
             log.info("library verdicts not saved to %s: %s", self.directory, exc)
             self._dirty = False  # one line, not one per save
             return False
