@@ -22,8 +22,9 @@ store outgrows its bound. The fingerprint names what the verdicts were computed 
 probe table, the classifying code): a gpuflight whose fingerprint differs ignores the file.
 
 The file is trusted only when it is a regular file owned by our effective uid and writable by
-nobody else (a planted verdict could hide a CUDA library); anything else, and anything that
-does not parse exactly, is ignored with one log line. Written atomically (a temporary file in
+nobody else, in a folder owned by us (or root) that nobody else may write to unless it is
+sticky (a planted verdict could hide a CUDA library); anything else, and anything that does
+not parse exactly, is ignored with one log line. Written atomically (a temporary file in
 the same folder, then os.replace), only when something new was learned, merged with what
 another gpuflight may have written meanwhile. Not thread-safe, like the Classifier it serves.
 """
@@ -337,8 +338,8 @@ def _names(value: object, known: dict[str, str]) -> frozenset[str]:
 
 
 def _read_trusted(path: Path) -> bytes | None:
-    """The file's bytes if it is ours alone to write; None if there is none (raises _InvalidError
-    when there is one we must not trust)."""
+    """The file's bytes if it is ours alone to write; None if there is none (raises
+    _InvalidError when there is one we must not trust)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -346,20 +347,36 @@ def _read_trusted(path: Path) -> bytes | None:
     except OSError as exc:  # ELOOP: a symbolic link; EACCES: not ours
         raise _InvalidError(f"cannot be opened safely ({exc.strerror})") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _InvalidError("not a regular file")
-        if st.st_uid != os.geteuid():
-            raise _InvalidError(f"owned by uid {st.st_uid}, not by us ({os.geteuid()})")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise _InvalidError(f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
-        if st.st_size > _MAX_FILE_BYTES:
-            raise _InvalidError(f"{st.st_size} bytes, more than a verdict file holds")
-        chunks: list[bytes] = []
-        left = st.st_size + 1  # one more: a file that grew while read is seen to
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+        _check_folder(path.parent)
+        return _read_file(fd)
     finally:
         os.close(fd)
+
+
+def _check_folder(folder: Path) -> None:
+    """Someone else who may replace files in the folder could swap in a file of ours (an
+    old one, a hard link): the folder must be ours (or root's), and if others may write to
+    it, sticky (/tmp: only a file's owner may rename it)."""
+    st = os.stat(folder)
+    if st.st_uid not in (os.geteuid(), 0):
+        raise _InvalidError(f"in a folder owned by uid {st.st_uid}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise _InvalidError(f"in a folder others may write to (mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def _read_file(fd: int) -> bytes:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise _InvalidError("not a regular file")
+    if st.st_uid != os.geteuid():
+        raise _InvalidError(f"owned by uid {st.st_uid}, not by us ({os.geteuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _InvalidError(f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+    if st.st_size > _MAX_FILE_BYTES:
+        raise _InvalidError(f"{st.st_size} bytes, more than a verdict file holds")
+    chunks: list[bytes] = []
+    left = st.st_size + 1  # one more: a file that grew while read is seen to
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

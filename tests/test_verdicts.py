@@ -374,6 +374,33 @@ def test_a_file_someone_else_owns_is_ignored(
     assert "owned by uid 65534" in caplog.text
 
 
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777])
+def test_a_folder_others_may_write_to_is_not_trusted(
+    node: Node, tmp_path: Path, mode: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    cache.chmod(mode)  # anyone could have swapped the file (say, for an old one of ours)
+    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+        assert len(discover.open_verdict_store(cache)) == 0
+    assert "in a folder others may write to" in caplog.text
+    cache.chmod(mode | stat.S_ISVTX)  # sticky, as /tmp: only the file's owner may replace it
+    assert len(discover.open_verdict_store(cache)) == 3
+
+
+def test_a_folder_someone_else_owns_is_not_trusted(
+    node: Node, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    require(None if os.geteuid() == 0 else "needs root to give a folder away (chown)")
+    # Root trusts no one else's folder; a user trusts its own and root's.
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    os.chown(cache, 65534, 65534)
+    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+        assert len(discover.open_verdict_store(cache)) == 0
+    assert "in a folder owned by uid 65534" in caplog.text
+
+
 def test_a_symbolic_link_is_not_followed(node: Node, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     learn(node, cache)
