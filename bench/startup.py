@@ -2,6 +2,7 @@
 agent spends on each new library file.
 
     sudo .venv/bin/python bench/startup.py [--rounds R] [--scripts import,mlp] [--baseline REV]
+        [--no-trace] [--no-files] [--verdict-cache warm|off|both]
 
 Wall time: real PyTorch (the frameworks venv of scripts/setup-frameworks, or
 $GF_FRAMEWORKS_PYTHON) on the simulated GPU (gpuflight/simgpu), two programs:
@@ -11,7 +12,10 @@ $GF_FRAMEWORKS_PYTHON) on the simulated GPU (gpuflight/simgpu), two programs:
            Inductor and Triton caches each run)
 
 run alone and under `gpuflight trace`, alternating (which goes first alternates too), R
-rounds; the table gives the median of each and their ratio.
+rounds; the table gives the median of each and their ratio. The traced runs use a verdict
+cache of their own (GPUFLIGHT_CACHE_DIR), filled by one untimed traced run first, as every
+run after a machine's first finds it (`--verdict-cache off`: classify every file each run;
+`both`: the two side by side).
 
 Per new library file: the CPU time (this thread's) that classifying a file the agent has not
 seen costs — what discovery reads (the runtime and driver functions it defines, and, for a
@@ -19,6 +23,12 @@ runtime, the ones its code calls) and what kernel naming reads (nvcc's `__handle
 for libtorch_cuda.so, libcublasLt.so.13, libnccl.so.2 and a generated library with a 48 MB
 .symtab of 2 million symbols (issue 17, defect 6). With `--baseline REV` the same runs in a
 `git archive` of REV too, side by side in fresh interpreters.
+
+Classification from the verdict cache (producer/verdicts.py, issue 14): the files a PyTorch
+start-up maps (those `import torch` maps, and every shared object under torch/lib and
+nvidia/) classified by discover.scan in fresh interpreters with the cache off, with an empty
+cache (the first run: it saves what it learned), and with that saved cache (every later run).
+`--no-files` skips the per-file table.
 
 Needs root (BPF) for the traced runs; the per-file figures need none (`--no-trace`).
 """
@@ -76,6 +86,8 @@ def command(script: str, python: Path) -> list[str]:
 
 
 def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path) -> float:
+    """Wall seconds of `argv`, alone or under `gpuflight trace` (its verdict cache: env's
+    GPUFLIGHT_CACHE_DIR)."""
     run_env = dict(env)
     cache = Path(tempfile.mkdtemp(dir=tmp))
     run_env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
@@ -96,25 +108,34 @@ def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path) -> floa
     return elapsed
 
 
-def wall_times(scripts: list[str], rounds: int, python: Path, tmp: Path) -> dict[str, Any]:
+def wall_times(
+    scripts: list[str], rounds: int, python: Path, tmp: Path, caches: list[str]
+) -> dict[str, dict[str, list[float]]]:
+    """Per script: the wall times alone and traced with each verdict cache in `caches`:
+    "warm" (one of our own, filled by an untimed traced run first) or "off"; never the
+    machine's. Which variant goes first rotates from round to round."""
     from gpuflight.simgpu.build import build
 
     sim = build(tmp / "simgpu")
     env = {**os.environ, **sim.env(devices=1, counts=tmp / "counts.json")}
-    results: dict[str, Any] = {}
+    envs = {"alone": env}
+    for cache in caches:
+        folder = str(tmp / "verdicts") if cache == "warm" else "off"
+        envs[f"traced, cache {cache}"] = {**env, "GPUFLIGHT_CACHE_DIR": folder}
+    results: dict[str, dict[str, list[float]]] = {}
     for script in scripts:
         argv = command(script, python)
         timed(argv, env, False, tmp)  # warm the page cache: the first run reads 6 GB of wheels
-        alone: list[float] = []
-        traced: list[float] = []
+        if "warm" in caches:
+            timed(argv, envs["traced, cache warm"], True, tmp)  # fills the verdict cache
+        times: dict[str, list[float]] = {variant: [] for variant in envs}
+        variants = list(envs)
         for i in range(rounds):
-            order = (False, True) if i % 2 == 0 else (True, False)
-            for under_trace in order:
-                t = timed(argv, env, under_trace, tmp)
-                (traced if under_trace else alone).append(t)
-                print(f"  {script} {'traced' if under_trace else 'alone '} {t:7.2f} s",
-                      file=sys.stderr)
-        results[script] = {"alone": alone, "traced": traced}
+            for variant in variants[i % len(variants):] + variants[:i % len(variants)]:
+                t = timed(argv, envs[variant], variant != "alone", tmp)
+                times[variant].append(t)
+                print(f"  {script} {variant:<20} {t:7.2f} s", file=sys.stderr)
+        results[script] = times
     return results
 
 
@@ -199,6 +220,119 @@ def file_costs(tree: Path, files: list[tuple[str, str]], rounds: int) -> dict[st
     return merged
 
 
+# --- classification from the verdict store (producer/verdicts.py) -----------------------------
+
+_STORE_COSTS = r"""
+import json, sys, time
+from pathlib import Path
+from producer import discover
+proc, cache = sys.argv[1], sys.argv[2]
+wall, cpu = time.perf_counter(), time.thread_time()
+store = discover.open_verdict_store(Path(cache) if cache else None)
+load = (time.perf_counter() - wall, time.thread_time() - cpu)
+wall, cpu = time.perf_counter(), time.thread_time()
+found = discover.scan(Path(proc), cache=discover.Classifier(store=store)).libraries
+scan = (time.perf_counter() - wall, time.thread_time() - cpu)
+wall, cpu = time.perf_counter(), time.thread_time()
+store.save_if_dirty()
+save = (time.perf_counter() - wall, time.thread_time() - cpu)
+kinds = sorted(lib.kind for lib in found.values())
+print(json.dumps({"load": load, "scan": scan, "save": save, "kinds": kinds,
+                  "entries": len(store), "hits": store.hits}))
+"""
+
+
+_FULL_STORE = r"""
+import json, sys, time
+from pathlib import Path
+from producer import discover, verdicts
+cache = Path(sys.argv[1])
+store = discover.open_verdict_store(cache)
+if not len(store):  # the first run fills it: files that define nothing, the common case
+    nothing = verdicts.Stored(frozenset(), frozenset(), None)
+    t = 1_700_000_000_000_000_000
+    for n in range(verdicts.DEFAULT_MAX_ENTRIES):
+        store.put((2049, n, 4096 + n, t + n, t + n), nothing)
+    store.save_if_dirty()
+    print(json.dumps(None))
+else:
+    wall, cpu = time.perf_counter(), time.thread_time()
+    store = discover.open_verdict_store(cache)
+    print(json.dumps([len(store), time.perf_counter() - wall, time.thread_time() - cpu,
+                      (cache / verdicts.FILE_NAME).stat().st_size]))
+"""
+
+
+def full_store_cost(rounds: int, tmp: Path) -> tuple[int, float, float, int]:
+    """(entries, wall s, CPU s, bytes) of opening a full cache, median of fresh interpreters."""
+    runs = []
+    for n in range(rounds + 1):
+        out = subprocess.run(
+            [sys.executable, "-c", _FULL_STORE, str(tmp / "full")],
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+            capture_output=True, text=True, check=True,
+        ).stdout
+        if n:
+            runs.append(json.loads(out))
+    return (runs[0][0], statistics.median(r[1] for r in runs),
+            statistics.median(r[2] for r in runs), runs[0][3])
+
+
+def startup_files(python: Path, site: Path) -> list[str]:
+    """The files `import torch` maps executable, and every shared object under torch/lib and
+    nvidia/ (what a CUDA start-up dlopens next): the files a traced PyTorch start-up has
+    classified while it is held."""
+    maps = subprocess.run(
+        [str(python), "-c", "import torch; print(open('/proc/self/maps').read())"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    files = {f[5] for f in (line.split() for line in maps.splitlines())
+             if len(f) >= 6 and "x" in f[1] and f[5].startswith("/")}
+    for folder in (site / "torch" / "lib", site / "nvidia"):
+        files |= {str(p) for p in folder.rglob("*.so*") if p.is_file()}
+    return sorted(f for f in files if os.path.isfile(f))
+
+
+def fake_proc(files: list[str], into: Path) -> Path:
+    """A /proc with one process that maps `files` (its root is the real /)."""
+    pid = into / "4242"
+    pid.mkdir(parents=True)
+    (pid / "root").symlink_to("/")
+    lines = []
+    for i, path in enumerate(files):
+        st = os.stat(path)
+        start = 0x7F0000000000 + i * 0x100000
+        lines.append(f"{start:x}-{start + 0x1000:x} r-xp 00001000 {os.major(st.st_dev):02x}:"
+                     f"{os.minor(st.st_dev):02x} {st.st_ino}    {path}")
+    (pid / "maps").write_text("\n".join(lines) + "\n")
+    (pid / "stat").write_text("4242 (python) S 1 4242 4242 0 -1 4194304 0\n")
+    return into
+
+
+def store_costs(files: list[str], rounds: int, tmp: Path) -> dict[str, dict[str, Any]]:
+    """Classifying `files` in fresh interpreters with the cache off, with an empty cache, and
+    with the cache the empty run saved: the median (wall, CPU) of each phase."""
+    proc = fake_proc(files, tmp / "proc")
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "cold": [], "warm": []}
+    for n in range(rounds):
+        cache = tmp / f"cache{n}"
+        for mode, folder in (("off", ""), ("cold", str(cache)), ("warm", str(cache))):
+            out = subprocess.run(
+                [sys.executable, "-c", _STORE_COSTS, str(proc), folder],
+                env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                capture_output=True, text=True, check=True,
+            ).stdout
+            runs[mode].append(json.loads(out))
+        runs["cold"][-1]["bytes"] = (cache / "verdicts.json").stat().st_size
+    merged: dict[str, dict[str, Any]] = {}
+    for mode, results in runs.items():
+        merged[mode] = dict(results[0])
+        for phase in ("load", "scan", "save"):
+            merged[mode][phase] = [statistics.median(r[phase][i] for r in results)
+                                   for i in (0, 1)]
+    return merged
+
+
 def archive(rev: str, into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True,
@@ -210,12 +344,60 @@ def archive(rev: str, into: Path) -> Path:
 # --- report -------------------------------------------------------------------------------------
 
 
+def print_file_costs(site: Path, rounds: int, baseline: str | None, tmp: Path) -> None:
+    files = [(f, str(site / f)) for f in FILES if (site / f).exists()]
+    files.append((BIG_SYMTAB, str(big_symtab(tmp / "libbig.so"))))
+    costs = {"this tree": file_costs(ROOT, files, rounds)}
+    if baseline:
+        costs[baseline] = file_costs(archive(baseline, tmp / "base"), files, rounds)
+    print("\nCPU per new library file (median of fresh interpreters):\n")
+    head = " | ".join(f"{tree}: classify + statics / all functions" for tree in costs)
+    print(f"| file | MB | {head} | runtime functions defined | probed |")
+    print("| --- | --- |" + " --- |" * len(costs) + " --- | --- |")
+    for label, _ in files:
+        mine = costs["this tree"][label]
+        cells = " | ".join(
+            f"{c[label]['cpu_s']:.2f} s / {c[label]['table_cpu_s']:.2f} s"
+            for c in costs.values()
+        )
+        probed = "all" if mine["probed"] is None else mine["probed"]
+        if not mine["runtime_functions"]:
+            probed = "-"
+        print(f"| {label} | {mine['mb']:.0f} | {cells} | {mine['runtime_functions']} "
+              f"| {probed} |")
+
+
+def print_store_costs(files: list[str], rounds: int, tmp: Path) -> None:
+    costs = store_costs(files, rounds, tmp)
+    cold = costs["cold"]
+    kinds = ", ".join(f"{cold['kinds'].count(k)} {k}" for k in sorted(set(cold["kinds"])))
+    print(f"\nClassifying a PyTorch start-up's files: {len(files)} paths, {cold['entries']} "
+          f"distinct files ({kinds}), fresh interpreters, median of {rounds}; wall / CPU:\n")
+    print("| verdict cache | open the cache | classify (discover.scan) | save | total |")
+    print("| --- | --- | --- | --- | --- |")
+    labels = {"off": "off", "cold": "empty (first run)", "warm": "as the first run saved it"}
+    for mode, c in costs.items():
+        cells = [f"{c[p][0] * 1e3:.1f} / {c[p][1] * 1e3:.1f} ms" for p in ("load", "scan", "save")]
+        total = sum(c[p][0] for p in ("load", "scan", "save"))
+        print(f"| {labels[mode]} | {' | '.join(cells)} | {total * 1e3:.1f} ms |")
+    print(f"\nThe saved cache: {cold['entries']} entries, {cold['bytes']:,} bytes; "
+          f"the second run's hits: {costs['warm']['hits']}.")
+    entries, wall, cpu, size = full_store_cost(rounds, tmp)
+    print(f"A full cache ({entries:,} entries of files that define nothing, {size:,} bytes) "
+          f"opens in {wall * 1e3:.1f} ms ({cpu * 1e3:.1f} ms CPU).")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scripts", default="import,mlp")
     parser.add_argument("--baseline", help="a git revision to compare the per-file CPU with")
     parser.add_argument("--no-trace", action="store_true", help="per-file CPU only")
+    parser.add_argument("--no-files", action="store_true",
+                        help="skip the per-file CPU table (the verdict cache figures stay)")
+    parser.add_argument("--verdict-cache", choices=("warm", "off", "both"), default="warm",
+                        help="the traced runs' verdict cache: filled by an untimed traced run "
+                             "first (default), off, or both side by side")
     args = parser.parse_args()
     python = frameworks_python()
     site = site_packages(python)
@@ -224,42 +406,30 @@ def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     with tempfile.TemporaryDirectory(prefix="gf-startup-") as tmp_name:
         tmp = Path(tmp_name)
-        files = [(f, str(site / f)) for f in FILES if (site / f).exists()]
-        files.append((BIG_SYMTAB, str(big_symtab(tmp / "libbig.so"))))
-        costs = {"this tree": file_costs(ROOT, files, args.rounds)}
-        if args.baseline:
-            costs[args.baseline] = file_costs(archive(args.baseline, tmp / "base"), files,
-                                              args.rounds)
-        print("\nCPU per new library file (median of fresh interpreters):\n")
-        head = " | ".join(f"{tree}: classify + statics / all functions" for tree in costs)
-        print(f"| file | MB | {head} | runtime functions defined | probed |")
-        print("| --- | --- |" + " --- |" * len(costs) + " --- | --- |")
-        for label, _ in files:
-            mine = costs["this tree"][label]
-            cells = " | ".join(
-                f"{c[label]['cpu_s']:.2f} s / {c[label]['table_cpu_s']:.2f} s"
-                for c in costs.values()
-            )
-            probed = "all" if mine["probed"] is None else mine["probed"]
-            if not mine["runtime_functions"]:
-                probed = "-"
-            print(f"| {label} | {mine['mb']:.0f} | {cells} | {mine['runtime_functions']} "
-                  f"| {probed} |")
+        if not args.no_files:
+            print_file_costs(site, args.rounds, args.baseline, tmp)
+        print_store_costs(startup_files(python, site), args.rounds, tmp)
         if args.no_trace:
             return
         if os.geteuid() != 0:
             sys.exit("the traced runs need root (BPF): run with sudo, or --no-trace")
-        walls = wall_times(args.scripts.split(","), args.rounds, python, tmp)
+        caches = ["warm", "off"] if args.verdict_cache == "both" else [args.verdict_cache]
+        walls = wall_times(args.scripts.split(","), args.rounds, python, tmp, caches)
     print(f"\nWall time, {args.rounds} rounds alternating (median, all runs):\n")
-    print("| program | alone | under trace | traced / alone |")
-    print("| --- | --- | --- | --- |")
+    variants = list(next(iter(walls.values())))
+    traced = variants[1:]
+    print("| program | " + " | ".join(variants) + " | " + " | ".join(
+        f"{v} / alone" for v in traced) + " |")
+    print("| --- |" + " --- |" * (len(variants) + len(traced)))
+
     def runs(times: list[float]) -> str:
         return " / ".join(f"{t:.1f}" for t in times)
 
     for script, w in walls.items():
-        alone, traced = statistics.median(w["alone"]), statistics.median(w["traced"])
-        print(f"| {script} | {alone:.2f} s ({runs(w['alone'])}) | {traced:.2f} s "
-              f"({runs(w['traced'])}) | {traced / alone:.1f}x |")
+        alone = statistics.median(w["alone"])
+        cells = [f"{statistics.median(w[v]):.2f} s ({runs(w[v])})" for v in variants]
+        ratios = [f"{statistics.median(w[v]) / alone:.1f}x" for v in traced]
+        print(f"| {script} | {' | '.join(cells)} | {' | '.join(ratios)} |")
 
 
 if __name__ == "__main__":

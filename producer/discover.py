@@ -14,18 +14,21 @@ map it.
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from producer import elfsyms
+from producer import elfsyms, verdicts
 from producer.records import API_IDS, DRIVER_APIS, RUNTIME_APIS, RUNTIME_NAME_FUNCTIONS
 
 __all__ = [
@@ -39,10 +42,12 @@ __all__ = [
     "LibraryFile",
     "LibraryKey",
     "Snapshot",
+    "open_verdict_store",
     "ppid",
     "process_tree",
     "scan",
     "scan_pid",
+    "verdict_fingerprint",
 ]
 
 # Every GF_API_<name> of bpf/events.h, in its order, by layer: the mirror in
@@ -131,9 +136,9 @@ def _map_files_name(line: _Line) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Verdict:
-    """What a file defines, and the size and mtime it had when that was read."""
+    """What a file defines, and the size, mtime and ctime it had when that was read."""
 
-    identity: tuple[int, int]
+    identity: tuple[int, int, int]
     runtime: frozenset[str]
     driver: frozenset[str]
     loader: bool | None  # None: not asked yet (only loader candidates are)
@@ -152,13 +157,18 @@ class _Located:
 class Classifier:
     """Remembers what each library file is across scans, so a file is read once.
 
-    Pass the same Classifier to every scan. A file is read again only when its size or
-    mtime changes; a full scan forgets the files no process maps any more.
+    Pass the same Classifier to every scan. A file is read again only when its size, mtime
+    or ctime changes; a full scan forgets the files no process maps any more. With a `store`
+    (open_verdict_store), what was learned of a file outlives the Classifier: a file another
+    run classified is not read again (save the store to keep what this one learns).
     Not thread-safe: use one per thread.
     """
 
-    def __init__(self, max_entries: int = 65536) -> None:
+    def __init__(
+        self, max_entries: int = 65536, store: verdicts.VerdictStore | None = None
+    ) -> None:
         self._max_entries = max_entries
+        self.store = store
         self._verdicts: dict[LibraryKey, _Verdict] = {}
         # The process whose path to a file was used last, tried first so host_path is stable.
         self._host_pids: dict[LibraryKey, int] = {}
@@ -212,9 +222,14 @@ class Classifier:
         return None
 
     def _verdict(self, key: LibraryKey, located: _Located, loader_candidate: bool) -> _Verdict:
-        identity = (located.stat.st_size, located.stat.st_mtime_ns)
+        st = located.stat
+        identity = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         verdict = self._verdicts.get(key)
+        learned = False
         if verdict is None or verdict.identity != identity:
+            verdict = self._recall(key, identity)
+        if verdict is None:
+            learned = True
             found = elfsyms.defined_functions(located.host_path, _CLASSIFYING_SYMBOLS)
             runtime = found & RUNTIME_SYMBOLS
             # Read only for a runtime: the rare file, and the code search costs a pass over
@@ -230,10 +245,25 @@ class Classifier:
                 # the file, so nothing is remembered (the next process that maps it tells).
                 return verdict
         if loader_candidate and verdict.loader is None:
+            learned = True
             defined = elfsyms.defined_functions(located.host_path, _LOADER_SYMBOLS)
             verdict = replace(verdict, loader=LOADER_SYMBOL in defined)
         self._remember(key, verdict)
+        store = self.store
+        if learned and store is not None and store.enabled and _readable(located.host_path):
+            # A file that could not be opened (gone, EACCES, out of descriptors) read as
+            # defining nothing: true for now, not worth keeping for the next run.
+            store.put((*key, *identity), _stored(verdict))
         return verdict
+
+    def _recall(self, key: LibraryKey, identity: tuple[int, int, int]) -> _Verdict | None:
+        """The verdict the store kept for this very file, if any."""
+        if self.store is None:
+            return None
+        kept = self.store.get((*key, *identity))
+        if kept is None:
+            return None
+        return _Verdict(identity, kept.runtime, kept.driver, kept.loader, kept.probe_only)
 
     def _remember(self, key: LibraryKey, verdict: _Verdict) -> None:
         self._verdicts[key] = verdict
@@ -241,6 +271,52 @@ class Classifier:
             oldest = next(iter(self._verdicts))
             del self._verdicts[oldest]
             self._host_pids.pop(oldest, None)
+
+
+def _stored(verdict: _Verdict) -> verdicts.Stored:
+    return verdicts.Stored(verdict.runtime, verdict.driver, verdict.loader, verdict.probe_only)
+
+
+def _readable(path: str) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def verdict_fingerprint() -> str:
+    """What a stored verdict was computed against: the names classified and probed, and the
+    code that reads them (this module and elfsyms; a change to either makes the old verdicts
+    stale, which costs one slower start, never a wrong one)."""
+    sources: list[bytes] = []
+    for module in (elfsyms, sys.modules[__name__]):
+        try:
+            sources.append(Path(module.__file__ or "").read_bytes())
+        except OSError:  # no source shipped: the package version stands for it
+            sources.append(_distribution_version().encode())
+    return verdicts.fingerprint(
+        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, _LOADER_SYMBOLS, *sources
+    )
+
+
+def _distribution_version() -> str:
+    try:
+        return importlib.metadata.version("gpuflight")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def open_verdict_store(
+    directory: Path | None,
+    max_entries: int = verdicts.DEFAULT_MAX_ENTRIES,
+    clock: Callable[[], float] = time.time,
+) -> verdicts.VerdictStore:
+    """The verdicts kept in `directory` (CaptureSettings.verdict_cache_dir) for a Classifier;
+    None: a store that is off (remembers nothing, never touches disk). Never raises."""
+    vocabulary = verdicts.Vocabulary(RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS)
+    fingerprint = verdict_fingerprint() if directory is not None else ""
+    return verdicts.VerdictStore.load(directory, fingerprint, vocabulary, max_entries, clock)
 
 
 def scan(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import mmap
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,30 @@ def _default_bpf_dir() -> Path:
 
 
 DEFAULT_BPF_DIR = _default_bpf_dir()
+
+#: GPUFLIGHT_CACHE_DIR values that turn the verdict cache off.
+CACHE_OFF = frozenset({"", "off", "none", "0", "false", "no"})
+
+
+def default_cache_dir(
+    environ: Mapping[str, str] | None = None, euid: int | None = None
+) -> Path | None:
+    """Where classification verdicts are kept across runs (producer/verdicts.py), or None
+    (off): $GPUFLIGHT_CACHE_DIR if set ('' or 'off': off), else /var/cache/gpuflight for
+    root, else $XDG_CACHE_HOME/gpuflight or ~/.cache/gpuflight."""
+    env = os.environ if environ is None else environ
+    override = env.get("GPUFLIGHT_CACHE_DIR")
+    if override is not None:
+        return None if override.strip().lower() in CACHE_OFF else Path(override)
+    if (os.geteuid() if euid is None else euid) == 0:
+        return Path("/var/cache/gpuflight")
+    xdg = env.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):  # the XDG spec: a relative path is to be ignored
+        return Path(xdg) / "gpuflight"
+    home = env.get("HOME") or os.path.expanduser("~")
+    if not os.path.isabs(home):
+        return None  # no home to keep a cache in
+    return Path(home) / ".cache" / "gpuflight"
 
 
 @dataclass(frozen=True)
@@ -50,6 +75,9 @@ class CaptureSettings:
     #: With `http` in trace mode (a scope, holds): set the HTTP capture up at the first
     #: listen(2) of a process in scope, held meanwhile, rather than at start (needs tracefs).
     http_at_listen: bool = True
+    #: Where what each library file defines is kept across runs, so a file is classified
+    #: once, not once per run (default_cache_dir; None: not kept).
+    verdict_cache_dir: Path | None = field(default_factory=default_cache_dir)
 
     @property
     def ringbuf_bytes(self) -> int:

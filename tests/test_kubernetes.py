@@ -62,6 +62,9 @@ def test_the_producer_runs_on_every_gpu_node_with_what_it_needs() -> None:
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     mounts = {Path(volumes[m["name"]]) for m in container["volumeMounts"] if m["name"] in volumes}
     assert {Path("/lib/modules"), Path("/usr/src"), Path("/sys/kernel/tracing")} <= mounts
+    # The library verdicts outlive the pod (producer/verdicts.py), where the agent keeps them.
+    (cache,) = [m for m in container["volumeMounts"] if m["name"] == "verdicts"]
+    assert volumes["verdicts"] == cache["mountPath"] == "/var/cache/gpuflight"
     config = found["ConfigMap/gpuflight"]["data"]
     assert {"KAFKA_BOOTSTRAP", "GPUFLIGHT_INFLUX_URL"} <= set(config)
     streams = found["Deployment/gpuflight-streams"]["spec"]

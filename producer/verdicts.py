@@ -1,0 +1,382 @@
+"""What each library file was found to define, kept on disk across runs.
+
+Classifying a file reads its ELF symbol tables: ~1 s for the ~135 files a PyTorch start-up
+maps, while the process is held. The answer never changes while the file does not, so it is
+kept here, keyed by the file's identity, and a later `gpuflight trace` (or a restarted node
+agent) reads it back instead of the file.
+
+    identity (st_dev as maps shows it, st_ino, st_size, st_mtime_ns, st_ctime_ns)
+        ──► Stored (runtime, driver, loader, probe_only)
+
+st_ctime_ns is part of the identity because no user can set it: a file rewritten in place and
+given back its old size and mtime still reads as a new file.
+
+One JSON file (orjson), `verdicts.json`:
+
+    {"format": "gpuflight-verdicts", "version": 1, "fingerprint": "<hex>",
+     "entries": [[dev, ino, size, mtime_ns, ctime_ns, used],               # defines nothing
+                 [dev, ino, size, mtime_ns, ctime_ns, used, loader, runtime, driver, probe_only]]}
+
+`used` is when the entry was last looked up (Unix seconds): the oldest-used go first when the
+store outgrows its bound. The fingerprint names what the verdicts were computed against (the
+probe table, the classifying code): a gpuflight whose fingerprint differs ignores the file.
+
+The file is trusted only when it is a regular file owned by our effective uid and writable by
+nobody else, in a folder owned by us (or root) that nobody else may write to unless it is
+sticky (a planted verdict could hide a CUDA library); anything else, and anything that does
+not parse exactly, is ignored with one log line. Written atomically (a temporary file in
+the same folder, then os.replace), only when something new was learned, merged with what
+another gpuflight may have written meanwhile. Not thread-safe, like the Classifier it serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+__all__ = [
+    "DEFAULT_MAX_ENTRIES",
+    "FILE_NAME",
+    "FORMAT_VERSION",
+    "Identity",
+    "Stored",
+    "VerdictStore",
+    "Vocabulary",
+    "fingerprint",
+]
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+FILE_NAME = "verdicts.json"
+_FORMAT = "gpuflight-verdicts"
+#: ~60 bytes an entry on disk: 20,000 files (a node running many container images) ~1.2 MB.
+DEFAULT_MAX_ENTRIES = 20_000
+#: A bigger file is not ours to parse (DEFAULT_MAX_ENTRIES of rich entries is far below).
+_MAX_FILE_BYTES = 64 << 20
+# In memory, entries may run this far past the bound before the oldest-used are dropped.
+_SLACK = 1.25
+_U64 = 1 << 64
+
+Identity = tuple[int, int, int, int, int]
+"""(st_dev as /proc/PID/maps shows it, st_ino, st_size, st_mtime_ns, st_ctime_ns)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What a file defines: the fields of discover's verdict, less the identity."""
+
+    runtime: frozenset[str]
+    driver: frozenset[str]
+    loader: bool | None  # None: not asked (only loader candidates are)
+    probe_only: frozenset[str] | None = None
+
+    @property
+    def is_nothing(self) -> bool:
+        """Defines nothing and was not asked about the loader: the common, compact case."""
+        return not self.runtime and not self.driver and self.loader is None
+
+
+@dataclass(frozen=True, slots=True)
+class Vocabulary:
+    """The names each field may hold: a file naming anything else is not ours."""
+
+    runtime: frozenset[str]
+    driver: frozenset[str]
+    probe_only: frozenset[str]
+
+
+def fingerprint(*parts: Iterable[str] | bytes) -> str:
+    """A digest of what verdicts are computed against (name sets, source code)."""
+    digest = hashlib.sha256(f"{_FORMAT}/{FORMAT_VERSION}".encode())
+    for part in parts:
+        if isinstance(part, bytes):
+            digest.update(b"\x01" + len(part).to_bytes(8, "little") + part)
+        else:
+            for name in sorted(part):
+                digest.update(b"\x02" + name.encode() + b"\x00")
+        digest.update(b"\x03")
+    return digest.hexdigest()
+
+
+class _InvalidError(ValueError):
+    """The file is not a verdict file this gpuflight can use (the message says why)."""
+
+
+class VerdictStore:
+    """Verdicts by file identity, loaded from and saved to `directory`/verdicts.json.
+
+    With `directory` None the store is off: it remembers nothing and never touches disk.
+    """
+
+    def __init__(
+        self,
+        directory: Path | None,
+        fingerprint: str,
+        vocabulary: Vocabulary,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.directory = directory
+        self._clock = clock
+        self.fingerprint = fingerprint
+        self._vocabulary = vocabulary
+        self._max_entries = max(1, max_entries)
+        self._entries: dict[Identity, tuple[Stored, int]] = {}
+        self._dirty = False
+        self._last_save = self._clock()
+        #: Lookups answered, and verdicts learned since loading (bench, logs).
+        self.hits = 0
+        self.learned = 0
+
+    @classmethod
+    def load(
+        cls,
+        directory: Path | None,
+        fingerprint: str,
+        vocabulary: Vocabulary,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        clock: Callable[[], float] = time.time,
+    ) -> VerdictStore:
+        """A store holding what `directory` has for this fingerprint (nothing if unusable)."""
+        store = cls(directory, fingerprint, vocabulary, max_entries, clock)
+        if store.path is not None:
+            store._entries = store._read(store.path)
+            store._trim(store._max_entries)
+            log.debug("%d library verdicts read from %s", len(store._entries), store.path)
+        return store
+
+    @property
+    def path(self) -> Path | None:
+        return None if self.directory is None else self.directory / FILE_NAME
+
+    @property
+    def enabled(self) -> bool:
+        return self.directory is not None
+
+    @property
+    def dirty(self) -> bool:
+        """Something was learned that the file does not hold yet."""
+        return self._dirty
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, identity: Identity) -> Stored | None:
+        """The verdict for the file with `identity`, if one was kept."""
+        entry = self._entries.get(identity)
+        if entry is None:
+            return None
+        self.hits += 1
+        now = int(self._clock())
+        if entry[1] != now:  # marks it used; not by itself worth a write
+            self._entries[identity] = (entry[0], now)
+        return entry[0]
+
+    def put(self, identity: Identity, verdict: Stored) -> None:
+        """Keep `verdict` for the file with `identity` (written by the next save)."""
+        if self.directory is None:
+            return
+        entry = self._entries.get(identity)
+        if entry is not None and entry[0] == verdict:
+            return
+        self._entries[identity] = (verdict, int(self._clock()))
+        self._dirty = True
+        self.learned += 1
+        if len(self._entries) > self._max_entries * _SLACK:
+            self._trim(self._max_entries)
+
+    def save_if_dirty(self, min_interval_s: float = 0.0) -> bool:
+        """Write the file if something new was learned (and `min_interval_s` has passed since
+        the last write, or since the store was opened); True if written. Cheap otherwise:
+        call it as often as convenient.
+
+        Never raises: a folder that cannot be written costs the next run its head start, not
+        this one its output (logged once, at info)."""
+        if not self._dirty or self.path is None:
+            return False
+        if self._clock() - self._last_save < min_interval_s:
+            return False
+        assert self.directory is not None
+        try:
+            self._write(self.directory, self.path)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the folder's name
+            log.info("library verdicts not saved to %s: %s", self.directory, exc)
+            self._dirty = False  # one line, not one per save
+            return False
+        self._dirty = False
+        self._last_save = self._clock()
+        return True
+
+    # --- disk ---------------------------------------------------------------------------------
+
+    def _write(self, directory: Path, path: Path) -> None:
+        # What another gpuflight saved meanwhile is kept too (the newer use wins).
+        merged = self._read(path, quiet=True)
+        for identity, entry in self._entries.items():
+            other = merged.get(identity)
+            if other is None or other[1] <= entry[1]:
+                merged[identity] = entry
+        self._entries = merged
+        self._trim(self._max_entries)
+        data = orjson.dumps(
+            {
+                "format": _FORMAT,
+                "version": FORMAT_VERSION,
+                "fingerprint": self.fingerprint,
+                "entries": [_row(i, v, used) for i, (v, used) in self._entries.items()],
+            }
+        )
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:  # mkstemp made it 0600
+                f.write(data)
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+
+    def _read(self, path: Path, quiet: bool = False) -> dict[Identity, tuple[Stored, int]]:
+        try:
+            data = _read_trusted(path)
+            if data is None:
+                return {}
+            return self._parse(data)
+        except (OSError, ValueError) as exc:  # ValueError: _InvalidError, orjson.JSONDecodeError
+            if not quiet:
+                log.info("library verdicts in %s ignored: %s", path, exc)
+            return {}
+
+    def _parse(self, data: bytes) -> dict[Identity, tuple[Stored, int]]:
+        document = orjson.loads(data)
+        if not isinstance(document, dict) or document.get("format") != _FORMAT:
+            raise _InvalidError("not a gpuflight verdict file")
+        if document.get("version") != FORMAT_VERSION:
+            raise _InvalidError(f"format version {document.get('version')!r}, not {FORMAT_VERSION}")
+        if document.get("fingerprint") != self.fingerprint:
+            raise _InvalidError("computed by a gpuflight with another probe table or classifier")
+        rows = document.get("entries")
+        if not isinstance(rows, list):
+            raise _InvalidError("no entry list")
+        names = _Names(self._vocabulary)
+        entries: dict[Identity, tuple[Stored, int]] = {}
+        for row in rows:
+            if not isinstance(row, list) or len(row) not in (6, 10):
+                raise _InvalidError("an entry of the wrong shape")
+            numbers = row[:6]
+            if not all(type(n) is int and 0 <= n < _U64 for n in numbers):
+                raise _InvalidError("an entry with a bad identity")
+            identity: Identity = (numbers[0], numbers[1], numbers[2], numbers[3], numbers[4])
+            verdict = _NOTHING if len(row) == 6 else names.verdict(row[6:])
+            entries[identity] = (verdict, numbers[5])
+        return entries
+
+    def _trim(self, bound: int) -> None:
+        if len(self._entries) <= bound:
+            return
+        # Stable: among equally recent entries, the ones added last stay.
+        kept = sorted(self._entries.items(), key=lambda item: item[1][1])[-bound:]
+        self._entries = dict(kept)
+
+
+_NOTHING = Stored(frozenset(), frozenset(), None, None)
+
+
+def _row(identity: Identity, verdict: Stored, used: int) -> list[object]:
+    if verdict.is_nothing:
+        return [*identity, used]
+    probe_only = None if verdict.probe_only is None else sorted(verdict.probe_only)
+    return [
+        *identity,
+        used,
+        verdict.loader,
+        sorted(verdict.runtime),
+        sorted(verdict.driver),
+        probe_only,
+    ]
+
+
+class _Names:
+    """Checks an entry's names against the vocabulary, sharing one string per name."""
+
+    def __init__(self, vocabulary: Vocabulary) -> None:
+        self._runtime = {n: n for n in vocabulary.runtime}
+        self._driver = {n: n for n in vocabulary.driver}
+        self._probe_only = {n: n for n in vocabulary.probe_only}
+
+    def verdict(self, fields: list[object]) -> Stored:
+        loader, runtime, driver, probe_only = fields
+        if loader is not None and type(loader) is not bool:
+            raise _InvalidError("an entry with a bad loader flag")
+        return Stored(
+            _names(runtime, self._runtime),
+            _names(driver, self._driver),
+            loader,
+            None if probe_only is None else _names(probe_only, self._probe_only),
+        )
+
+
+def _names(value: object, known: dict[str, str]) -> frozenset[str]:
+    if not isinstance(value, list):
+        raise _InvalidError("an entry with a bad name list")
+    try:
+        return frozenset(known[name] for name in value)
+    except (KeyError, TypeError):
+        raise _InvalidError("an entry naming a function that is not probed") from None
+
+
+def _read_trusted(path: Path) -> bytes | None:
+    """The file's bytes if it is ours alone to write; None if there is none (raises
+    _InvalidError when there is one we must not trust)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symbolic link; EACCES: not ours
+        raise _InvalidError(f"cannot be opened safely ({exc.strerror})") from None
+    try:
+        _check_folder(path.parent)
+        return _read_file(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_folder(folder: Path) -> None:
+    """Someone else who may replace files in the folder could swap in a file of ours (an
+    old one, a hard link): the folder must be ours (or root's), and if others may write to
+    it, sticky (/tmp: only a file's owner may rename it)."""
+    st = os.stat(folder)
+    if st.st_uid not in (os.geteuid(), 0):
+        raise _InvalidError(f"in a folder owned by uid {st.st_uid}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise _InvalidError(f"in a folder others may write to (mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def _read_file(fd: int) -> bytes:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise _InvalidError("not a regular file")
+    if st.st_uid != os.geteuid():
+        raise _InvalidError(f"owned by uid {st.st_uid}, not by us ({os.geteuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _InvalidError(f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+    if st.st_size > _MAX_FILE_BYTES:
+        raise _InvalidError(f"{st.st_size} bytes, more than a verdict file holds")
+    chunks: list[bytes] = []
+    left = st.st_size + 1  # one more: a file that grew while read is seen to
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,554 @@
+"""The on-disk verdict cache (producer/verdicts.py): a file classified by one run is not read
+again by the next, and a cache file that is stale, damaged or not ours changes nothing.
+
+The inputs are real files: NVIDIA's libcudart (the nvidia-cuda-runtime wheel, a dev
+dependency; never run, only read), this system's libc and dynamic loader, copied into a
+fake /proc tree that maps them by their real device and inode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+from producer import discover, elfsyms, verdicts
+from producer.discover import Classifier, LibraryFile, LibraryKey
+from producer.settings import CaptureSettings, default_cache_dir
+from tests.conftest import require
+
+PID = 4242
+
+
+def _nvidia_runtime() -> Path | None:
+    for entry in sys.path:
+        found = sorted((Path(entry) / "nvidia").glob("*/lib/libcudart.so.1[0-9]"))
+        if found:
+            return found[0]
+    return None
+
+
+def _system_file(name: str) -> Path | None:
+    for folder in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64"):
+        path = Path(folder) / name
+        if path.is_file():
+            return path.resolve()
+    return None
+
+
+@dataclass
+class Node:
+    """One process mapping a real CUDA runtime, libc and the loader, through a fake /proc."""
+
+    proc: Path
+    files: dict[str, Path]  # name → the file (hard-linked into the process's root)
+
+    def key(self, name: str) -> LibraryKey:
+        st = self.files[name].stat()
+        return (st.st_dev, st.st_ino)
+
+    def scan(self, classifier: Classifier) -> dict[LibraryKey, LibraryFile]:
+        return dict(discover.scan(self.proc, cache=classifier).libraries)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    sources = {
+        "libcudart.so": _nvidia_runtime(),
+        "libc.so.6": _system_file("libc.so.6"),
+        "ld-linux-x86-64.so.2": _system_file("ld-linux-x86-64.so.2"),
+    }
+    missing = [name for name, path in sources.items() if path is None]
+    require(f"no {', '.join(missing)} to classify (pip install -e .[dev])" if missing else None)
+    store, pid_dir = tmp_path / "store", tmp_path / "proc" / str(PID)
+    store.mkdir()
+    pid_dir.mkdir(parents=True)
+    (pid_dir / "stat").write_text(f"{PID} (python3) S 1 {PID} {PID} 0 -1 4194304 0\n")
+    files: dict[str, Path] = {}
+    lines = []
+    for i, (name, source) in enumerate(sources.items()):
+        assert source is not None
+        files[name] = store / name
+        shutil.copyfile(source, files[name])
+        inside = pid_dir / "root" / "lib" / name
+        inside.parent.mkdir(parents=True, exist_ok=True)
+        os.link(files[name], inside)  # before any stat: a link changes the ctime
+        st = files[name].stat()
+        start = 0x7F0000000000 + i * 0x100000
+        lines.append(
+            f"{start:x}-{start + 0x2000:x} r-xp 00001000 "
+            f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} {st.st_ino}    /lib/{name}"
+        )
+    (pid_dir / "maps").write_text("\n".join(lines) + "\n")
+    return Node(tmp_path / "proc", files)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_elf_cache() -> Iterator[None]:
+    # elfsyms answers from its own in-process cache: every read here is a real one.
+    elfsyms.clear_cache()
+    yield
+    elfsyms.clear_cache()
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files classification reads (defined_functions and referenced_functions calls)."""
+    seen: list[str] = []
+    defined, referenced = elfsyms.defined_functions, elfsyms.referenced_functions
+
+    def counted_defined(path: str, wanted: frozenset[str]) -> frozenset[str]:
+        seen.append(path)
+        return defined(path, wanted)
+
+    def counted_referenced(path: str, wanted: frozenset[str]) -> frozenset[str] | None:
+        seen.append(path)
+        return referenced(path, wanted)
+
+    monkeypatch.setattr(elfsyms, "defined_functions", counted_defined)
+    monkeypatch.setattr(elfsyms, "referenced_functions", counted_referenced)
+    return seen
+
+
+def forbid_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(path: str, wanted: frozenset[str]) -> frozenset[str]:
+        raise AssertionError(f"{path} was read again")
+
+    monkeypatch.setattr(elfsyms, "defined_functions", fail)
+    monkeypatch.setattr(elfsyms, "referenced_functions", fail)
+
+
+def learn(node: Node, cache: Path) -> dict[LibraryKey, LibraryFile]:
+    """One run: classify the node's files with the store in `cache`, and save it."""
+    store = discover.open_verdict_store(cache)
+    found = node.scan(Classifier(store=store))
+    assert store.save_if_dirty()
+    elfsyms.clear_cache()
+    return found
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def vocabulary() -> verdicts.Vocabulary:
+    return verdicts.Vocabulary(
+        discover.RUNTIME_SYMBOLS, discover.DRIVER_SYMBOLS, discover._REFERENCED_SYMBOLS
+    )
+
+
+def identity(n: int) -> verdicts.Identity:
+    return (2049, 1000 + n, 4096, 1_700_000_000_000_000_000 + n, 1_700_000_000_000_000_000)
+
+
+NOTHING = verdicts.Stored(frozenset(), frozenset(), None)
+
+
+# --- reuse ------------------------------------------------------------------------------------
+
+
+def test_a_verdict_is_reused_by_the_next_run_without_reading_the_file(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    first = learn(node, cache)
+    assert {lib.kind for lib in first.values()} == {"runtime", "loader"}
+    runtime = first[node.key("libcudart.so")]
+    assert "cudaLaunchKernel" in runtime.symbols
+
+    forbid_reading(monkeypatch)
+    store = discover.open_verdict_store(cache)
+    assert len(store) == 3  # libc too: files that define nothing are kept, compactly
+    assert node.scan(Classifier(store=store)) == first
+    assert store.hits == 3 and store.learned == 0
+    assert not store.dirty and not store.save_if_dirty()  # nothing new: no write
+
+
+def test_files_that_define_nothing_are_kept_compactly(node: Node, tmp_path: Path) -> None:
+    learn(node, tmp_path / "cache")
+    document = orjson.loads((tmp_path / "cache" / verdicts.FILE_NAME).read_bytes())
+    rows = {row[1]: row for row in document["entries"]}
+    assert len(rows[node.key("libc.so.6")[1]]) == 6  # identity and last use only
+    runtime = rows[node.key("libcudart.so")[1]]
+    assert "cudaLaunchKernel" in runtime[7]
+
+
+def test_a_changed_file_is_read_again(node: Node, tmp_path: Path, reads: list[str]) -> None:
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    reads.clear()
+    # libc becomes a runtime in place (same inode): its size and mtime change.
+    libc = node.files["libc.so.6"]
+    libc.write_bytes(node.files["libcudart.so"].read_bytes())
+    found = node.scan(Classifier(store=discover.open_verdict_store(cache)))
+    assert found[node.key("libc.so.6")].kind == "runtime"
+    assert {Path(p).name for p in reads} == {"libc.so.6"}
+
+
+def test_a_file_rewritten_with_its_old_size_and_mtime_is_read_again(
+    node: Node, tmp_path: Path, reads: list[str]
+) -> None:
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    reads.clear()
+    libc = node.files["libc.so.6"]
+    before = libc.stat()
+    data = bytearray(libc.read_bytes())
+    data[-1] ^= 0xFF
+    libc.write_bytes(data)
+    os.utime(libc, ns=(before.st_atime_ns, before.st_mtime_ns))  # anyone may set the mtime
+    after = libc.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    node.scan(Classifier(store=discover.open_verdict_store(cache)))
+    assert {Path(p).name for p in reads} == {"libc.so.6"}  # the ctime told
+
+
+def test_what_a_run_learns_is_saved_for_the_next(node: Node, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    libc = node.files["libc.so.6"]
+    libc.write_bytes(node.files["libcudart.so"].read_bytes())
+    learn(node, cache)  # learns libc's new verdict and saves it
+    store = discover.open_verdict_store(cache)
+    key = node.key("libc.so.6")
+    st = libc.stat()
+    kept = store.get((*key, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    assert kept is not None and "cudaLaunchKernel" in kept.runtime
+
+
+def test_two_runs_saving_at_once_keep_both_verdicts(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    fingerprint = discover.verdict_fingerprint()
+    one = verdicts.VerdictStore.load(cache, fingerprint, vocabulary())
+    two = verdicts.VerdictStore.load(cache, fingerprint, vocabulary())
+    one.put(identity(1), NOTHING)
+    two.put(identity(2), NOTHING)
+    assert one.save_if_dirty() and two.save_if_dirty()
+    both = verdicts.VerdictStore.load(cache, fingerprint, vocabulary())
+    assert both.get(identity(1)) == NOTHING and both.get(identity(2)) == NOTHING
+
+
+# --- stale, damaged, hostile ------------------------------------------------------------------
+
+
+def test_a_changed_probe_table_ignores_the_old_verdicts(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads: list[str]
+) -> None:
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    reads.clear()
+    # A gpuflight that probes one runtime function fewer.
+    fewer = discover.RUNTIME_SYMBOLS - {"cudaMemcpy"}
+    monkeypatch.setattr(discover, "RUNTIME_SYMBOLS", fewer)
+    store = discover.open_verdict_store(cache)
+    assert len(store) == 0
+    node.scan(Classifier(store=store))
+    assert {Path(p).name for p in reads} >= {"libc.so.6", "libcudart.so"}
+
+
+def _rewrite(path: Path, **changes: object) -> None:
+    document = orjson.loads(path.read_bytes())
+    document.update(changes)
+    path.write_bytes(orjson.dumps(document))
+
+
+def test_another_format_version_is_ignored(
+    node: Node, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    _rewrite(cache / verdicts.FILE_NAME, version=verdicts.FORMAT_VERSION + 1)
+    with caplog.at_level(logging.DEBUG, logger="producer.verdicts"):
+        assert len(discover.open_verdict_store(cache)) == 0
+    assert [r.levelno for r in caplog.records if "ignored" in str(r.msg)] == [logging.INFO]
+    assert "format version 2" in caplog.text
+
+
+def _valid(tmp_path: Path) -> bytes:
+    store = discover.open_verdict_store(tmp_path / "valid")
+    store.put(identity(1), NOTHING)
+    store.put(identity(2), verdicts.Stored(frozenset({"cudaMalloc"}), frozenset(), False))
+    assert store.save_if_dirty()
+    return (tmp_path / "valid" / verdicts.FILE_NAME).read_bytes()
+
+
+def _entries(rows: list[object]) -> bytes:
+    return orjson.dumps(
+        {
+            "format": "gpuflight-verdicts",
+            "version": verdicts.FORMAT_VERSION,
+            "fingerprint": discover.verdict_fingerprint(),
+            "entries": rows,
+        }
+    )
+
+
+_IDENTITY = [2049, 7, 4096, 5, 5, 9]
+DAMAGED = {
+    "empty": lambda good: b"",
+    "truncated": lambda good: good[: len(good) // 2],
+    "one byte short": lambda good: good[:-1],
+    "garbage": lambda good: bytes(range(256)) * 40,
+    "not utf-8": lambda good: good.replace(b"gpuflight", b"gpu\xfflight"),
+    "a list": lambda good: b"[1, 2, 3]",
+    "a string": lambda good: b'"verdicts"',
+    "deep nesting": lambda good: b"[" * 100_000 + b"]" * 100_000,
+    "null entries": lambda good: good.replace(b'"entries":[', b'"entries":null,"x":['),
+    "short entry": lambda good: _entries([[1, 2, 3]]),
+    "entry not a list": lambda good: _entries([{"dev": 1}]),
+    "negative number": lambda good: _entries([[2049, -7, 4096, 5, 5, 9]]),
+    "float": lambda good: _entries([[2049, 7.5, 4096, 5, 5, 9]]),
+    "bool as a number": lambda good: _entries([[2049, True, 4096, 5, 5, 9]]),
+    "huge number": lambda good: _entries([]).replace(b"[]", b"[[2049,7,4096,5,5,1e400]]"),
+    "unprobed name": lambda good: _entries([[*_IDENTITY, None, ["system"], [], None]]),
+    "name not a string": lambda good: _entries([[*_IDENTITY, None, [["cudaMalloc"]], [], None]]),
+    "driver name as runtime": lambda good: _entries(
+        [[*_IDENTITY, None, ["cuLaunchKernel"], [], None]]
+    ),
+    "loader not a bool": lambda good: _entries([[*_IDENTITY, 1, [], [], None]]),
+    "names not a list": lambda good: _entries([[*_IDENTITY, None, "cudaMalloc", [], None]]),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED.values(), ids=DAMAGED.keys())
+def test_a_damaged_file_is_ignored_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object
+) -> None:
+    good = _valid(tmp_path)
+    assert len(verdicts.VerdictStore.load(tmp_path / "valid", *_args())) == 2
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = cache / verdicts.FILE_NAME
+    assert callable(damage)
+    path.write_bytes(damage(good))
+    path.chmod(0o600)
+    with caplog.at_level(logging.DEBUG, logger="producer.verdicts"):
+        store = discover.open_verdict_store(cache)
+    assert len(store) == 0
+    ignored = [r for r in caplog.records if "ignored" in str(r.msg)]
+    assert len(ignored) == 1 and "\n" not in ignored[0].getMessage() and not ignored[0].exc_info
+    # The next save replaces it with a good one.
+    store.put(identity(3), NOTHING)
+    assert store.save_if_dirty()
+    assert discover.open_verdict_store(cache).get(identity(3)) == NOTHING
+
+
+def _args() -> tuple[str, verdicts.Vocabulary]:
+    return discover.verdict_fingerprint(), vocabulary()
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o666])
+def test_a_file_others_may_write_is_ignored(
+    node: Node, tmp_path: Path, mode: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    (cache / verdicts.FILE_NAME).chmod(mode)
+    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+        assert len(discover.open_verdict_store(cache)) == 0
+    assert "writable by others" in caplog.text
+
+
+def test_a_file_someone_else_owns_is_ignored(
+    node: Node, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    require(None if os.geteuid() == 0 else "needs root to give a file away (chown)")
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    os.chown(cache / verdicts.FILE_NAME, 65534, 65534)
+    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+        assert len(discover.open_verdict_store(cache)) == 0
+    assert "owned by uid 65534" in caplog.text
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777])
+def test_a_folder_others_may_write_to_is_not_trusted(
+    node: Node, tmp_path: Path, mode: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    cache.chmod(mode)  # anyone could have swapped the file (say, for an old one of ours)
+    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+        assert len(discover.open_verdict_store(cache)) == 0
+    assert "in a folder others may write to" in caplog.text
+    cache.chmod(mode | stat.S_ISVTX)  # sticky, as /tmp: only the file's owner may replace it
+    assert len(discover.open_verdict_store(cache)) == 3
+
+
+def test_a_folder_someone_else_owns_is_not_trusted(
+    node: Node, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    require(None if os.geteuid() == 0 else "needs root to give a folder away (chown)")
+    # Root trusts no one else's folder; a user trusts its own and root's.
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    os.chown(cache, 65534, 65534)
+    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+        assert len(discover.open_verdict_store(cache)) == 0
+    assert "in a folder owned by uid 65534" in caplog.text
+
+
+def test_a_symbolic_link_is_not_followed(node: Node, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    learn(node, cache)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.replace(cache / verdicts.FILE_NAME, elsewhere / verdicts.FILE_NAME)
+    (cache / verdicts.FILE_NAME).symlink_to(elsewhere / verdicts.FILE_NAME)
+    assert len(discover.open_verdict_store(elsewhere)) == 3  # the file itself is good
+    assert len(discover.open_verdict_store(cache)) == 0
+
+
+# --- bounds and writes --------------------------------------------------------------------------
+
+
+def test_the_oldest_used_entries_go_first(tmp_path: Path) -> None:
+    clock = Clock()
+    cache = tmp_path / "cache"
+    store = verdicts.VerdictStore.load(cache, *_args(), max_entries=3, clock=clock)
+    for n in range(3):
+        clock.now += 1
+        store.put(identity(n), NOTHING)
+    clock.now += 1
+    assert store.get(identity(0)) == NOTHING  # used: now the newest
+    clock.now += 1
+    store.put(identity(3), NOTHING)
+    assert store.save_if_dirty()
+    document = orjson.loads((cache / verdicts.FILE_NAME).read_bytes())
+    assert len(document["entries"]) == 3
+    kept = verdicts.VerdictStore.load(cache, *_args(), max_entries=3, clock=clock)
+    assert [kept.get(identity(n)) is not None for n in range(4)] == [True, False, True, True]
+
+
+def test_memory_stays_bounded_between_saves(tmp_path: Path) -> None:
+    store = verdicts.VerdictStore.load(tmp_path / "cache", *_args(), max_entries=100)
+    for n in range(1000):
+        store.put(identity(n), NOTHING)
+        assert len(store) <= 125
+    assert store.get(identity(999)) == NOTHING
+
+
+def test_a_smaller_bound_applies_to_a_file_written_with_a_bigger_one(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    store = verdicts.VerdictStore.load(cache, *_args())
+    for n in range(50):
+        store.put(identity(n), NOTHING)
+    assert store.save_if_dirty()
+    assert len(verdicts.VerdictStore.load(cache, *_args(), max_entries=10)) == 10
+
+
+def test_a_save_is_atomic_private_and_leaves_no_temporary_file(node: Node, tmp_path: Path) -> None:
+    cache = tmp_path / "new" / "cache"
+    learn(node, cache)
+    assert os.listdir(cache) == [verdicts.FILE_NAME]
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert stat.S_IMODE((cache / verdicts.FILE_NAME).stat().st_mode) == 0o600
+
+
+def test_a_failed_save_leaves_no_temporary_file_and_raises_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    store = verdicts.VerdictStore.load(cache, *_args())
+    store.put(identity(1), NOTHING)
+
+    def full(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+        assert not store.save_if_dirty()
+    assert "No space left on device" in caplog.text
+    assert os.listdir(cache) == []
+
+
+def test_a_folder_that_cannot_be_made_costs_only_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    store = verdicts.VerdictStore.load(tmp_path / "a-file" / "cache", *_args())
+    store.put(identity(1), NOTHING)
+    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+        assert not store.save_if_dirty()
+    assert "not saved" in caplog.text
+
+
+def test_periodic_saves_wait_for_their_interval(tmp_path: Path) -> None:
+    clock = Clock()
+    cache = tmp_path / "cache"
+    store = verdicts.VerdictStore.load(cache, *_args(), clock=clock)
+    store.put(identity(1), NOTHING)
+    assert not store.save_if_dirty(min_interval_s=300)
+    assert not (cache / verdicts.FILE_NAME).exists()
+    clock.now += 300
+    assert store.save_if_dirty(min_interval_s=300)
+    assert not store.save_if_dirty(min_interval_s=0)  # nothing new since
+    store.put(identity(1), NOTHING)  # known already: nothing new either
+    assert not store.dirty
+
+
+def test_a_store_that_is_off_never_touches_disk(
+    node: Node, monkeypatch: pytest.MonkeyPatch, reads: list[str]
+) -> None:
+    def untouchable(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the disk was touched")
+
+    monkeypatch.setattr(verdicts, "_read_trusted", untouchable)
+    monkeypatch.setattr(verdicts.VerdictStore, "_write", untouchable)
+    monkeypatch.setattr(tempfile, "mkstemp", untouchable)
+    store = discover.open_verdict_store(None)
+    assert not store.enabled
+    first = node.scan(Classifier(store=store))
+    assert len(first) == 2 and len(store) == 0
+    assert not store.save_if_dirty()
+    elfsyms.clear_cache()
+    reads.clear()
+    node.scan(Classifier(store=discover.open_verdict_store(None)))
+    assert {Path(p).name for p in reads} >= {"libc.so.6", "libcudart.so"}  # read again
+
+
+# --- where ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "euid", "expected"),
+    [
+        ({"HOME": "/home/ada"}, 0, Path("/var/cache/gpuflight")),
+        ({"HOME": "/home/ada"}, 1000, Path("/home/ada/.cache/gpuflight")),
+        ({"HOME": "/home/ada", "XDG_CACHE_HOME": "/xdg"}, 1000, Path("/xdg/gpuflight")),
+        (
+            {"HOME": "/home/ada", "XDG_CACHE_HOME": "relative"},
+            1000,
+            Path("/home/ada/.cache/gpuflight"),
+        ),
+        ({"GPUFLIGHT_CACHE_DIR": "/srv/gf"}, 0, Path("/srv/gf")),
+        ({"GPUFLIGHT_CACHE_DIR": "/srv/gf"}, 1000, Path("/srv/gf")),
+        ({"GPUFLIGHT_CACHE_DIR": ""}, 0, None),
+        ({"GPUFLIGHT_CACHE_DIR": "off"}, 1000, None),
+        ({"GPUFLIGHT_CACHE_DIR": "OFF"}, 0, None),
+    ],
+)
+def test_where_the_cache_lives(environ: dict[str, str], euid: int, expected: Path | None) -> None:
+    assert default_cache_dir(environ, euid) == expected
+
+
+def test_settings_read_the_cache_folder_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GPUFLIGHT_CACHE_DIR", str(tmp_path))
+    assert CaptureSettings().verdict_cache_dir == tmp_path
+    monkeypatch.setenv("GPUFLIGHT_CACHE_DIR", "off")
+    assert CaptureSettings().verdict_cache_dir is None
