@@ -43,6 +43,10 @@ HTTP_SETTLE_NS = 100_000_000
 BATCH_EVENTS = 65536
 
 
+#: How often a long capture (the node agent) writes what it learned of new library files.
+VERDICTS_SAVE_INTERVAL_S = 60.0
+
+
 @dataclass
 class CaptureStats:
     events: int = 0
@@ -75,7 +79,9 @@ class Capture:
         self.process_observers: list[Callable[[int], None]] = []
         self._observed: set[int] = set()
         self.enricher = enricher or Enricher()
-        self._classifier = discover.Classifier()
+        #: What each library file defines, kept across runs (settings.verdict_cache_dir).
+        self.verdicts = discover.open_verdict_store(settings.verdict_cache_dir)
+        self._classifier = discover.Classifier(store=self.verdicts)
         self._scanned: set[int] = set()
         #: pid → the text ranges of probed CUDA files registered for it (probes.set_text_ranges).
         self._text: dict[int, frozenset[tuple[int, int]]] = {}
@@ -214,6 +220,7 @@ class Capture:
                 self.requests.forget_pid(gone)
         todo = (live - self._scanned) | (live - self._loader_covered)
         self.scan(todo)
+        self.verdicts.save_if_dirty(min_interval_s=VERDICTS_SAVE_INTERVAL_S)
 
     # -- the loop ----------------------------------------------------------
 
@@ -347,6 +354,7 @@ class Capture:
             if note.held:
                 self._release(note.pid, note.ts_ns)
         self.finish()
+        self.verdicts.save_if_dirty()  # never raises: a failed save is one log line
         drops = self.probes.drops()
         if self.http_probes is not None:
             self._close_http(self.http_probes)

@@ -226,3 +226,32 @@ def test_producer_pid_filter(bindir: Path, tmp_path: Path) -> None:
     finally:
         running.kill()
     assert Counter(e["pid"] for e in events) == {wanted.pid: len(expected.capture_events(1, 3))}
+
+
+def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trace` saves what it learned of each library file (producer/verdicts.py) when it
+    closes; the next one classifies the same files from that alone, and captures as exactly."""
+    from producer import elfsyms
+    from producer import trace as tracing
+
+    binary = build.build_capture(bindir, "stub")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GPUFLIGHT_CACHE_DIR", str(cache))
+    want = expected.capture_events(1, 5)
+    first = tmp_path / "first.jsonl"
+    assert tracing.run([str(binary), "--iters", "5"], output=first,
+                       print_summary=False).exit_code == 0
+    assert_exact(want, read_events(first))
+    assert (cache / "verdicts.json").is_file()
+
+    def unread(path: str, wanted: frozenset[str]) -> frozenset[str]:
+        raise AssertionError(f"{path} was read for its symbols again")
+
+    monkeypatch.setattr(elfsyms, "defined_functions", unread)
+    monkeypatch.setattr(elfsyms, "referenced_functions", unread)
+    second = tmp_path / "second.jsonl"
+    assert tracing.run([str(binary), "--iters", "5"], output=second,
+                       print_summary=False).exit_code == 0
+    assert_exact(want, read_events(second))
