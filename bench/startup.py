@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import struct
 import subprocess
@@ -85,9 +86,17 @@ def command(script: str, python: Path) -> list[str]:
     return [str(python), str(ROOT / "tests" / "frameworks" / "compile_mlp.py"), "max-autotune"]
 
 
-def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path) -> float:
+#: What trace's summary says of the command: its own wall time (exec to exit), and its holds.
+_COMMAND_TIME = re.compile(r"\(([0-9.]+) s, \d+ process\(es\)")
+_HOLDS = re.compile(r"held while probing: (\d+) time\(s\), ([0-9.]+) s in all, longest (\d+) ms")
+#: Per traced run: (the command's own seconds, holds, seconds held, longest hold in ms).
+TRACED_DETAILS: dict[str, list[tuple[float, int, float, int]]] = {}
+
+
+def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path,
+          variant: str = "") -> float:
     """Wall seconds of `argv`, alone or under `gpuflight trace` (its verdict cache: env's
-    GPUFLIGHT_CACHE_DIR)."""
+    GPUFLIGHT_CACHE_DIR); a traced run's own figures go to TRACED_DETAILS[variant]."""
     run_env = dict(env)
     cache = Path(tempfile.mkdtemp(dir=tmp))
     run_env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
@@ -105,6 +114,15 @@ def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path) -> floa
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"{' '.join(argv[:6])}… failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    if traced and variant:
+        own = _COMMAND_TIME.search(proc.stderr)
+        holds = _HOLDS.search(proc.stderr)
+        TRACED_DETAILS.setdefault(variant, []).append((
+            float(own.group(1)) if own else float("nan"),
+            int(holds.group(1)) if holds else 0,
+            float(holds.group(2)) if holds else 0.0,
+            int(holds.group(3)) if holds else 0,
+        ))
     return elapsed
 
 
@@ -132,7 +150,7 @@ def wall_times(
         variants = list(envs)
         for i in range(rounds):
             for variant in variants[i % len(variants):] + variants[:i % len(variants)]:
-                t = timed(argv, envs[variant], variant != "alone", tmp)
+                t = timed(argv, envs[variant], variant != "alone", tmp, f"{script}, {variant}")
                 times[variant].append(t)
                 print(f"  {script} {variant:<20} {t:7.2f} s", file=sys.stderr)
         results[script] = times
@@ -430,6 +448,22 @@ def main() -> None:
         cells = [f"{statistics.median(w[v]):.2f} s ({runs(w[v])})" for v in variants]
         ratios = [f"{statistics.median(w[v]) / alone:.1f}x" for v in traced]
         print(f"| {script} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+    print("\nUnder trace, the command itself (exec to exit, as trace's summary gives it; the "
+          "rest of the wall time is gpuflight's own start and exit) and how it was held "
+          "(median of the runs; the longest hold is the longest of any run):\n")
+    print("| program | variant | command | / alone | holds | held in all | longest hold |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for script, w in walls.items():
+        alone = statistics.median(w["alone"])
+        for v in traced:
+            details = TRACED_DETAILS.get(f"{script}, {v}", [])
+            if not details:
+                continue
+            own = statistics.median(d[0] for d in details)
+            print(f"| {script} | {v} | {own:.2f} s | {own / alone:.2f}x | "
+                  f"{statistics.median(d[1] for d in details):.0f} | "
+                  f"{statistics.median(d[2] for d in details):.2f} s | "
+                  f"{max(d[3] for d in details)} ms |")
 
 
 if __name__ == "__main__":
