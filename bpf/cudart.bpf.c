@@ -19,6 +19,7 @@
  *                     it mapped
  *   GF_WATCH_EXEC     1: exec is reported like a link-map change (needs tracefs)
  *   GF_HOLD_ON_LISTEN 1: a listen(2) in scope is reported, and held (needs tracefs)
+ *   GF_ATTACH_COOKIE  1: the kernel has bpf_get_attach_cookie (5.15)
  *   GF_NAMES_PAGES    size of the `names` ring buffer in pages (power of two)
  */
 #include <uapi/linux/ptrace.h>
@@ -38,6 +39,12 @@
 #endif
 #ifndef GF_WATCH_EXEC
 #define GF_WATCH_EXEC 0
+#endif
+#ifndef GF_HOLD_ON_LISTEN
+#define GF_HOLD_ON_LISTEN 0
+#endif
+#ifndef GF_ATTACH_COOKIE
+#define GF_ATTACH_COOKIE 0
 #endif
 
 #ifndef GF_NAMES_PAGES
@@ -812,6 +819,7 @@ static __always_inline int gf_loader_notify(u16 reason)
 #define GF_RT_CONSISTENT 0
 int on_loader_change(struct pt_regs *ctx)
 {
+#if GF_ATTACH_COOKIE /* bpf_get_attach_cookie: Linux 5.15 */
 	s64 to_state = (s64)bpf_get_attach_cookie(ctx);
 	if (to_state) {
 		s32 state = GF_RT_CONSISTENT;
@@ -820,6 +828,7 @@ int on_loader_change(struct pt_regs *ctx)
 		    state != GF_RT_CONSISTENT)
 			return 0;
 	}
+#endif
 	return gf_loader_notify(GF_LOADER_MAPPED);
 }
 

@@ -46,6 +46,17 @@ def default_cache_dir(
     return Path(home) / ".cache" / "gpuflight"
 
 
+def kernel_at_least(major: int, minor: int, release: str | None = None) -> bool:
+    """Whether the running kernel (or `release`, uname -r) is `major`.`minor` or later; a
+    release that does not parse is taken as older."""
+    parts = (release or os.uname().release).split(".")
+    try:
+        have = (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or "0"))
+    except (IndexError, ValueError):
+        return False
+    return have >= (major, minor)
+
+
 @dataclass(frozen=True)
 class CaptureSettings:
     """How capture runs; every field has a named default."""
@@ -103,4 +114,5 @@ class CaptureSettings:
             f"-DGF_HOLD_ON_LOAD={int(self.hold_on_load)}",
             f"-DGF_WATCH_EXEC={int(self.watch_exec)}",
             f"-DGF_HOLD_ON_LISTEN={int(self.http_on_listen)}",
+            f"-DGF_ATTACH_COOKIE={int(kernel_at_least(5, 15))}",
         ]

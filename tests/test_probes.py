@@ -236,3 +236,15 @@ def test_offsets_are_file_offsets(tmp_path: Any) -> None:
     offset = elfsyms.vaddr_to_file_offset(str(lib), address)
     assert offset is not None and elfsyms.file_offset_to_vaddr(str(lib), offset) == address
     assert elfsyms.vaddr_to_file_offset(str(lib), 1 << 40) is None
+
+
+def test_kernel_releases_are_compared_by_number() -> None:
+    """What decides bpf_get_attach_cookie (5.15) in the program: numbers, not strings."""
+    from producer.settings import kernel_at_least
+
+    assert kernel_at_least(5, 15, "6.18.44-fc-v1252-gpu")
+    assert kernel_at_least(5, 15, "5.15.0-91-generic")
+    assert kernel_at_least(6, 6, "6.10.2")
+    assert not kernel_at_least(5, 15, "5.10.0-28-amd64")
+    assert not kernel_at_least(6, 6, "6.1.0-18-amd64")
+    assert not kernel_at_least(5, 15, "garbage")
