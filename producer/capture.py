@@ -313,6 +313,14 @@ class Capture:
     def drops(self) -> DropCounts:
         return self.probes.drops()
 
+    def http_drops(self) -> tuple[int, int]:
+        """(HTTP records lost in the kernel, connections not followed): 0s without the
+        HTTP capture."""
+        if self.http_probes is None:
+            return 0, 0
+        lost = self.http_probes.drops()
+        return lost[hr.DROP_RING], lost[hr.DROP_CONNS]
+
     def _close_http(self, http: HttpProbes) -> None:
         try:
             lost = http.drops()

@@ -36,6 +36,7 @@ NVML_INTERVAL_S = 1.0
 
 def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float) -> wire.MetricsRecord:
     drops = capture.drops()
+    http_lost, http_untracked = capture.http_drops()
     return wire.MetricsRecord(
         host=kafka.host if kafka else socket.gethostname(),
         ts_ns=time.time_ns(),
@@ -52,6 +53,9 @@ def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float) ->
         driver_libraries_attached=capture.probes.driver_files(),
         dropped_names=drops.names,
         forwarded_driver_calls=drops.forwarded,
+        requests=capture.stats.requests,
+        http_records_lost=http_lost,
+        http_connections_untracked=http_untracked,
     )
 
 
@@ -162,6 +166,7 @@ def _status(status: StatusFile | None, capture: Capture, state: str, force: bool
         skipped=capture.probes.failed,
         captured=capture.stats.events,
         dropped_kernel=capture.drops().events if dropped is None else dropped,
+        requests=capture.stats.requests,
         outputs=[(s.name, s.failure, s.lost) for s in capture.sinks],
         force=force,
     )

@@ -81,6 +81,7 @@ class StatusFile:
         dropped_kernel: int,
         outputs: list[tuple[str, str | None, int]],
         force: bool = False,
+        requests: int = 0,
     ) -> None:
         """Write the status now when forced, when the probed files changed, or when due."""
         libraries = tuple(sorted((a.library.path, a.library.kind, a.probes,
@@ -104,6 +105,7 @@ class StatusFile:
                         for key, s in sorted(skipped.items(), key=lambda kv: str(kv[0]))],
             "captured": captured,
             "dropped_kernel": dropped_kernel,
+            "requests": requests,
             "outputs": [{"name": n, "failure": f, "lost": lost} for n, f, lost in outputs],
         }
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")

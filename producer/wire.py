@@ -559,6 +559,11 @@ class MetricsRecord:
     dropped_names: Count = 0
     #: Not lost: driver calls left out because a probed runtime made them (recorded once).
     forwarded_driver_calls: Count = 0
+    #: HTTP requests answered (with the HTTP capture on); HTTP records lost in the kernel
+    #: (ring full) and accepted connections not followed (table full): requests incomplete.
+    requests: Count = 0
+    http_records_lost: Count = 0
+    http_connections_untracked: Count = 0
 
 
 @dataclass(frozen=True)

@@ -535,6 +535,8 @@ def pipeline_point(record: MetricsRecord) -> Point:
         Fields.DROPPED_KERNEL: record.dropped_kernel,
         Fields.DROPPED_USER: record.dropped_user,
         Fields.QUEUE_MESSAGES: record.queue_messages,
+        Fields.REQUESTS: record.requests,
+        Fields.HTTP_RECORDS_LOST: record.http_records_lost,
     }, record.ts_ns)
 
 

@@ -140,6 +140,7 @@ class Fields:
     LAG_MESSAGES: Final = "lag_messages"
     JOBS: Final = "jobs"
     REQUESTS: Final = "requests"
+    HTTP_RECORDS_LOST: Final = "http_records_lost"
     SERVER_ERRORS: Final = "server_errors"
     LATENCY_P50_NS: Final = "latency_p50_ns"
     LATENCY_P99_NS: Final = "latency_p99_ns"
@@ -376,6 +377,8 @@ PIPELINE: Final = Measurement(
         _int(Fields.DROPPED_KERNEL),
         _int(Fields.DROPPED_USER),
         _int(Fields.QUEUE_MESSAGES),
+        _int(Fields.REQUESTS),
+        _int(Fields.HTTP_RECORDS_LOST),
     ),
 )
 

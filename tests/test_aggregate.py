@@ -548,14 +548,15 @@ def metrics_record(kernel: dict[int, int], user: dict[int, int]) -> wire.Metrics
         host="node1", ts_ns=9, uptime_s=3.5, captured=10, produced=9, published=8,
         dropped_kernel=sum(kernel.values()), dropped_kernel_by_pid=kernel,
         dropped_user=sum(user.values()), dropped_user_by_pid=user, queue_messages=2,
-        libraries_attached=1)
+        libraries_attached=1, requests=6, http_records_lost=1)
 
 
 def test_pipeline_point() -> None:
     point = pipeline_point(metrics_record({}, {4: 1}))
     assert m.problems(point) == []
     assert point.fields == {"captured": 10, "produced": 9, "published": 8, "dropped_kernel": 0,
-                            "dropped_user": 1, "queue_messages": 2}
+                            "dropped_user": 1, "queue_messages": 2, "requests": 6,
+                            "http_records_lost": 1}
     assert set(point.fields) == set(m.PIPELINE.field_names)
     assert (point.tags, point.time_ns) == ({"host": "node1"}, 9)
 

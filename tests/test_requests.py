@@ -323,6 +323,7 @@ def test_producer_publishes_requests_and_replay_carries_them(tmp_path: Path) -> 
             server.stdin.close()
             assert server.wait(timeout=300) == 0
             recorded = node.stop()
+            assert node.status()["requests"] >= 120  # the server's, and any other's
         finally:
             node.kill()
         out = tmp_path / "replay.jsonl"

@@ -36,7 +36,8 @@ METRICS_V1 = (
     b'"uptime_s":12.346,"captured":1000000,"produced":999930,"published":999900,'
     b'"dropped_kernel":70,"dropped_kernel_by_pid":{"4242":50,"4343":20},"dropped_user":5,'
     b'"dropped_user_by_pid":{"4242":5},"queue_messages":3,"libraries_attached":2,'
-    b'"driver_libraries_attached":1,"dropped_names":3,"forwarded_driver_calls":12}'
+    b'"driver_libraries_attached":1,"dropped_names":3,"forwarded_driver_calls":12,'
+    b'"requests":120,"http_records_lost":2,"http_connections_untracked":1}'
 )
 NVML_V1 = (
     b'{"schema":"gpuflight.nvml","v":1,"host":"gpu-node-1","ts_ns":1796000000123456789,'
@@ -63,7 +64,7 @@ METRICS = wire.MetricsRecord(
     produced=999_930, published=999_900, dropped_kernel=70,
     dropped_kernel_by_pid={4242: 50, 4343: 20}, dropped_user=5, dropped_user_by_pid={4242: 5},
     queue_messages=3, libraries_attached=2, driver_libraries_attached=1, dropped_names=3,
-    forwarded_driver_calls=12,
+    forwarded_driver_calls=12, requests=120, http_records_lost=2, http_connections_untracked=1,
 )
 H100 = wire.GpuSample(
     gpu=0, uuid="GPU-5e5c1f4a-0000-1111-2222-333344445555", name="NVIDIA H100 80GB HBM3",
@@ -109,7 +110,8 @@ def test_the_producer_builds_the_same_messages(tmp_path: Path) -> None:
 
     drops = types.SimpleNamespace(events=70, by_pid={4242: 50, 4343: 20}, names=3, forwarded=12)
     capture: Any = types.SimpleNamespace(
-        drops=lambda: drops, stats=types.SimpleNamespace(events=1_000_000),
+        drops=lambda: drops, stats=types.SimpleNamespace(events=1_000_000, requests=120),
+        http_drops=lambda: (2, 1),
         probes=types.SimpleNamespace(runtime_files=lambda: 2, driver_files=lambda: 1))
     sink: Any = types.SimpleNamespace(
         host="gpu-node-1", produced_events=999_930, delivered_events=999_900, dropped_events=5,
@@ -134,11 +136,12 @@ def test_unknown_fields_are_ignored_at_every_level() -> None:
 
 def test_fields_added_within_v1_are_optional() -> None:
     metrics = orjson.loads(METRICS_V1)
-    for later in ("driver_libraries_attached", "dropped_names", "forwarded_driver_calls"):
-        del metrics[later]
+    later = ("driver_libraries_attached", "dropped_names", "forwarded_driver_calls",
+             "requests", "http_records_lost", "http_connections_untracked")
+    for name in later:
+        del metrics[name]
     old = wire.decode_metrics(orjson.dumps(metrics))
-    assert old == dataclasses.replace(METRICS, driver_libraries_attached=0, dropped_names=0,
-                                      forwarded_driver_calls=0)
+    assert old == dataclasses.replace(METRICS, **dict.fromkeys(later, 0))
 
 
 def test_fields_of_the_first_v1_are_required_even_when_null() -> None:
