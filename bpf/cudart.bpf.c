@@ -800,7 +800,25 @@ static __always_inline int gf_loader_notify(void)
 	return 0;
 }
 
-int on_loader_change(struct pt_regs *ctx) { return gf_loader_notify(); }
+/* ld.so calls _dl_debug_state() twice per dlopen that maps something: with r_state RT_ADD
+ * before it maps anything (nothing to attach to yet: not a notification, not a hold), then
+ * RT_CONSISTENT once every object is mapped, before any of their code runs. The attach
+ * cookie is the distance from _dl_debug_state to its loader's _r_debug.r_state (the same
+ * load bias); 0 where user space could not tell, or attached without cookies: every call
+ * notifies then. */
+#define GF_RT_CONSISTENT 0
+int on_loader_change(struct pt_regs *ctx)
+{
+	s64 to_state = (s64)bpf_get_attach_cookie(ctx);
+	if (to_state) {
+		s32 state = GF_RT_CONSISTENT;
+		if (bpf_probe_read_user(&state, sizeof(state),
+					(void *)(PT_REGS_IP(ctx) + to_state)) == 0 &&
+		    state != GF_RT_CONSISTENT)
+			return 0;
+	}
+	return gf_loader_notify();
+}
 
 #if GF_WATCH_EXEC
 /* A new image: its own loader (a container's, say) or a static runtime in the

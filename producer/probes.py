@@ -1,9 +1,10 @@
 """Load the BPF program, attach it to library files, and read what it reports.
 
 The only module that imports bcc. bcc compiles and loads the program and reads its maps; the
-uprobes are attached here, through the kernel's uprobe PMU and a BPF link each (UprobeLinks:
-why not bcc's attach_uprobe is told there). Attachment is once per library file (inode): a
-uprobe on a file covers every process that maps it, now or later.
+uprobes are attached here, a BPF uprobe_multi link each (UprobeLinks: why not bcc's
+attach_uprobe, and why not the uprobe PMU where the kernel has those links, is told there).
+Attachment is once per library file (inode): a uprobe on a file covers every process that
+maps it, now or later.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ from producer.settings import CaptureSettings
 log = logging.getLogger(__name__)
 
 LOADER_SYMBOL = "_dl_debug_state"
+#: The loader's struct r_debug (<link.h>), and where in it r_state lies (x86-64).
+R_DEBUG_SYMBOL = "_r_debug"
+R_STATE_OFFSET = 24
 #: Process name of the detached helper that releases probes after a capture.
 RELEASER_NAME = "gpuflight-rel"
 
@@ -198,8 +202,10 @@ class Probes:
         log.warning("skipping %s: %s", library.path, skipped.reason)
 
     def _program(self, name: str) -> int:
-        """The fd of the loaded BPF program `name` (bcc loads each once)."""
-        return int(self._bpf.load_func(name.encode(), self._program_type).fd)
+        """The fd of the loaded BPF program `name` (bcc loads each once), loaded for the
+        way UprobeLinks attaches it."""
+        return int(self._bpf.load_func(name.encode(), self._program_type,
+                                       attach_type=self._uprobes.attach_type).fd)
 
     def _attach_function(
         self, library: LibraryFile, name: str, offset: int, fds: list[int]
@@ -259,11 +265,15 @@ class Probes:
         address = elfsyms.symbol_address(library.host_path, LOADER_SYMBOL)
         offset = None if address is None else elfsyms.vaddr_to_file_offset(
             library.host_path, address)
-        if offset is None:
+        if address is None or offset is None:
             raise AttachError(f"defines no {LOADER_SYMBOL} to probe")
+        # The program reads the loader's r_state through this (bpf/cudart.bpf.c).
+        r_debug = elfsyms.symbol_address(library.host_path, R_DEBUG_SYMBOL)
+        to_state = 0 if r_debug is None else r_debug + R_STATE_OFFSET - address
         try:
             fds.append(self._uprobes.attach(self._program("on_loader_change"),
-                                            library.host_path, offset, retprobe=False))
+                                            library.host_path, offset, retprobe=False,
+                                            cookie=to_state & (2**64 - 1)))
         except OSError as exc:
             raise AttachError(f"cannot attach to {LOADER_SYMBOL}: {_reason(exc)}",
                               exc.errno) from exc
@@ -403,21 +413,32 @@ class Probes:
         self._bpf.cleanup()
 
 
-# ---- uprobes: the kernel's uprobe PMU and one BPF link each ---------------------------------
+# ---- uprobes: one BPF link each --------------------------------------------------------------
 #
 # Not bcc's attach_uprobe: Debian's python3-bpfcc 0.26 declares libbcc's 7-argument
 # bpf_attach_uprobe with 6 arguments, so the 7th, ref_ctr_offset, is whatever the stack holds;
 # the kernel registers the uprobe with it, and then refuses any other tracer's uprobe on the
 # same function (its ref_ctr_offset is 0: "ref_ctr_offset mismatch" in dmesg), or ours when the
 # other came first. bcc also falls back to tracefs events, whose removal fails with EBUSY while
-# a copy of the fd is open, and stops at 1000 open probes per process. So, as libbpf does:
-# perf_event_open(2) on the uprobe PMU with ref_ctr_offset 0, then a BPF link to the program.
-# One fd per probe; closing it detaches.
+# a copy of the fd is open, and stops at 1000 open probes per process.
+#
+# So, as libbpf does: where the kernel has them (Linux 6.6+), a BPF uprobe_multi link per probe
+# (one offset each: each function has a program of its own), ref_ctr_offset 0. Not the uprobe
+# PMU: a perf-event uprobe on a file a big process maps (PyTorch's) takes the kernel 17-32 ms
+# to register and ~100 ms to release, a uprobe_multi link 0.1-0.3 ms and ~50 ms (bench/
+# RESULTS.md, "Start-up"): for the ~320 probes of a PyTorch process, ~7 s of being held at its
+# dlopens against ~0.1 s. Older kernels: perf_event_open(2) on the uprobe PMU, then a BPF link
+# (5.15+) or PERF_EVENT_IOC_SET_BPF. One fd per probe; closing it detaches.
 
 _NR_PERF_EVENT_OPEN = 298  # x86-64, the one machine the probes support (environment.py)
 _NR_BPF = 321
+_BPF_PROG_LOAD = 5
 _BPF_LINK_CREATE = 28
 _BPF_PERF_EVENT = 41
+#: enum bpf_attach_type: a program loaded for it attaches only through uprobe_multi links.
+BPF_TRACE_UPROBE_MULTI = 48
+_BPF_F_UPROBE_MULTI_RETURN = 1
+_BPF_PROG_TYPE_KPROBE = 2
 _PERF_FLAG_FD_CLOEXEC = 1 << 3
 _PERF_EVENT_IOC_ENABLE = 0x2400
 _PERF_EVENT_IOC_SET_BPF = 0x40042408
@@ -436,7 +457,11 @@ FILE_ERRNOS = frozenset({
 class Uprobes(Protocol):
     """How Probes attaches a program to one uprobe and detaches it (the seam tests fake)."""
 
-    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool) -> int: ...
+    #: The expected attach type the programs must be loaded with (-1: none).
+    attach_type: int
+
+    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool,
+               cookie: int = 0) -> int: ...
     def detach(self, fd: int) -> None: ...
 
 
@@ -470,35 +495,124 @@ class _LinkCreate(ctypes.Structure):
     ]
 
 
+class _UprobeMultiLink(ctypes.Structure):
+    """union bpf_attr as BPF_LINK_CREATE reads it for a uprobe_multi link."""
+
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("target_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("path", ctypes.c_uint64),
+        ("offsets", ctypes.c_uint64),
+        ("ref_ctr_offsets", ctypes.c_uint64),  # NULL: no USDT semaphores
+        ("cookies", ctypes.c_uint64),
+        ("cnt", ctypes.c_uint32),
+        ("multi_flags", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),  # 0: every process that maps the file
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class _ProgLoad(ctypes.Structure):
+    """union bpf_attr as BPF_PROG_LOAD reads it, as far as expected_attach_type."""
+
+    _fields_ = [
+        ("prog_type", ctypes.c_uint32),
+        ("insn_cnt", ctypes.c_uint32),
+        ("insns", ctypes.c_uint64),
+        ("license", ctypes.c_uint64),
+        ("log_level", ctypes.c_uint32),
+        ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_uint64),
+        ("kern_version", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32),
+        ("prog_name", ctypes.c_char * 16),
+        ("prog_ifindex", ctypes.c_uint32),
+        ("expected_attach_type", ctypes.c_uint32),
+    ]
+
+
 class UprobeLinks:
     """Attaches BPF programs to uprobes; the seam tests replace to make one fail."""
 
-    def __init__(self, pmu: Path = UPROBE_PMU) -> None:
+    def __init__(self, pmu: Path = UPROBE_PMU, multi: bool | None = None) -> None:
+        """`multi`: whether to use uprobe_multi links (None: where the kernel has them)."""
+        self._syscall = ctypes.CDLL(None, use_errno=True).syscall
+        self._syscall.restype = ctypes.c_long
+        self._links = True  # BPF links for perf events, until the kernel says it has none
+        self.multi = self._has_uprobe_multi() if multi is None else multi
+        self.attach_type = BPF_TRACE_UPROBE_MULTI if self.multi else -1
+        self._type = self._retprobe = 0
+        if self.multi:
+            return
         try:
             self._type = int((pmu / "type").read_text())
             retprobe = (pmu / "format" / "retprobe").read_text().strip()  # "config:0"
             self._retprobe = 1 << int(retprobe.removeprefix("config:"))
         except (OSError, ValueError) as exc:
-            raise SetupError(f"this kernel has no uprobe PMU ({pmu}): gpuflight needs "
-                             "Linux 4.17 or later with CONFIG_UPROBE_EVENTS") from exc
-        self._syscall = ctypes.CDLL(None, use_errno=True).syscall
-        self._syscall.restype = ctypes.c_long
-        self._links = True  # BPF links for perf events, until the kernel says it has none
+            raise SetupError(f"this kernel has no uprobe PMU ({pmu}) and no uprobe_multi "
+                             "links: gpuflight needs Linux 4.17 or later with "
+                             "CONFIG_UPROBE_EVENTS") from exc
 
-    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
-        """An fd holding a uprobe at `offset` of the file at `path` that runs `prog_fd`;
+    def _has_uprobe_multi(self) -> bool:
+        """Whether the kernel has uprobe_multi links (6.6+), probed as libbpf does: a
+        do-nothing program loaded for them, linked to "/", is refused with EBADF (not a
+        regular file) where they exist, with EINVAL before."""
+        insns = (ctypes.c_uint64 * 2)(0xB7, 0x95)  # r0 = 0; exit
+        license = ctypes.create_string_buffer(b"GPL")
+        load = _ProgLoad(prog_type=_BPF_PROG_TYPE_KPROBE, insn_cnt=2,
+                         insns=ctypes.addressof(insns), license=ctypes.addressof(license),
+                         expected_attach_type=BPF_TRACE_UPROBE_MULTI)
+        try:
+            prog = self._call(_NR_BPF, _BPF_PROG_LOAD, ctypes.byref(load), ctypes.sizeof(load))
+        except OSError as exc:
+            log.debug("no uprobe_multi programs (%s): uprobes through the perf PMU", exc)
+            return False
+        try:
+            root = ctypes.create_string_buffer(b"/")
+            offsets = (ctypes.c_uint64 * 1)(0)
+            link = _UprobeMultiLink(prog_fd=prog, attach_type=BPF_TRACE_UPROBE_MULTI,
+                                    path=ctypes.addressof(root),
+                                    offsets=ctypes.addressof(offsets), cnt=1)
+            try:
+                os.close(self._call(_NR_BPF, _BPF_LINK_CREATE, ctypes.byref(link),
+                                    ctypes.sizeof(link)))
+            except OSError as exc:
+                log.debug("uprobe_multi links: %s", exc)
+                return exc.errno == errno.EBADF
+            return True  # not expected ("/" is no file), but it linked
+        finally:
+            os.close(prog)
+
+    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool,
+               cookie: int = 0) -> int:
+        """An fd holding a uprobe at `offset` of the file at `path` that runs `prog_fd`
+        (which reads `cookie` with bpf_get_attach_cookie; 0 before Linux 5.15);
         OSError with the kernel's errno when it refuses. Each probe holds a file descriptor
         (~85 per runtime file): out of them, the soft limit is raised towards the hard one
         (only then, so that a traced command started before inherits the usual limit)."""
         try:
-            return self._attach(prog_fd, path, offset, retprobe)
+            return self._attach(prog_fd, path, offset, retprobe, cookie)
         except OSError as exc:
             if exc.errno != errno.EMFILE or not _raise_open_files_limit():
                 raise
-        return self._attach(prog_fd, path, offset, retprobe)
+        return self._attach(prog_fd, path, offset, retprobe, cookie)
 
-    def _attach(self, prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
+    def _attach(self, prog_fd: int, path: str, offset: int, retprobe: bool,
+                cookie: int) -> int:
         name = ctypes.create_string_buffer(os.fsencode(path))
+        if self.multi:
+            offsets = (ctypes.c_uint64 * 1)(offset)
+            cookies = (ctypes.c_uint64 * 1)(cookie)
+            multi = _UprobeMultiLink(
+                prog_fd=prog_fd, attach_type=BPF_TRACE_UPROBE_MULTI,
+                path=ctypes.addressof(name), offsets=ctypes.addressof(offsets),
+                cookies=ctypes.addressof(cookies), cnt=1,
+                multi_flags=_BPF_F_UPROBE_MULTI_RETURN if retprobe else 0,
+            )
+            return self._call(_NR_BPF, _BPF_LINK_CREATE, ctypes.byref(multi),
+                              ctypes.sizeof(multi))
         attr = _PerfEventAttr(
             type=self._type,
             size=ctypes.sizeof(_PerfEventAttr),
@@ -511,7 +625,8 @@ class UprobeLinks:
                            _PERF_FLAG_FD_CLOEXEC)
         try:
             if self._links:
-                link = _LinkCreate(prog_fd=prog_fd, target_fd=event, attach_type=_BPF_PERF_EVENT)
+                link = _LinkCreate(prog_fd=prog_fd, target_fd=event, attach_type=_BPF_PERF_EVENT,
+                                   bpf_cookie=cookie)
                 try:
                     fd = self._call(_NR_BPF, _BPF_LINK_CREATE, ctypes.byref(link),
                                     ctypes.sizeof(link))
@@ -578,6 +693,9 @@ def _raise_open_files_limit() -> bool:
 
 
 def _release_in_background(cleanup: Callable[[], None]) -> None:
+    """Run `cleanup` (which closes this process's probes, tracepoints and programs) cheaply:
+    a detached grandchild holds a copy of every fd meanwhile, so that what the kernel does to
+    release each one (a grace period per probe, ~50-100 ms) happens there, after we go on."""
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:
@@ -589,6 +707,7 @@ def _release_in_background(cleanup: Callable[[], None]) -> None:
                     comm.write(RELEASER_NAME)
                 os.close(write_end)
                 os.read(read_end, 1)
+                _close_all_at_once(keep=read_end)
         finally:
             os._exit(0)
     os.close(read_end)
@@ -597,6 +716,27 @@ def _release_in_background(cleanup: Callable[[], None]) -> None:
         cleanup()  # cheap now: the grandchild still holds each probe
     finally:
         os.close(write_end)
+
+
+def _close_all_at_once(keep: int) -> None:
+    """Close every fd of this process but stdio and `keep`, many at a time: each release of a
+    uprobe or tracepoint waits for its own grace period, and waits made together overlap
+    (60 uprobe links: 3.4 s one after another, 0.16 s 32 at a time). Exiting would close them
+    one after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    fds = [fd for fd in fds if fd > 2 and fd != keep]
+
+    def close(fd: int) -> None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        list(pool.map(close, fds))
 
 
 class HttpProbes:
@@ -691,6 +831,12 @@ class HttpProbes:
         return [sum(int(v) for v in table[table.Key(slot)])
                 for slot in range(self._records.SLOTS)]
 
-    def close(self) -> None:
+    def close(self, background: bool = True) -> None:
+        """Detach the tracepoints and free the program. Each tracepoint costs the kernel
+        ~0.1 s to release (25 of them: 2.5 s): with `background`, a detached grandchild
+        releases them (as for the probes) and we return at once."""
         atexit.unregister(self._bpf.cleanup)
-        self._bpf.cleanup()
+        if background:
+            _release_in_background(self._bpf.cleanup)
+        else:
+            self._bpf.cleanup()

@@ -5,6 +5,7 @@ kernel that refuses uprobes for lack of privilege."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -19,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from producer import elfsyms, trace
+from producer import discover, elfsyms, trace
 from producer.discover import LibraryFile
-from producer.probes import Probes
+from producer.probes import Probes, UprobeLinks
 from producer.settings import CaptureSettings
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import GPUFLIGHT, Producer, read_events, wait_for_probe_releases
@@ -54,11 +55,25 @@ def run_trace(cmd: list[str], out: Path, timeout_s: float = TIMEOUT_S
 # ---- the registration itself ---------------------------------------------------------------
 
 
+def _fdinfo(fd: int) -> dict[str, str]:
+    """/proc/self/fdinfo/FD as fields; a uprobe_multi link's table of offsets (a header line
+    "cookie offset ref_ctr_offset", one row per offset) as "cookie", "offset" and
+    "ref_ctr_offset" of its one row."""
+    lines = Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
+    info = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+    for header, row in itertools.pairwise(lines):
+        if header.split() == ["cookie", "offset", "ref_ctr_offset"]:
+            info.update(zip(header.split(), row.split(), strict=True))
+    return info
+
+
 def test_each_probe_is_a_link_with_no_reference_counter(bindir: Path) -> None:
-    """What the kernel holds for each probe (its fdinfo): a perf link at the function's file
-    offset with ref_ctr_offset 0, not the garbage python3-bpfcc 0.26 passes."""
+    """What the kernel holds for each probe (its fdinfo): a link at the function's file offset
+    with ref_ctr_offset 0, not the garbage python3-bpfcc 0.26 passes. A uprobe_multi link
+    where the kernel has them (6.6+: this machine's 6.18 does), a perf link before."""
     lib = build.build_lockfirst(bindir)
     probes = Probes(CaptureSettings())
+    multi = UprobeLinks().multi
     try:
         st = lib.stat()
         attached = probes.attach(LibraryFile((st.st_dev, st.st_ino), str(lib), str(lib),
@@ -68,20 +83,88 @@ def test_each_probe_is_a_link_with_no_reference_counter(bindir: Path) -> None:
         assert attached is not None and attached.probes == 7
         fds = probes._links[(st.st_dev, st.st_ino)]
         assert len(fds) == attached.probes
-        infos = [dict(line.split(":\t", 1) for line in
-                      Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines() if ":\t" in line)
-                 for fd in fds]
-        assert {i["link_type"] for i in infos} == {"perf"}
-        assert {i["event_type"] for i in infos} == {"uprobe", "uretprobe"}
-        assert {i["ref_ctr_offset"] for i in infos} == {"0x0"}
+        infos = [_fdinfo(fd) for fd in fds]
+        if multi:
+            assert {i["link_type"] for i in infos} == {"uprobe_multi", "uretprobe_multi"}
+            assert {i["uprobe_cnt"] for i in infos} == {"1"}
+            assert {i["path"] for i in infos} == {str(lib)}
+        else:
+            assert {i["link_type"] for i in infos} == {"perf"}
+            assert {i["event_type"] for i in infos} == {"uprobe", "uretprobe"}
+        assert {int(i["ref_ctr_offset"], 16) for i in infos} == {0}
         address = elfsyms.function_addresses(str(lib), frozenset({"cudaMemcpy"}))["cudaMemcpy"]
         memcpy = elfsyms.vaddr_to_file_offset(str(lib), address)
         assert memcpy is not None
         assert sum(int(i["offset"], 16) == memcpy for i in infos) == 2  # entry and return
-        assert all(int(Path(f"/proc/self/fdinfo/{fd}").read_text().split("flags:\t")[1]
-                       .split()[0], 8) & os.O_CLOEXEC for fd in fds)
+        assert all(int(i["flags"], 8) & os.O_CLOEXEC for i in infos)
     finally:
         probes.close()
+
+
+def test_the_uprobe_pmu_path_still_links_with_no_reference_counter(bindir: Path) -> None:
+    """Kernels before 6.6 have no uprobe_multi links: the perf PMU path, forced here, holds
+    the same probes as perf links (the programs loaded without an expected attach type)."""
+    lib = build.build_lockfirst(bindir)
+    probes = Probes(CaptureSettings())
+    probes._uprobes = UprobeLinks(multi=False)
+    try:
+        st = lib.stat()
+        attached = probes.attach(LibraryFile((st.st_dev, st.st_ino), str(lib), str(lib),
+                                             "runtime"))
+        assert attached is not None and attached.probes == 7
+        infos = [_fdinfo(fd) for fd in probes._links[(st.st_dev, st.st_ino)]]
+        assert {i["link_type"] for i in infos} == {"perf"}
+        assert {i["event_type"] for i in infos} == {"uprobe", "uretprobe"}
+        assert {i["ref_ctr_offset"] for i in infos} == {"0x0"}
+        address = elfsyms.function_addresses(str(lib), frozenset({"cudaMemcpy"}))["cudaMemcpy"]
+        assert sum(int(i["offset"], 16) == elfsyms.vaddr_to_file_offset(str(lib), address)
+                   for i in infos) == 2
+    finally:
+        probes.close()
+
+
+def test_a_dlopen_notifies_once_its_objects_are_mapped(tmp_path: Path) -> None:
+    """ld.so calls _dl_debug_state twice for a dlopen that maps something: RT_ADD before it
+    maps anything, RT_CONSISTENT after. Only the second is a notification (and a hold):
+    one per dlopen of a new file, none for a file already loaded."""
+    from gpuflight.demo.build import compile_c
+
+    source = tmp_path / "empty.c"
+    source.write_text("int gf_empty(void) { return 0; }\n")
+    libs = [compile_c(tmp_path / f"libgfempty{i}.so", [source], ["-shared", "-fPIC"])
+            for i in range(3)]
+    probes = Probes(CaptureSettings(pids=frozenset()))
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import ctypes, sys
+            print("ready", flush=True)
+            for line in sys.stdin:
+                ctypes.CDLL(line.strip())
+                print("open", flush=True)
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    stdin, stdout = child.stdin, child.stdout
+    assert stdin is not None and stdout is not None
+    try:
+        assert stdout.readline().strip() == "ready"
+        own = discover.scan_pid(Path("/proc"), child.pid)
+        loader = next(lib for lib in own.libraries.values() if lib.kind == "loader")
+        assert probes.attach(loader) is not None
+        probes.add_to_scope([child.pid])
+
+        def notifications_for(path: Path) -> int:
+            stdin.write(f"{path}\n")
+            stdin.flush()
+            assert stdout.readline().strip() == "open"
+            # Submitted by the child's own dlopen before it returned: in the ring now.
+            return sum(1 for n in probes.poll_loader(0) if n.pid == child.pid)
+
+        assert [notifications_for(lib) for lib in libs] == [1, 1, 1]
+        assert notifications_for(libs[0]) == 0  # loaded already: the link map is unchanged
+    finally:
+        child.kill()
+        child.communicate()  # waits, and closes the pipes
+        probes.close(background=False)
 
 
 # ---- beside another tracer -----------------------------------------------------------------

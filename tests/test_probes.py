@@ -30,8 +30,10 @@ class FakeUprobes:
         self.held: dict[int, tuple[str, int, bool]] = {}
         self.detached: list[int] = []
         self._next = 1000
+        self.attach_type = -1
 
-    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool) -> int:
+    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool,
+               cookie: int = 0) -> int:
         err = self.refuse(path, offset, retprobe)
         if err is not None:
             raise OSError(err, f"refused ({err})")
@@ -54,7 +56,7 @@ class FakeBPF:
     def __init__(self) -> None:
         self.cleaned = False
 
-    def load_func(self, _name: bytes, _kind: int) -> FakeFunction:
+    def load_func(self, _name: bytes, _kind: int, attach_type: int = -1) -> FakeFunction:
         return FakeFunction()
 
     def cleanup(self) -> None:
@@ -223,7 +225,7 @@ def test_a_failing_detach_is_logged_and_the_rest_are_detached(
 
 def test_without_a_uprobe_pmu_the_error_says_what_the_kernel_lacks(tmp_path: Path) -> None:
     with pytest.raises(SetupError) as raised:
-        UprobeLinks(pmu=tmp_path / "no-such-pmu")
+        UprobeLinks(pmu=tmp_path / "no-such-pmu", multi=False)
     assert "no uprobe PMU" in str(raised.value) and "\n" not in str(raised.value)
 
 
