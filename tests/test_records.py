@@ -83,6 +83,9 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
         "#include <stdio.h>\n#include <stddef.h>\n#include <linux/types.h>\n"
         f'#include "{HEADER}"\nint main(void) {{\n{prints}\n'
         'printf("size %zu\\n", sizeof(struct gf_event));\n'
+        'printf("device_bytes %zu\\n", sizeof(((struct gf_event *)0)->device));\n'
+        'printf("device_signed %d\\n", (int)((__typeof__(((struct gf_event *)0)->device))-1'
+        ' < 0));\n'
         'printf("loader %zu\\n", sizeof(struct gf_loader_event));\nreturn 0; }\n'
     )
     binary = tmp_path / "layout"
@@ -92,6 +95,9 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
     for name in fields:
         assert int(out[name]) == records.EVENT_DTYPE.fields[name][1], name  # type: ignore[index]
     assert int(out["size"]) == records.EVENT_DTYPE.itemsize
+    device = records.EVENT_DTYPE.fields["device"][0]  # type: ignore[index]
+    assert (int(out["device_bytes"]), out["device_signed"] == "1") == (device.itemsize,
+                                                                      device.kind == "i")
     assert int(out["loader"]) == records.LOADER_EVENT_DTYPE.itemsize
 
 
