@@ -8,7 +8,9 @@
  * these names.
  * Events go to one ring buffer as fixed-size records (events.h) that user
  * space maps and decodes in bulk; a reservation that fails is counted, never
- * silent.
+ * silent. Each carries the calling thread's CUDA device, from one lookup of the
+ * `thread_device` map that the device probes (cudaSetDevice, the driver's context
+ * calls: rows of GF_NAME_PROBES) keep; see "the calling thread's device" below.
  *
  * Build-time parameters (cflags):
  *   GF_RINGBUF_PAGES  size of the event ring buffer in pages (power of two)

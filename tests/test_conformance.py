@@ -19,9 +19,10 @@ against those counts, per kernel name and in total:
 
 Devices: every event carries its thread's current device (gf_event.device, kept by the probes on
 cudaSetDevice and the driver's context calls), so the two-device workload is held per kernel
-name per device against the simulated driver's per-device counts. Needs root and bcc (skips locally without, fails under CI=true) and the
-frameworks venv (scripts/setup-frameworks). A traced torch start-up takes a minute or more on
-a small machine: hence one traced run per workload and generous timeouts.
+name per device against the simulated driver's per-device counts. Needs root and bcc (skips
+locally without, fails under CI=true) and the frameworks venv (scripts/setup-frameworks). A
+traced torch start-up takes a minute or more on a small machine: hence one traced run per
+workload and generous timeouts.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ def test_launch_fields() -> None:
     (event,) = decode(events, 5)
     assert event == {
         "type": "launch", "ts_ns": 1005, "pid": 10, "tid": 11, "api": "cudaLaunchKernel",
-        "layer": "runtime", "device": 1, "grid": [4, 2, 1], "block": [128, 1, 1], "shared_mem_bytes": 256,
-        "stream": 0x1000, "kernel": None, "kernel_full": None, "function": 0xABC,
-        "captured": False,
+        "layer": "runtime", "device": 1, "grid": [4, 2, 1], "block": [128, 1, 1],
+        "shared_mem_bytes": 256, "stream": 0x1000, "kernel": None, "kernel_full": None,
+        "function": 0xABC, "captured": False,
     }
 
 
