@@ -124,11 +124,12 @@ def main() -> int:
     os.sched_setaffinity(0, {int(READER_CPU)})
     before = STATS.read_text().strip()
     STATS.write_text("1")
-    samples: dict[str, list[float]] = {label: [] for label in PROGRAMS}
+    samples: dict[str, list[float]] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             if args.baseline:
                 add_baseline(args.baseline, Path(tmp) / "baseline")
+            samples = {label: [] for label in PROGRAMS}
             calls_bin = build(Path(tmp))
             for _ in range(args.rounds):
                 for label in PROGRAMS:

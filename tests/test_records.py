@@ -144,3 +144,16 @@ def test_name_record_layout_matches_header(tmp_path: Path) -> None:
 def test_name_kinds_match_header() -> None:
     header = {k.removeprefix("GF_NAME_"): v for k, v in _enum("gf_name_kind").items()}
     assert header == {k.name: k.value for k in records.NameKind}
+
+
+def test_device_probes_are_attached_with_their_return_half() -> None:
+    """The functions that keep the thread's device make no event (no api id), are attached as
+    the name functions are (by layer), and take effect at return (they need its result)."""
+    assert records.DEVICE_FUNCTIONS == {
+        "cudaSetDevice", "cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxCreate_v3",
+        "cuCtxCreate_v4", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"}
+    assert records.DEVICE_FUNCTIONS.isdisjoint(records.API_IDS)
+    assert records.DEVICE_FUNCTIONS <= (records.RUNTIME_NAME_FUNCTIONS
+                                        | records.DRIVER_NAME_FUNCTIONS)
+    assert records.DEVICE_FUNCTIONS <= records.NAME_WITH_RETURN
+    assert records.RUNTIME_NAME_FUNCTIONS & records.DEVICE_FUNCTIONS == {"cudaSetDevice"}
