@@ -608,8 +608,9 @@ static __always_inline int gf_name_finish(struct pt_regs *ctx, u16 kind)
  * Every call takes effect at return, and only when it returned 0; none is filtered as
  * forwarded (they record no event). Approximate: a context made before the trace began has
  * no known device (making it current leaves the thread's device as it was); a pop deeper
- * than GF_CTX_STACK pushes leaves it as it is; an entry outlives its thread (a later thread
- * given the same tid within the LRU's life starts on that device, not on 0). */
+ * than GF_CTX_STACK pushes leaves it as it is; without tracefs (GF_WATCH_EXEC 0) an entry
+ * outlives its thread (a later thread given the same tid within the LRU's life starts on that
+ * device, not on 0). */
 enum gf_device_op {
 	GF_DEV_SET_DEVICE = 1,
 	GF_DEV_CTX_RETAIN = 2,
@@ -741,6 +742,17 @@ static __always_inline int gf_device_finish(struct pt_regs *ctx, u32 op)
 	}
 	return 0;
 }
+
+#if GF_WATCH_EXEC
+/* A thread that exits leaves no device behind for a later thread given its id (needs tracefs,
+ * as GF_WATCH_EXEC does; without it, the LRU map ages such entries out). */
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	thread_device.delete(&id);
+	return 0;
+}
+#endif
 
 /* ---- the probe programs: one family macro per shape of call -------------
  *
