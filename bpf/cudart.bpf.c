@@ -606,7 +606,8 @@ static __always_inline int gf_name_finish(struct pt_regs *ctx, u16 kind)
  * retains the device's primary context and makes it current), so they agree. A context's
  * device is learnt where it is made (cuDevicePrimaryCtxRetain, cuCtxCreate*: `ctx_device`).
  * Every call takes effect at return, and only when it returned 0; none is filtered as
- * forwarded (they record no event). Approximate: a context made before the trace began has
+ * forwarded (they record no event). Approximate: a thread that set its device before we
+ * attached is on device 0 until it sets one again; a context made before then has
  * no known device (making it current leaves the thread's device as it was); a pop deeper
  * than GF_CTX_STACK pushes leaves it as it is; without tracefs (GF_WATCH_EXEC 0) an entry
  * outlives its thread (a later thread given the same tid within the LRU's life starts on that
