@@ -9,9 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from gpuflight.simgpu.build import find_cuda_include
 from producer import records
-from tests.conftest import REPO
-from tests.support.probe_table import bpf_programs, compiled_values, header_rows
+from producer.errors import SetupError
+from tests.conftest import REPO, require
+from tests.support.probe_table import (
+    bpf_programs,
+    compiled_values,
+    compiler,
+    header_rows,
+    name_probe_arguments,
+)
 
 HEADER = REPO / "bpf" / "events.h"
 
@@ -149,11 +157,36 @@ def test_name_kinds_match_header() -> None:
 def test_device_probes_are_attached_with_their_return_half() -> None:
     """The functions that keep the thread's device make no event (no api id), are attached as
     the name functions are (by layer), and take effect at return (they need its result)."""
-    assert records.DEVICE_FUNCTIONS == {
+    device_functions = {
         "cudaSetDevice", "cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxCreate_v3",
         "cuCtxCreate_v4", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"}
+    assert device_functions == records.DEVICE_FUNCTIONS
     assert records.DEVICE_FUNCTIONS.isdisjoint(records.API_IDS)
     assert records.DEVICE_FUNCTIONS <= (records.RUNTIME_NAME_FUNCTIONS
                                         | records.DRIVER_NAME_FUNCTIONS)
     assert records.DEVICE_FUNCTIONS <= records.NAME_WITH_RETURN
-    assert records.RUNTIME_NAME_FUNCTIONS & records.DEVICE_FUNCTIONS == {"cudaSetDevice"}
+    assert {"cudaSetDevice"} == records.RUNTIME_NAME_FUNCTIONS & records.DEVICE_FUNCTIONS
+
+
+def test_device_probes_read_the_cudevice_parameter(tmp_path: Path) -> None:
+    """The argument of each device row is the position of the device parameter in NVIDIA's own
+    prototypes (the CUDA 12 headers declare every cuCtxCreate version); 0 where none."""
+    try:
+        include = find_cuda_include(12)
+    except SetupError as exc:
+        require(str(exc))
+        raise
+    source = tmp_path / "protos.c"
+    source.write_text("#include <cuda.h>\n")
+    text = subprocess.run([compiler(), "-E", "-P", f"-I{include}", str(source)], check=True,
+                          capture_output=True, text=True).stdout
+    text += (include / "cuda_runtime_api.h").read_text()
+    arguments = name_probe_arguments()
+    for name in sorted(records.DEVICE_FUNCTIONS):
+        proto = re.search(rf"\b(?:CUresult|cudaError_t)\s+(?:CUDARTAPI\s+)?{name}\s*\(([^)]*)\)",
+                          text)
+        assert proto, f"no prototype of {name}"
+        params = [p.strip() for p in proto.group(1).split(",")]
+        devices = [i + 1 for i, p in enumerate(params)
+                   if re.fullmatch(r"(CUdevice|int) dev(ice)?", p)]
+        assert [int(arguments[name])] == (devices or [0]), (name, params)
