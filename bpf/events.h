@@ -198,8 +198,8 @@ enum gf_api { GF_API_PROBES(GF_API_ENUM) };
 	X(cuCtxPushCurrent_v2, DRIVER, CTX_PUSH, 0) \
 	X(cuCtxPopCurrent_v2, DRIVER, CTX_POP, 0)
 
-/* How many devices below the current one `thread_device` remembers per thread (pushes not
- * yet popped); a pop deeper than that leaves the thread's device as it is. */
+/* How many devices below the current one `thread_device` remembers per thread (a power of two;
+ * pushes not yet popped); a pop deeper than that leaves the thread's device as it is. */
 #define GF_CTX_STACK 4
 
 /* The value of `thread_device` (key: pid_tgid): the thread's current device, and the devices
