@@ -1,6 +1,6 @@
 """BPF program run time per call: the shipped probes against an empty program.
 
-    sudo .venv/bin/python bench/probe_cost.py [--calls N] [--rounds R]
+    sudo .venv/bin/python bench/probe_cost.py [--calls N] [--rounds R] [--baseline REV]
 
 Wall-clock time per call (bench/overhead.py) moves with everything else on a shared
 VM; the kernel's own BPF statistics (`kernel.bpf_stats_enabled=1`: `run_time_ns` and
@@ -11,7 +11,9 @@ The C loop of bench/overhead.py (pinned to cpu 1) calls a runtime and a driver w
 functions start with `push rbp`; each program below is loaded from bpf/ with the
 producer's node-wide cflags, attached alone, and timed while the bulk reader drains
 the ring on cpu 0 (as the producer does). Rounds interleave the programs; medians.
-The counting itself adds the same ~50 ns to every row.
+The counting itself adds the same ~50 ns to every row. `--baseline REV` also times the launch
+programs of bpf/ as it was at git revision REV, interleaved in the same rounds (its records
+may have another size: the reader skips them, counted, as the producer would).
 """
 
 from __future__ import annotations
@@ -57,6 +59,18 @@ def _run_stats(fd: int) -> tuple[int, int]:
     return int(fields["run_time_ns"]), int(fields["run_cnt"])
 
 
+def add_baseline(rev: str, into: Path) -> None:
+    """PROGRAMS gains the launch programs of bpf/ at git revision `rev` (exported to `into`)."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "bpf"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    for label in ("cudaLaunchKernel_entry", "cuLaunchKernel_entry (driver)"):
+        _, program, library, symbol, mode = PROGRAMS[label]
+        PROGRAMS[f"{label} @{rev}"] = (into / "bpf" / "cudart.bpf.c", program, library, symbol,
+                                       mode)
+
+
 def measure(label: str, calls_bin: Path, n: int) -> float:
     """ns per run of one program over one loop of n iterations."""
     from bcc import BPF
@@ -67,7 +81,8 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
 
     source, program, library, symbol, mode = PROGRAMS[label]
     settings = CaptureSettings()
-    bpf: Any = BPF(src_file=str(source).encode(), cflags=settings.cflags())
+    cflags = [f if not f.startswith("-I") else f"-I{source.parent}" for f in settings.cflags()]
+    bpf: Any = BPF(src_file=str(source).encode(), cflags=cflags)
     fn = bpf.load_func(program.encode(), BPF.KPROBE)
     bpf.attach_uprobe(name=str(calls_bin.parent / library).encode(), sym=symbol.encode(),
                       fn_name=program.encode())
@@ -103,13 +118,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--calls", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also time the launch programs of bpf/ at this git revision")
     args = parser.parse_args()
     os.sched_setaffinity(0, {int(READER_CPU)})
     before = STATS.read_text().strip()
     STATS.write_text("1")
-    samples: dict[str, list[float]] = {label: [] for label in PROGRAMS}
+    samples: dict[str, list[float]] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            if args.baseline:
+                add_baseline(args.baseline, Path(tmp) / "baseline")
+            samples = {label: [] for label in PROGRAMS}
             calls_bin = build(Path(tmp))
             for _ in range(args.rounds):
                 for label in PROGRAMS:

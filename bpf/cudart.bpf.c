@@ -8,7 +8,9 @@
  * these names.
  * Events go to one ring buffer as fixed-size records (events.h) that user
  * space maps and decodes in bulk; a reservation that fails is counted, never
- * silent.
+ * silent. Each carries the calling thread's CUDA device, from one lookup of the
+ * `thread_device` map that the device probes (cudaSetDevice, the driver's context
+ * calls: rows of GF_NAME_PROBES) keep; see "the calling thread's device" below.
  *
  * Build-time parameters (cflags):
  *   GF_RINGBUF_PAGES  size of the event ring buffer in pages (power of two)
@@ -80,8 +82,22 @@ BPF_TABLE("lru_hash", struct gf_inflight_key, struct gf_inflight, inflight, 6553
 /* pid → the text of the runtime files it maps (filled by user space). */
 BPF_HASH(runtime_text, u32, struct gf_text_ranges, 65536);
 
-/* Parked name probes use inflight keys above every api id. */
+/* Parked name probes use inflight keys above every api id; device probes above those. */
 #define GF_NAME_PROBE_KEY 0x10000
+#define GF_DEVICE_PROBE_KEY 0x20000
+
+/* The calling thread's CUDA device (gf_event.device), kept by the device probes of both
+ * layers (GF_NAME_PROBES: SET_DEVICE, CTX_*), read once per event. A thread not in it has
+ * device 0 (the runtime's default). */
+BPF_TABLE("lru_hash", u64, struct gf_thread_device, thread_device, 65536);
+
+/* (pid, CUcontext) → its device: from cuDevicePrimaryCtxRetain and cuCtxCreate. */
+struct gf_ctx_key {
+	u64 ctx;
+	u32 pid;
+	u32 pad;
+};
+BPF_TABLE("lru_hash", struct gf_ctx_key, s32, ctx_device, 16384);
 
 static __always_inline void gf_count_drop(u32 slot, u32 pid)
 {
@@ -105,6 +121,12 @@ static __always_inline int gf_in_scope(u32 pid)
 #endif
 }
 
+static __always_inline s32 gf_device_of(u64 pid_tgid)
+{
+	struct gf_thread_device *t = thread_device.lookup(&pid_tgid);
+	return t ? t->device : 0;
+}
+
 static __always_inline void gf_fill(struct gf_event *ev, u64 id, u16 api, u8 type)
 {
 	__builtin_memset(ev, 0, sizeof(*ev));
@@ -113,6 +135,7 @@ static __always_inline void gf_fill(struct gf_event *ev, u64 id, u16 api, u8 typ
 	ev->tid = (u32)id;
 	ev->api = api;
 	ev->type = type;
+	ev->device = gf_device_of(id);
 }
 
 /* ---- the two layers ------------------------------------------------------
@@ -233,6 +256,7 @@ static __always_inline struct gf_inflight *gf_park_begin(struct pt_regs *ctx, in
 	v->ev.tid = (u32)id;
 	v->ev.api = api;
 	v->ev.type = type;
+	v->ev.device = gf_device_of(id);
 	return v;
 }
 
@@ -583,6 +607,162 @@ static __always_inline int gf_name_finish(struct pt_regs *ctx, u16 kind)
 	return gf_name(kind, handle, aux, name_ptr);
 }
 
+/* ---- the calling thread's device ---------------------------------------
+ *
+ * Both layers keep one map, `thread_device` (pid_tgid → struct gf_thread_device): the runtime's
+ * cudaSetDevice, and the driver's context calls (the runtime makes them too: cudaSetDevice
+ * retains the device's primary context and makes it current), so they agree. A context's
+ * device is learnt where it is made (cuDevicePrimaryCtxRetain, cuCtxCreate*: `ctx_device`).
+ * Every call takes effect at return, and only when it returned 0; none is filtered as
+ * forwarded (they record no event). Approximate: a thread that set its device before we
+ * attached is on device 0 until it sets one again; a context made before then has
+ * no known device (making it current leaves the thread's device as it was); a pop deeper
+ * than GF_CTX_STACK pushes leaves it as it is; without tracefs (GF_WATCH_EXEC 0) an entry
+ * outlives its thread (a later thread given the same tid within the LRU's life starts on that
+ * device, not on 0). */
+enum gf_device_op {
+	GF_DEV_SET_DEVICE = 1,
+	GF_DEV_CTX_RETAIN = 2,
+	GF_DEV_CTX_CREATE = 3,
+	GF_DEV_CTX_SET = 4,
+	GF_DEV_CTX_PUSH = 5,
+	GF_DEV_CTX_POP = 6,
+};
+
+/* Integer argument `n` (1-based; a constant) of the probed call. */
+static __always_inline u64 gf_arg(struct pt_regs *ctx, int n)
+{
+	switch (n) {
+	case 1: return PT_REGS_PARM1(ctx);
+	case 2: return PT_REGS_PARM2(ctx);
+	case 3: return PT_REGS_PARM3(ctx);
+	case 4: return PT_REGS_PARM4(ctx);
+	case 5: return PT_REGS_PARM5(ctx);
+	case 6: return PT_REGS_PARM6(ctx);
+	default: return n > 6 ? gf_stack_arg(ctx, n - 7) : 0;
+	}
+}
+
+/* Entry half: park the call's first argument (a context, or where one is written) and its
+ * device (`dev_arg`: the CUdevice parameter's position, 0: none). */
+static __always_inline int gf_device_park(struct pt_regs *ctx, u32 op, int dev_arg)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	if (!gf_in_scope(id >> 32))
+		return 0;
+	struct gf_inflight v;
+	__builtin_memset(&v, 0, sizeof(v));
+	v.out_ptr = PT_REGS_PARM1(ctx);
+	v.ev.device = dev_arg ? (s32)gf_arg(ctx, dev_arg) : 0;
+	return gf_park(&v, GF_DEVICE_PROBE_KEY + op);
+}
+
+static __always_inline void gf_set_device(u64 id, s32 device)
+{
+	struct gf_thread_device *t = thread_device.lookup(&id);
+	if (t) {
+		t->device = device;
+		return;
+	}
+	struct gf_thread_device fresh = {};
+	fresh.device = device;
+	thread_device.update(&id, &fresh);
+}
+
+static __always_inline void gf_push_device(u64 id, s32 device)
+{
+	struct gf_thread_device *t = thread_device.lookup(&id);
+	if (!t) {
+		struct gf_thread_device fresh = {};
+		fresh.device = device;
+		fresh.depth = 1; /* below it: device 0, the default */
+		thread_device.update(&id, &fresh);
+		return;
+	}
+	u32 depth = t->depth;
+	if (depth < GF_CTX_STACK)
+		t->below[depth & (GF_CTX_STACK - 1)] = t->device;
+	if (depth < 0xffff)
+		t->depth = depth + 1;
+	t->device = device;
+}
+
+static __always_inline void gf_pop_device(u64 id)
+{
+	struct gf_thread_device *t = thread_device.lookup(&id);
+	if (!t || t->depth == 0)
+		return; /* pushed before the trace began: not known */
+	u32 depth = t->depth - 1;
+	t->depth = depth;
+	if (depth < GF_CTX_STACK)
+		t->device = t->below[depth & (GF_CTX_STACK - 1)];
+}
+
+/* The device of context `c` of process `pid`, or -1 when it is not known. */
+static __always_inline s32 gf_ctx_device(u32 pid, u64 c)
+{
+	struct gf_ctx_key key = {};
+	key.ctx = c;
+	key.pid = pid;
+	s32 *device = ctx_device.lookup(&key);
+	return device ? *device : -1;
+}
+
+static __always_inline int gf_device_finish(struct pt_regs *ctx, u32 op)
+{
+	struct gf_inflight_key key = {};
+	u64 id = bpf_get_current_pid_tgid();
+	key.pid_tgid = id;
+	key.api = GF_DEVICE_PROBE_KEY + op;
+	struct gf_inflight *v = inflight.lookup(&key);
+	if (!v)
+		return 0;
+	u64 arg = v->out_ptr;
+	s32 device = v->ev.device;
+	inflight.delete(&key);
+	if ((s32)PT_REGS_RC(ctx) != 0)
+		return 0; /* failed: nothing changed */
+	u32 pid = id >> 32;
+	if (op == GF_DEV_SET_DEVICE) {
+		gf_set_device(id, device);
+	} else if (op == GF_DEV_CTX_RETAIN || op == GF_DEV_CTX_CREATE) {
+		u64 c = 0;
+		if (!arg || bpf_probe_read_user(&c, sizeof(c), (void *)arg) != 0 || !c)
+			return 0;
+		struct gf_ctx_key ck = {};
+		ck.ctx = c;
+		ck.pid = pid;
+		ctx_device.update(&ck, &device);
+		if (op == GF_DEV_CTX_CREATE)
+			gf_push_device(id, device);
+	} else if (op == GF_DEV_CTX_SET) {
+		if (!arg) { /* cuCtxSetCurrent(NULL): the current context is unbound */
+			gf_pop_device(id);
+			return 0;
+		}
+		device = gf_ctx_device(pid, arg);
+		if (device >= 0)
+			gf_set_device(id, device);
+	} else if (op == GF_DEV_CTX_PUSH) {
+		device = gf_ctx_device(pid, arg);
+		gf_push_device(id, device >= 0 ? device : gf_device_of(id));
+	} else if (op == GF_DEV_CTX_POP) {
+		gf_pop_device(id);
+	}
+	return 0;
+}
+
+#if GF_WATCH_EXEC
+/* A thread that exits leaves no device behind for a later thread given its id (needs tracefs,
+ * as GF_WATCH_EXEC does; without it, the LRU map ages such entries out). */
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	thread_device.delete(&id);
+	return 0;
+}
+#endif
+
 /* ---- the probe programs: one family macro per shape of call -------------
  *
  * GF_PROBE_<family>(name, layer, argument) defines `<name>_entry` and, for the families
@@ -772,6 +952,17 @@ GF_API_PROBES(GF_PROBE)
 				    PT_REGS_PARM3(ctx));                               \
 	}                                                                              \
 	int name##_return(struct pt_regs *ctx) { return gf_name_finish(ctx, kind); }
+
+/* The thread's device (above): `dev_arg` is the position of the CUdevice parameter. */
+#define GF_DEVICE_PROBE(name, op, dev_arg)                                             \
+	GF_ENTRY(name) { return gf_device_park(ctx, op, dev_arg); }                    \
+	int name##_return(struct pt_regs *ctx) { return gf_device_finish(ctx, op); }
+#define GF_NAME_PROBE_SET_DEVICE(name, dev_arg) GF_DEVICE_PROBE(name, GF_DEV_SET_DEVICE, dev_arg)
+#define GF_NAME_PROBE_CTX_RETAIN(name, dev_arg) GF_DEVICE_PROBE(name, GF_DEV_CTX_RETAIN, dev_arg)
+#define GF_NAME_PROBE_CTX_CREATE(name, dev_arg) GF_DEVICE_PROBE(name, GF_DEV_CTX_CREATE, dev_arg)
+#define GF_NAME_PROBE_CTX_SET(name, dev_arg) GF_DEVICE_PROBE(name, GF_DEV_CTX_SET, dev_arg)
+#define GF_NAME_PROBE_CTX_PUSH(name, dev_arg) GF_DEVICE_PROBE(name, GF_DEV_CTX_PUSH, dev_arg)
+#define GF_NAME_PROBE_CTX_POP(name, dev_arg) GF_DEVICE_PROBE(name, GF_DEV_CTX_POP, dev_arg)
 
 #define GF_NAME_PROBE(name, layer, family, kind) GF_NAME_PROBE_##family(name, kind)
 GF_NAME_PROBES(GF_NAME_PROBE)

@@ -168,9 +168,18 @@ enum gf_event_type {
 enum gf_api { GF_API_PROBES(GF_API_ENUM) };
 #undef GF_API_ENUM
 
-/* Functions probed for kernel names and handle identities (struct gf_name_event), with no
- * api id: X(name, layer, family, enum gf_name_kind). NAME: a handle and its name, at entry;
- * HANDLE: a handle the call makes (read at return), NAMED_HANDLE: one and its name. */
+/* Functions probed with no api id (they make no gf_event): X(name, layer, family, argument).
+ *
+ * Kernel names and handle identities (struct gf_name_event); argument: enum gf_name_kind.
+ * NAME: a handle and its name, at entry; HANDLE: a handle the call makes (read at return),
+ * NAMED_HANDLE: one and its name.
+ *
+ * The calling thread's CUDA device (the `thread_device` map, gf_event.device); argument: the
+ * position (1-based) of the call's CUdevice parameter, 0 where it has none. Each takes effect
+ * at return, and only when the call returned 0. SET_DEVICE: cudaSetDevice(device);
+ * CTX_RETAIN: a context of a device (ctx → device, `ctx_device`), not made current;
+ * CTX_CREATE: a new context of a device, pushed as the thread's current one; CTX_SET:
+ * cuCtxSetCurrent(ctx) replaces the current context; CTX_PUSH / CTX_POP: the context stack. */
 #define GF_NAME_PROBES(X) \
 	X(__cudaRegisterFunction, RUNTIME, NAME, GF_NAME_RUNTIME_FUNCTION) \
 	X(__cudaGetKernel, RUNTIME, HANDLE, GF_NAME_RUNTIME_KERNEL) \
@@ -179,7 +188,27 @@ enum gf_api { GF_API_PROBES(GF_API_ENUM) };
 	X(cuKernelGetFunction, DRIVER, HANDLE, GF_NAME_KERNEL_FUNCTION) \
 	X(cuModuleLoadData, DRIVER, HANDLE, GF_NAME_MODULE) \
 	X(cuModuleLoadDataEx, DRIVER, HANDLE, GF_NAME_MODULE) \
-	X(cuLibraryLoadData, DRIVER, HANDLE, GF_NAME_MODULE)
+	X(cuLibraryLoadData, DRIVER, HANDLE, GF_NAME_MODULE) \
+	X(cudaSetDevice, RUNTIME, SET_DEVICE, 1) \
+	X(cuDevicePrimaryCtxRetain, DRIVER, CTX_RETAIN, 2) \
+	X(cuCtxCreate_v2, DRIVER, CTX_CREATE, 3) \
+	X(cuCtxCreate_v3, DRIVER, CTX_CREATE, 5) \
+	X(cuCtxCreate_v4, DRIVER, CTX_CREATE, 4) \
+	X(cuCtxSetCurrent, DRIVER, CTX_SET, 0) \
+	X(cuCtxPushCurrent_v2, DRIVER, CTX_PUSH, 0) \
+	X(cuCtxPopCurrent_v2, DRIVER, CTX_POP, 0)
+
+/* How many devices below the current one `thread_device` remembers per thread (a power of two;
+ * pushes not yet popped); a pop deeper than that leaves the thread's device as it is. */
+#define GF_CTX_STACK 4
+
+/* The value of `thread_device` (key: pid_tgid): the thread's current device, and the devices
+ * current before each cuCtxPushCurrent / cuCtxCreate not yet popped. */
+struct gf_thread_device {
+	__s32 device;
+	__u32 depth;
+	__s32 below[GF_CTX_STACK];
+};
 
 /* Slots of the `drops` per-CPU array (producer/records.py: DropSlot). */
 enum gf_drop_slot {
@@ -252,6 +281,9 @@ struct gf_event {
 	__u32 dim[6];      /* launch: grid x,y,z, block x,y,z;
 			      memcpy: [0] enum gf_copy_kind; alloc: [0] enum gf_alloc_kind;
 			      sync: [0] enum gf_sync_scope */
+	__s32 device;      /* the calling thread's CUDA device (ordinal in its process; 0 until
+			      it sets one: thread_device) */
+	__u32 reserved;
 };
 
 /* A kernel name or a handle alias, from the `names` ring buffer (strings do not fit

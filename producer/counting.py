@@ -14,7 +14,9 @@ What is counted (the one rule; README "What is counted" says the same):
 
 - **Kernel launches** are launches that ran. A launch made while its stream was being captured
   into a graph (F_CAPTURED) recorded a graph node and ran nothing: it counts only as
-  `captured`, never as a kernel launch, a kernel, a shape or threads launched.
+  `captured`, never as a kernel launch, a kernel, a shape or threads launched. Kernel launches
+  are also counted per CUDA device (`device_launches`: the calling thread's device, as the
+  probes tracked it; bpf/cudart.bpf.c).
 - **Graph launches** (cudaGraphLaunch*, cuGraphLaunch*) count in `launches` under their own api
   (so `graph_launches` = all launches - kernel launches) and, where the graph exec was
   instantiated while observed, their kernel nodes count as kernels run
@@ -180,6 +182,8 @@ class Counts:
     kernels: dict[str, int] = field(default_factory=dict)
     #: Launches of kernels folded away (beyond `max_kernels` distinct keys).
     kernels_other: int = 0
+    #: CUDA device (the calling thread's, gf_event.device) → kernel launches that ran.
+    device_launches: dict[int, int] = field(default_factory=dict)
     #: log2 histograms of grid blocks (x·y·z) and block threads (x·y·z) of the launches.
     grid_blocks: list[int] = field(default_factory=_zeros)
     block_threads: list[int] = field(default_factory=_zeros)
@@ -318,6 +322,9 @@ class Counts:
                     self.graph_kernel_nodes[key] = self.graph_kernel_nodes.get(key, 0) + total
         if len(kernels):
             self._add_kernels(kernels["handle"], kernel_names)
+            devices, per_device = np.unique(kernels["device"], return_counts=True)
+            for d, c in zip(devices.tolist(), per_device.tolist(), strict=True):
+                self.device_launches[d] = self.device_launches.get(d, 0) + c
             dims = kernels["dim"]
             self._add_dims(dims)
             if self.shapes is not None:
@@ -460,6 +467,7 @@ class Counts:
         self.captured += other.captured
         _merge_counts(self.kernels, other.kernels)
         self.kernels_other += other.kernels_other
+        _merge_counts(self.device_launches, other.device_launches)
         if len(self.kernels) > self.max_kernels:
             self._fold_kernels()
         self.grid_blocks = [x + y for x, y in zip(self.grid_blocks, other.grid_blocks,

@@ -214,6 +214,7 @@ def _one(
         "tid": c["tid"][i],
         "api": API_NAMES.get(c["api"][i], f"unknown_{c['api'][i]}"),
         "layer": layer_of(c["api"][i]),
+        "device": c["device"][i],
     }
     result = c["result"][i] if has_result else None
     ok = (result == 0) if has_result else None

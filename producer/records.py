@@ -45,6 +45,7 @@ RETURN_FAMILIES: Final[frozenset[str]] = frozenset(
         "memcpy", "memcpy_2d", "copy", "copy_peer", "alloc", "alloc_async", "alloc_pool",
         "free", "free_async", "sync", "capture_end", "instantiate",
         "handle", "named_handle",
+        "set_device", "ctx_retain", "ctx_create", "ctx_set", "ctx_push", "ctx_pop",
     }
 )
 
@@ -55,7 +56,8 @@ class Probe:
 
     #: The probed function: BPF programs `<name>_entry` and, if it returns, `<name>_return`.
     name: str
-    #: enum gf_api; None for a function probed only for names (struct gf_name_event).
+    #: enum gf_api; None for a function that makes no event: probed for names (struct
+    #: gf_name_event) or for the calling thread's device (gf_event.device).
     api: int | None
     #: LAYER_RUNTIME (libcudart) or LAYER_DRIVER (libcuda).
     layer: str
@@ -195,6 +197,14 @@ PROBES: Final[tuple[Probe, ...]] = (
     Probe("cuModuleLoadData", None, _D, "handle"),
     Probe("cuModuleLoadDataEx", None, _D, "handle"),
     Probe("cuLibraryLoadData", None, _D, "handle"),
+    Probe("cudaSetDevice", None, _R, "set_device"),
+    Probe("cuDevicePrimaryCtxRetain", None, _D, "ctx_retain"),
+    Probe("cuCtxCreate_v2", None, _D, "ctx_create"),
+    Probe("cuCtxCreate_v3", None, _D, "ctx_create"),
+    Probe("cuCtxCreate_v4", None, _D, "ctx_create"),
+    Probe("cuCtxSetCurrent", None, _D, "ctx_set"),
+    Probe("cuCtxPushCurrent_v2", None, _D, "ctx_push"),
+    Probe("cuCtxPopCurrent_v2", None, _D, "ctx_pop"),
 )
 
 #: enum gf_api: the function that was called, in the table's order.
@@ -214,15 +224,23 @@ DRIVER_APIS: Final[frozenset[str]] = frozenset(
     name for name, api in API_IDS.items() if api >= DRIVER_API_BASE
 )
 
-#: Functions probed only for kernel names and handle identities (struct gf_name_event),
-#: by layer; each has `<name>_entry` and, where it returns a handle, `<name>_return`.
+#: Functions with no api id, by layer: probed for kernel names and handle identities (struct
+#: gf_name_event) or for the thread's device (DEVICE_FUNCTIONS); each has `<name>_entry` and,
+#: where it completes at return, `<name>_return`.
 RUNTIME_NAME_FUNCTIONS: Final[frozenset[str]] = frozenset(
     p.name for p in PROBES if p.api is None and p.layer == LAYER_RUNTIME
 )
 DRIVER_NAME_FUNCTIONS: Final[frozenset[str]] = frozenset(
     p.name for p in PROBES if p.api is None and p.layer == LAYER_DRIVER
 )
-#: The name functions whose record is completed at return.
+#: The functions that keep the calling thread's device (bpf/cudart.bpf.c: thread_device).
+DEVICE_FAMILIES: Final[frozenset[str]] = frozenset(
+    {"set_device", "ctx_retain", "ctx_create", "ctx_set", "ctx_push", "ctx_pop"}
+)
+DEVICE_FUNCTIONS: Final[frozenset[str]] = frozenset(
+    p.name for p in PROBES if p.family in DEVICE_FAMILIES
+)
+#: The functions with no api id whose probe completes at return.
 NAME_WITH_RETURN: Final[frozenset[str]] = frozenset(
     p.name for p in PROBES if p.api is None and p.returns
 )
@@ -271,19 +289,19 @@ F_BYTES_KNOWN: Final = 0x80
 #: the same slot of a graph_instantiate event (the nodes of the exec it made).
 GRAPH_KERNEL_NODES: Final = 0
 
-#: struct gf_event (80 bytes).
+#: struct gf_event (88 bytes; `reserved` is padding, not a field here).
 EVENT_DTYPE: Final = np.dtype(
     {
         "names": [
             "ts_ns", "pid", "tid", "api", "type", "flags", "result",
-            "duration_ns", "handle", "stream", "bytes", "dim",
+            "duration_ns", "handle", "stream", "bytes", "dim", "device",
         ],
         "formats": [
             "<u8", "<u4", "<u4", "<u2", "u1", "u1", "<i4",
-            "<u8", "<u8", "<u8", "<u8", ("<u4", (6,)),
+            "<u8", "<u8", "<u8", "<u8", ("<u4", (6,)), "<i4",
         ],
-        "offsets": [0, 8, 12, 16, 18, 19, 20, 24, 32, 40, 48, 56],
-        "itemsize": 80,
+        "offsets": [0, 8, 12, 16, 18, 19, 20, 24, 32, 40, 48, 56, 80],
+        "itemsize": 88,
     }
 )
 

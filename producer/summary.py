@@ -192,6 +192,9 @@ def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5
     lines.append(f"  {summary.launches:>14,}  kernel launches   # {_si(rate, '/s')}")
     for api, n in summary.launches_by_api.items():
         lines.append(f"  {n:>14,}    {api}")
+    if len(c.device_launches) > 1:
+        for device, n in sorted(c.device_launches.items()):
+            lines.append(f"  {n:>14,}    on device {device}")
     if summary.launches:
         threads_rate = summary.threads_total / wall_s if wall_s else 0.0
         lines.append(f"  {summary.blocks_total / summary.launches:>14,.1f}  blocks per launch"

@@ -79,6 +79,11 @@ clock, free sizes), with "ts" as deltas from ts0 and "dim" flattened to 6·N
 values; a column that is all zeros is left out. Decoding gives back exactly the
 records, hence exactly the events `--output` writes.
 
+Added within v1: "device" (the CUDA device of the calling thread, its ordinal in the process).
+Like every column it is left out when all zeros, so a message of an older producer (which
+never wrote it) decodes as device 0 — the default device, all a producer before it could see —
+and an older reader, which ignores columns it does not know, reads a newer message as before.
+
 A processes message (`ProcessRecord`), published once per process while it is alive:
 
   {"schema": "gpuflight.process", "v": 1,
@@ -151,7 +156,7 @@ DEFAULT_PREFIX: Final = "gpuflight"
 #: Columns of an events message, in struct order ("ts" holds ts_ns - ts0).
 COLUMNS: Final[tuple[str, ...]] = (
     "ts", "tid", "api", "type", "flags", "result", "duration_ns",
-    "handle", "stream", "bytes", "dim",
+    "handle", "stream", "bytes", "dim", "device",
 )
 #: Added within v1: each event's request (exact) or shared set of requests (1 + its index).
 ATTRIBUTION_COLUMNS: Final[tuple[str, ...]] = ("request_id", "request_set")

@@ -124,6 +124,7 @@ class WindowAggregate(Counts):
             "captured": self.captured,
             "kernels": dict(sorted(self.kernels.items())),
             "kernels_other": self.kernels_other,
+            "device_launches": [[d, n] for d, n in sorted(self.device_launches.items())],
             "grid_blocks": _trim(self.grid_blocks),
             "block_threads": _trim(self.block_threads),
             "threads_launched": self.threads_launched,
@@ -163,6 +164,9 @@ class WindowAggregate(Counts):
                 captured=int(data.get("captured", 0)),
                 kernels={str(k): int(n) for k, n in data["kernels"].items()},
                 kernels_other=int(data["kernels_other"]),
+                device_launches={
+                    int(d): int(n) for d, n in data.get("device_launches", ())
+                },
                 grid_blocks=_untrim(data["grid_blocks"]),
                 block_threads=_untrim(data["block_threads"]),
                 threads_launched=int(data["threads_launched"]),

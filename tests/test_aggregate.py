@@ -98,6 +98,7 @@ def mixed(n: int, seed: int, kernels: int = 40) -> Events:
     ev = np.zeros(n, dtype=EVENT_DTYPE)
     ev["ts_ns"] = T0 + np.cumsum(rng.integers(1, 1000, n))
     ev["pid"] = rng.choice([100, 200], n)
+    ev["device"] = rng.choice([0, 1, 3], n)
     types = rng.choice([1, 1, 1, 1, 2, 2, 3, 4, 5, 6, 7], n)
     ev["type"] = types
     ev["api"] = API_IDS["cudaLaunchKernel"]

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from gpuflight.simgpu.build import SimGpu, read_counts
+from gpuflight.simgpu.build import build as build_sim
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import (
     GPUFLIGHT,
@@ -136,6 +138,27 @@ def test_sync_copy_and_wait_durations_on_the_simulated_gpu(bindir: Path, tmp_pat
     # Each stream sync waits for the async 1 MiB D2H copy queued before it.
     syncs = [e for e in events if e["api"] == "cudaStreamSynchronize"]
     assert len(syncs) == 3 and all(e["duration_ns"] > 0 and e["ok"] for e in syncs)
+
+
+def test_each_event_carries_its_threads_device(
+    bindir: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """On the simulated GPU with two devices: cudaSetDevice, a thread's own default, and the
+    driver's contexts (set, push, pop, create) put each launch on the device the simulated
+    driver ran it on, per event and in the summary."""
+    sim: SimGpu = build_sim(tmp_path_factory.mktemp("simgpu"), runtimes=(13,))
+    binary = build.build_devices(bindir, sim)
+    counts = tmp_path / "counts.json"
+    proc, events = trace([str(binary)], tmp_path / "out.jsonl",
+                         env=sim.env(devices=2, counts=counts))
+    assert proc.returncode == 0, proc.stderr
+    assert_exact(expected.devices_events(), events)
+    (c,) = read_counts(counts)
+    driver_per_device = [sum(k["per_device"]["launches"][d] for k in c["kernels"].values())
+                         for d in (0, 1)]
+    assert driver_per_device == expected.devices_launches_per_device() == [5, 6]
+    summary = proc.stderr.replace(",", "")
+    assert "5    on device 0" in summary and "6    on device 1" in summary, summary
 
 
 def test_kernel_drops_are_counted_never_silent(bindir: Path, tmp_path: Path) -> None:

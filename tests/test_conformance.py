@@ -17,12 +17,12 @@ against those counts, per kernel name and in total:
   (a runtime launch reaches cuLaunchKernel too, and is recorded once);
 - the summary lists the library files probed, once each, with their probe counts.
 
-Devices: the events carry no device (bpf/events.h has no field for it: the current device is
-per-thread runtime/driver state the probes do not follow), so the two-device workload is held
-per kernel name summed over devices; the simulated driver's per-device split is checked in
-tests/test_simgpu.py. Needs root and bcc (skips locally without, fails under CI=true) and the
-frameworks venv (scripts/setup-frameworks). A traced torch start-up takes a minute or more on
-a small machine: hence one traced run per workload and generous timeouts.
+Devices: every event carries its thread's current device (gf_event.device, kept by the probes on
+cudaSetDevice and the driver's context calls), so the two-device workload is held per kernel
+name per device against the simulated driver's per-device counts. Needs root and bcc (skips
+locally without, fails under CI=true) and the frameworks venv (scripts/setup-frameworks). A
+traced torch start-up takes a minute or more on a small machine: hence one traced run per
+workload and generous timeouts.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from tests.support.conformance import (
     TracedLaunches,
     demangle_all,
     differences,
+    on_device,
     read_events,
     traced_launches,
 )
@@ -242,3 +243,15 @@ def test_two_devices(two_devices: Run) -> None:
                   for d in (0, 1)]
     assert all(per_device), per_device
     assert sum(t.launches.values()) == sum(per_device)
+    # and each launch on the device the driver ran it on: per kernel name per device, exactly
+    names = demangle_all(c["kernels"])
+    truth = {on_device(names[k], d): n for k, v in c["kernels"].items()
+             for d, n in enumerate(v["per_device"]["launches"])}
+    assert differences(t.launches_on_device, truth) == {}, "launches per kernel per device"
+    ours = [sum(n for key, n in t.launches_on_device.items() if key.endswith(f"@ device {d}"))
+            for d in (0, 1)]
+    assert ours == per_device
+    # the summary splits kernel launches per device when it saw more than one
+    summary = two_devices.stderr.replace(",", "")
+    for d, n in enumerate(per_device):
+        assert re.search(rf"^\s+{n}\s+on device {d}$", summary, re.M), summary

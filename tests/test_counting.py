@@ -125,7 +125,8 @@ def test_exact_shapes_beyond_64_bits_of_dims() -> None:
 
 
 def test_merge_from_equals_adding_at_once_shapes_included() -> None:
-    rows = [launch(grid=g) for g in (1, 2, 2, 4)] + [alloc(0x1, 10), free(0x1, 10), sync(1, 5)]
+    rows = [launch(grid=g, device=g % 3) for g in (1, 2, 2, 4)]
+    rows += [alloc(0x1, 10), free(0x1, 10), sync(1, 5)]
     events = make(rows)
     whole, a, b = (Counts(shapes=Counter()) for _ in range(3))
     whole.add(events)
@@ -134,6 +135,7 @@ def test_merge_from_equals_adding_at_once_shapes_included() -> None:
     a.merge_from(b)
     assert a == whole and a.shapes == whole.shapes == {
         ((1, 1, 1), (32, 1, 1)): 1, ((2, 1, 1), (32, 1, 1)): 2, ((4, 1, 1), (32, 1, 1)): 1}
+    assert a.device_launches == whole.device_launches == {1: 2, 2: 2}
 
 
 def test_names_are_the_influxdb_contracts() -> None:

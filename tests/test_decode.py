@@ -32,13 +32,14 @@ def launch(
 
 
 def test_launch_fields() -> None:
-    events = make([launch(1000, (4, 2, 1), (128, 1, 1), bytes=256, stream=0x1000, handle=0xABC)])
+    events = make([launch(1000, (4, 2, 1), (128, 1, 1), bytes=256, stream=0x1000, handle=0xABC,
+                          device=1)])
     (event,) = decode(events, 5)
     assert event == {
         "type": "launch", "ts_ns": 1005, "pid": 10, "tid": 11, "api": "cudaLaunchKernel",
-        "layer": "runtime", "grid": [4, 2, 1], "block": [128, 1, 1], "shared_mem_bytes": 256,
-        "stream": 0x1000, "kernel": None, "kernel_full": None, "function": 0xABC,
-        "captured": False,
+        "layer": "runtime", "device": 1, "grid": [4, 2, 1], "block": [128, 1, 1],
+        "shared_mem_bytes": 256, "stream": 0x1000, "kernel": None, "kernel_full": None,
+        "function": 0xABC, "captured": False,
     }
 
 
@@ -124,6 +125,18 @@ def test_summary_counts_shapes_bandwidth_and_peak() -> None:
     assert summary.sync_ns["device"] == 2_000_000
     text = render(summary, "job", wall_s=0.01, drops=0)
     assert "kernel launches" in text and "(40,1,1)" in text and "12.00 GB/s" in text
+    assert "on device" not in text  # one device: no split
+
+
+def test_summary_splits_launches_per_device_when_there_are_several() -> None:
+    rows = [launch(t, (1, 1, 1), (32, 1, 1), device=t % 3) for t in range(7)]
+    rows += [launch(9, (1, 1, 1), (32, 1, 1), device=2, flags=0x40)]  # captured: not run
+    summary = Summary()
+    summary.add(Enricher(clock_offset_ns=0).enrich(make(rows)))
+    assert summary.counts.device_launches == {0: 3, 1: 2, 2: 2}
+    lines = render(summary, "job", wall_s=1.0, drops=0).splitlines()
+    assert [line.split() for line in lines if "on device" in line] == [
+        ["3", "on", "device", "0"], ["2", "on", "device", "1"], ["2", "on", "device", "2"]]
 
 
 def test_captured_launches_count_into_the_graph_and_its_replays() -> None:
@@ -157,7 +170,8 @@ def test_captured_launches_count_into_the_graph_and_its_replays() -> None:
     # A replay of a known exec carries its kernel nodes; an exec never seen made, none.
     assert [e["kernel_nodes"] for e in events if e["type"] == "graph_launch"] == [2, None]
     assert events[0] == {"type": "graph_capture", "ts_ns": 0, "pid": 10, "tid": 0,
-                         "api": "cudaStreamBeginCapture", "layer": "runtime", "phase": "begin",
+                         "api": "cudaStreamBeginCapture", "layer": "runtime", "device": 0,
+                         "phase": "begin",
                          "stream": 5, "graph": None, "kernel_nodes": None, "duration_ns": None,
                          "ok": None}
 

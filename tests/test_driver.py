@@ -19,7 +19,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from producer import discover, elfsyms
+from producer import discover, elfsyms, records
 from producer.errors import SetupError
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import Producer, wait_for_probe_releases
@@ -77,6 +77,10 @@ def test_real_libcuda_is_a_driver_with_every_probed_function() -> None:
     real_driver_or_skip()
     path = str(build.real_libcuda_dir() / build.LIBCUDA_SONAME)
     assert elfsyms.defined_functions(path, discover.DRIVER_SYMBOLS) == discover.DRIVER_SYMBOLS
+    # and what the device of each event is followed by (cuCtxCreate_v3/_v4 are newer)
+    device = {"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxSetCurrent",
+              "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"}
+    assert device <= elfsyms.defined_functions(path, records.DEVICE_FUNCTIONS)
     assert not elfsyms.defined_functions(path, discover.RUNTIME_SYMBOLS)
 
 

@@ -9,9 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from gpuflight.simgpu.build import find_cuda_include
 from producer import records
-from tests.conftest import REPO
-from tests.support.probe_table import bpf_programs, compiled_values, header_rows
+from producer.errors import SetupError
+from tests.conftest import REPO, require
+from tests.support.probe_table import (
+    bpf_programs,
+    compiled_values,
+    compiler,
+    header_rows,
+    name_probe_arguments,
+)
 
 HEADER = REPO / "bpf" / "events.h"
 
@@ -91,6 +99,9 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
         "#include <stdio.h>\n#include <stddef.h>\n#include <linux/types.h>\n"
         f'#include "{HEADER}"\nint main(void) {{\n{prints}\n'
         'printf("size %zu\\n", sizeof(struct gf_event));\n'
+        'printf("device_bytes %zu\\n", sizeof(((struct gf_event *)0)->device));\n'
+        'printf("device_signed %d\\n", (int)((__typeof__(((struct gf_event *)0)->device))-1'
+        ' < 0));\n'
         'printf("loader %zu\\n", sizeof(struct gf_loader_event));\nreturn 0; }\n'
     )
     binary = tmp_path / "layout"
@@ -100,6 +111,9 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
     for name in fields:
         assert int(out[name]) == records.EVENT_DTYPE.fields[name][1], name  # type: ignore[index]
     assert int(out["size"]) == records.EVENT_DTYPE.itemsize
+    device = records.EVENT_DTYPE.fields["device"][0]  # type: ignore[index]
+    assert (int(out["device_bytes"]), out["device_signed"] == "1") == (device.itemsize,
+                                                                      device.kind == "i")
     assert int(out["loader"]) == records.LOADER_EVENT_DTYPE.itemsize
     for name in records.LOADER_EVENT_DTYPE.names or ():
         offset = records.LOADER_EVENT_DTYPE.fields[name][1]  # type: ignore[index]
@@ -149,3 +163,41 @@ def test_name_record_layout_matches_header(tmp_path: Path) -> None:
 def test_name_kinds_match_header() -> None:
     header = {k.removeprefix("GF_NAME_"): v for k, v in _enum("gf_name_kind").items()}
     assert header == {k.name: k.value for k in records.NameKind}
+
+
+def test_device_probes_are_attached_with_their_return_half() -> None:
+    """The functions that keep the thread's device make no event (no api id), are attached as
+    the name functions are (by layer), and take effect at return (they need its result)."""
+    device_functions = {
+        "cudaSetDevice", "cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxCreate_v3",
+        "cuCtxCreate_v4", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"}
+    assert device_functions == records.DEVICE_FUNCTIONS
+    assert records.DEVICE_FUNCTIONS.isdisjoint(records.API_IDS)
+    assert records.DEVICE_FUNCTIONS <= (records.RUNTIME_NAME_FUNCTIONS
+                                        | records.DRIVER_NAME_FUNCTIONS)
+    assert records.DEVICE_FUNCTIONS <= records.NAME_WITH_RETURN
+    assert {"cudaSetDevice"} == records.RUNTIME_NAME_FUNCTIONS & records.DEVICE_FUNCTIONS
+
+
+def test_device_probes_read_the_cudevice_parameter(tmp_path: Path) -> None:
+    """The argument of each device row is the position of the device parameter in NVIDIA's own
+    prototypes (the CUDA 12 headers declare every cuCtxCreate version); 0 where none."""
+    try:
+        include = find_cuda_include(12)
+    except SetupError as exc:
+        require(str(exc))
+        raise
+    source = tmp_path / "protos.c"
+    source.write_text("#include <cuda.h>\n")
+    text = subprocess.run([compiler(), "-E", "-P", f"-I{include}", str(source)], check=True,
+                          capture_output=True, text=True).stdout
+    text += (include / "cuda_runtime_api.h").read_text()
+    arguments = name_probe_arguments()
+    for name in sorted(records.DEVICE_FUNCTIONS):
+        proto = re.search(rf"\b(?:CUresult|cudaError_t)\s+(?:CUDARTAPI\s+)?{name}\s*\(([^)]*)\)",
+                          text)
+        assert proto, f"no prototype of {name}"
+        params = [p.strip() for p in proto.group(1).split(",")]
+        devices = [i + 1 for i, p in enumerate(params)
+                   if re.fullmatch(r"(CUdevice|int) dev(ice)?", p)]
+        assert [int(arguments[name])] == (devices or [0]), (name, params)

@@ -31,7 +31,7 @@ class FakeRing:
         record = np.zeros(1, dtype=RECORD_DTYPE)
         record["len"] = length | flags
         record["event"]["ts_ns"] = ts
-        raw = record.tobytes()[: 8 + length] if length <= 80 else None
+        raw = record.tobytes()[: 8 + length] if length <= EVENT_DTYPE.itemsize else None
         if raw is None:
             raw = record.tobytes()[:8] + bytes(length)
         self._write(self.producer, raw)

@@ -27,6 +27,7 @@ def sample(n: int = 1000) -> np.ndarray:
     events["api"] = API_IDS["cudaLaunchKernel"]
     events["handle"] = 0x7F00_0000_1000
     events["dim"] = [40, 1, 1, 256, 1, 1]
+    events["device"] = rng.integers(0, 2, n)
     events[10]["type"] = EventType.FREE
     events[10]["api"] = API_IDS["cudaFree"]
     events[10]["flags"] = F_HAS_RESULT | F_BYTES_KNOWN
@@ -130,6 +131,33 @@ def test_unknown_columns_are_ignored_additive_changes() -> None:
     message["columns"]["future_column"] = list(range(len(events)))
     message["future_field"] = "x"
     assert wire.decode_events(orjson.dumps(message)).events.tobytes() == events.tobytes()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Field by field (a copy need not keep the struct's padding bytes)."""
+    return all(np.array_equal(a[f], b[f]) for f in EVENT_DTYPE.names or ())
+
+
+def test_the_device_column_is_additive_within_v1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message of a producer before "device" decodes as device 0; a reader before it (whose
+    COLUMNS lack it) reads a newer message as before, without the devices."""
+    events = sample()
+    assert set(events["device"].tolist()) == {0, 1}
+    message = orjson.loads(wire.encode_events(wire.EventBatch("h", 4242, 1, events)))
+    assert len(message["columns"]["device"]) == len(events)
+    on_device_0 = events.copy()
+    on_device_0["device"] = 0
+    older_message = {**message, "columns": {
+        k: v for k, v in message["columns"].items() if k != "device"}}
+    older = wire.decode_events(orjson.dumps(older_message)).events
+    assert _same(older, on_device_0)
+    assert {e["device"] for e in to_events(older)} == {0}
+    # All on device 0: the column is left out, like every column of zeros.
+    value = wire.encode_events(wire.EventBatch("h", 4242, 1, on_device_0))
+    assert "device" not in orjson.loads(value)["columns"]
+    monkeypatch.setattr(wire, "COLUMNS", tuple(c for c in wire.COLUMNS if c != "device"))
+    older_reader = wire.decode_events(orjson.dumps(message)).events
+    assert _same(older_reader, on_device_0)
 
 
 def test_topic_names_carry_the_major_version() -> None:

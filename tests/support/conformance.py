@@ -33,6 +33,13 @@ class TracedLaunches:
     unnamed: int = 0
     #: the pids that launched anything
     pids: set[int] = field(default_factory=set)
+    #: on_device(kernel_full, device) -> launches that ran on that device (the event's device)
+    launches_on_device: Counter[str] = field(default_factory=Counter)
+
+
+def on_device(name: str, device: int) -> str:
+    """The key of `TracedLaunches.launches_on_device`: a kernel name on a device."""
+    return f"{name} @ device {device}"
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
@@ -59,7 +66,11 @@ def traced_launches(
             if not name:
                 out.unnamed += 1
                 name = f"<unnamed {e.get('function')}>"
-            (out.captured if e.get("captured") else out.launches)[name] += 1
+            if e.get("captured"):
+                out.captured[name] += 1
+            else:
+                out.launches[name] += 1
+                out.launches_on_device[on_device(name, int(e.get("device", 0)))] += 1
         elif e["type"] == "graph_launch":
             out.graph_launches += 1
             out.graph_kernel_nodes += e.get("kernel_nodes") or 0

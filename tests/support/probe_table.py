@@ -42,6 +42,11 @@ def header_rows() -> list[Row]:
     return rows
 
 
+def name_probe_arguments() -> dict[str, str]:
+    """The argument column of GF_NAME_PROBES, by function (as the header spells it)."""
+    return dict(re.findall(r"X\((\w+),\s*\w+,\s*\w+,\s*(\w+)\)", _table("GF_NAME_PROBES")))
+
+
 def compiler() -> str:
     cc = shutil.which("cc")
     if cc is None:

@@ -3,6 +3,7 @@
     build_simgpu(outdir)            the stub runtime: outdir/libcudart.so.12
     build_capture(outdir, runtime)  outdir/capture-RUNTIME
     build_dlopen(outdir)            outdir/dlopen (links no CUDA runtime)
+    build_devices(outdir, sim)      outdir/devices, on gpuflight/simgpu's runtime and driver
     nvidia_runtime_dir(major)       .../site-packages/nvidia/{cuda_runtime,cu13}/lib
     runtime_library(outdir, runtime)  the file that holds the runtime's code
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from gpuflight.demo.build import SIMGPU_SONAME, build_simgpu, compile_c, link_args
+from gpuflight.simgpu.build import SimGpu
 from producer.errors import SetupError
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "WORKLOADS_DIR",
     "Runtime",
     "build_capture",
+    "build_devices",
     "build_dlopen",
     "build_simgpu",
     "nvidia_runtime_dir",
@@ -36,6 +39,7 @@ __all__ = [
 WORKLOADS_DIR = Path(__file__).resolve().parent
 CAPTURE_SOURCE = WORKLOADS_DIR / "capture.c"
 DLOPEN_SOURCE = WORKLOADS_DIR / "dlopen.c"
+DEVICES_SOURCE = WORKLOADS_DIR / "devices.c"
 
 Runtime = Literal["stub", "cu12", "cu13", "static12", "static13"]
 RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
@@ -111,6 +115,18 @@ def build_capture(outdir: Path, runtime: Runtime) -> Path:
     else:
         raise ValueError(f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
     return compile_c(output, [CAPTURE_SOURCE], [*args, "-lpthread"], inputs=inputs)
+
+
+def build_devices(outdir: Path, sim: SimGpu) -> Path:
+    """Build outdir/devices, linked against the simulated GPU's runtime (13) and driver."""
+    runtime, driver = sim.runtime(13), sim.driver
+    return compile_c(
+        Path(outdir) / "devices",
+        [DEVICES_SOURCE],
+        [*link_args(runtime.parent, runtime.name), *link_args(driver.parent, driver.name),
+         "-lpthread"],
+        inputs=[runtime, driver],
+    )
 
 
 def build_dlopen(outdir: Path) -> Path:

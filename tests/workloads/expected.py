@@ -6,7 +6,8 @@ multiset, in the JSON schema of gpuflight's records, keeping only the keys named
 in KEYS (no ts_ns, pid, tid, pointer values, results or durations):
 
     every event   type (launch|memcpy|memset|alloc|free|sync|graph_launch),
-                  api (the exact function name), layer ("runtime")
+                  api (the exact function name), layer ("runtime"), device (the
+                  calling thread's CUDA device; 0 where an oracle does not say)
     launch        grid [x, y, z], block [x, y, z], shared_mem_bytes, stream
     memcpy        bytes, kind (H2H|H2D|D2H|D2D|default), async, stream
                   (Peer copies are D2D; 2D copies move width*height bytes;
@@ -37,7 +38,7 @@ def layer_of_api(api: str) -> str:
     """Driver API functions are named cu*, runtime ones cuda* (CUDA's own convention)."""
     return LAYER if api.startswith("cuda") else DRIVER_LAYER
 
-COMMON_KEYS: tuple[str, ...] = ("type", "api", "layer")
+COMMON_KEYS: tuple[str, ...] = ("type", "api", "layer", "device")
 KEYS: dict[str, tuple[str, ...]] = {
     "launch": (*COMMON_KEYS, "grid", "block", "shared_mem_bytes", "stream"),
     "memcpy": (*COMMON_KEYS, "bytes", "kind", "async", "stream"),
@@ -290,6 +291,25 @@ def dlopen_events(iters: int) -> list[Event]:
         events.append(launch("cudaLaunchKernel", (7, 1, 1), (64, 1, 1), 0, 0))
         events.append(memcpy("cudaMemcpy", 512, "H2H", is_async=False))
     return events
+
+
+# ---- devices.c (on gpuflight/simgpu with two devices) ----------------------------
+
+
+def devices_events() -> list[Event]:
+    """Every event of `devices`: launches, block (32,1,1), told apart by grid x, each on the
+    device its thread had current."""
+    runtime = [("cudaLaunchKernel", g, d) for g, d in ((1, 0), (2, 1), (3, 1), (4, 1), (5, 0))]
+    driver = [("cuLaunchKernel", g, d) for g, d in ((6, 0), (7, 1), (8, 0), (9, 1), (10, 0),
+                                                       (11, 1))]
+    return [{**launch(api, (g, 1, 1), (32, 1, 1), 0, 0), "device": d}
+            for api, g, d in runtime + driver]
+
+
+def devices_launches_per_device() -> list[int]:
+    """Launches of `devices` per device (0, 1), as the simulated driver counts them."""
+    events = devices_events()
+    return [sum(1 for e in events if e["device"] == d) for d in (0, 1)]
 
 
 # ---- gpuflight/demo/fusion.c -----------------------------------------------------
@@ -561,7 +581,7 @@ def diff(
     names: bool = False,
 ) -> tuple[list[Event], list[Event]]:
     """(missing, unexpected): multiset difference of expected and projected actual events."""
-    want = Counter(_canonical(project(e, names)) for e in expected)
+    want = Counter(_canonical(project({"device": 0, **e}, names)) for e in expected)
     got = Counter(_canonical(project(e, names)) for e in actual)
     missing: list[Event] = []
     unexpected: list[Event] = []
