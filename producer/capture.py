@@ -86,6 +86,10 @@ class Capture:
         #: pid → the text ranges of probed CUDA files registered for it (probes.set_text_ranges).
         self._text: dict[int, frozenset[tuple[int, int]]] = {}
         self._loader_covered: set[int] = set()
+        #: Node-wide: the probed (or skipped) files each live process maps, and since when a
+        #: file has been mapped by none (settings.detach_unmapped_after_s).
+        self._keys_by_pid: dict[int, frozenset[discover.LibraryKey]] = {}
+        self._unmapped_since: dict[discover.LibraryKey, float] = {}
         self._next_rescan = 0.0
         #: Enriched events made after the last HTTP drain, waiting for the next (requests).
         self._held: npt.NDArray[np.void] = np.zeros(0, dtype=EVENT_DTYPE)
@@ -159,6 +163,7 @@ class Capture:
         attached = self.probes.attached
         for pid, keys in snapshot.libraries_by_pid.items():
             self._scanned.add(pid)
+            self._keys_by_pid[pid] = keys
             kinds = {attached[k].library.kind for k in keys if k in attached}
             self._register_text(pid, keys, snapshot)
             # A process whose loader is not probed (kernel threads, static programs)
@@ -214,13 +219,37 @@ class Capture:
         self._loader_covered &= live
         self._observed &= live
         self._http_wanted &= live
+        for gone in self._keys_by_pid.keys() - live:
+            del self._keys_by_pid[gone]
         if self.http_probes is not None and self.requests is not None:
             for gone in self.http_probes.watched - live:
                 self.http_probes.unwatch(gone)
                 self.requests.forget_pid(gone)
         todo = (live - self._scanned) | (live - self._loader_covered)
         self.scan(todo)
+        self._detach_unmapped()
         self.verdicts.save_if_dirty(min_interval_s=VERDICTS_SAVE_INTERVAL_S)
+
+    def _detach_unmapped(self) -> None:
+        """Node-wide, after a rescan (every live process scanned): detach the files no process
+        has mapped for settings.detach_unmapped_after_s. Under trace (a scope) the files go at
+        the end, with the command."""
+        after = self.settings.detach_unmapped_after_s
+        if self.settings.filter_pids or after < 0:
+            return
+        mapped: set[discover.LibraryKey] = set()
+        for keys in self._keys_by_pid.values():
+            mapped |= keys
+        now = time.monotonic()
+        known = self.probes.attached.keys() | self.probes.failed.keys()
+        for key in self._unmapped_since.keys() - known:
+            del self._unmapped_since[key]
+        for key in known:
+            if key in mapped:
+                self._unmapped_since.pop(key, None)
+            elif now - self._unmapped_since.setdefault(key, now) >= after:
+                del self._unmapped_since[key]
+                self.probes.forget_file(key)
 
     # -- the loop ----------------------------------------------------------
 

@@ -17,6 +17,7 @@ import fcntl
 import logging
 import os
 import resource
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -312,6 +313,28 @@ class Probes:
             log.warning("%d probe(s) could not be detached (%s): the kernel releases them when "
                         "gpuflight exits", failures, first)
         return failures
+
+    def forget_file(self, key: tuple[int, int]) -> None:
+        """Detach a file (and forget a skipped one): no process maps it any more. Its probes
+        are released on a thread of their own, many at a time (each waits for a grace
+        period), so that the capture loop goes on meanwhile; a file mapped again later is
+        attached again."""
+        self.failed.pop(key, None)
+        attached = self.attached.pop(key, None)
+        fds = self._links.pop(key, [])
+        if attached is not None:
+            log.debug("detaching %s: no process maps it any more", attached.library.path)
+        if fds:
+            threading.Thread(target=self._detach_at_once, args=(fds,), name="gf-detach",
+                             daemon=True).start()
+
+    def _detach_at_once(self, fds: list[int]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(32, len(fds))) as pool:
+            failed = sum(pool.map(lambda fd: self._detach([fd]), fds))
+        if failed:
+            log.debug("%d probe(s) of a file no process maps could not be detached", failed)
 
     def skipped_cuda(self) -> list[SkippedFile]:
         """The CUDA runtime and driver files that are not probed at all."""

@@ -83,6 +83,10 @@ class CaptureSettings:
     #: Capture the HTTP/1.1 requests the captured processes serve, and attribute every CUDA
     #: call to its request(s) (bpf/http.bpf.h, producer/requesttrack.py).
     http: bool = False
+    #: Node-wide: a probed library file that no process has mapped for this long is detached
+    #: (a finished job's, a deleted image's): its probes hold file descriptors and kernel
+    #: memory. Negative: never.
+    detach_unmapped_after_s: float = 60.0
     #: With `http` in trace mode (a scope, holds): set the HTTP capture up at the first
     #: listen(2) of a process in scope, held meanwhile, rather than at start (needs tracefs).
     http_at_listen: bool = True

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -278,3 +280,72 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     assert tracing.run([str(binary), "--iters", "5"], output=second,
                        print_summary=False).exit_code == 0
     assert_exact(want, read_events(second))
+
+
+def _links_to(path: Path) -> int:
+    """How many uprobe links of this process point into `path` (their fdinfo says)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        if "uprobe" in info and f"path:\t{path}\n" in info:
+            count += 1
+    return count
+
+
+def test_the_node_agent_detaches_a_file_no_process_maps_any_more(
+    bindir: Path, tmp_path: Path
+) -> None:
+    """Node-wide, a library file whose last process is gone (a finished job's, a deleted
+    image's) is detached after settings.detach_unmapped_after_s: its probes' fds are closed
+    (in the soak, 11,856 an hour kept open before), and a process that maps it later has it
+    attached again, captured exactly."""
+    from producer.capture import Capture
+    from producer.settings import CaptureSettings
+    from producer.sinks import MemorySink
+
+    binary = build.build_capture(bindir, "stub")
+    lib = tmp_path / "lib"
+    shutil.copytree(bindir / "simgpu", lib)
+    runtime = (lib / "libcudart.so.12").resolve()
+    key = (runtime.stat().st_dev, runtime.stat().st_ino)
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(lib)}
+    sink = MemorySink()
+    capture = Capture(CaptureSettings(detach_unmapped_after_s=0.0), [sink])
+
+    def step_until(done: Any, what: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < deadline, what
+            capture.step()
+
+    try:
+        capture.start()
+        first = subprocess.Popen([str(binary), "--start-delay-ms", "600000"], env=env)
+        step_until(lambda: key in capture.probes.attached, "the runtime was never attached")
+        assert _links_to(runtime) > 0
+        first.kill()
+        first.wait()
+        step_until(lambda: key not in capture.probes.attached, "the runtime stayed attached")
+        step_until(lambda: _links_to(runtime) == 0, "its probes' links stayed open")
+
+        # Node-wide nothing is held: the job is stopped once it maps the runtime (it waits
+        # a second before its first call) until the runtime is attached again.
+        second = subprocess.Popen([str(binary), "--iters", "5", "--start-delay-ms", "1000"],
+                                  env=env)
+        step_until(lambda: str(lib) in Path(f"/proc/{second.pid}/maps").read_text(),
+                   "the second job never mapped the runtime")
+        os.kill(second.pid, signal.SIGSTOP)
+        try:
+            step_until(lambda: key in capture.probes.attached, "not attached again")
+        finally:
+            os.kill(second.pid, signal.SIGCONT)
+        step_until(lambda: second.poll() is not None, "the second job did not end")
+        capture.drain(until_empty=True)
+        assert second.returncode == 0
+    finally:
+        capture.close()
+    assert_exact(expected.capture_events(1, 5),
+                 [e for e in sink.events if e["pid"] == second.pid])
