@@ -467,11 +467,13 @@ class Probes:
 #
 # So, as libbpf does: where the kernel has them (Linux 6.6+), a BPF uprobe_multi link per probe
 # (one offset each: each function has a program of its own), ref_ctr_offset 0. Not the uprobe
-# PMU: a perf-event uprobe on a file a big process maps (PyTorch's) takes the kernel 17-32 ms
-# to register and ~100 ms to release, a uprobe_multi link 0.1-0.3 ms and ~50 ms (bench/
-# RESULTS.md, "Start-up"): for the ~320 probes of a PyTorch process, ~7 s of being held at its
-# dlopens against ~0.1 s. Older kernels: perf_event_open(2) on the uprobe PMU, then a BPF link
-# (5.15+) or PERF_EVENT_IOC_SET_BPF. One fd per probe; closing it detaches.
+# PMU: releasing a perf-event uprobe takes the kernel ~100 ms, one after another however many
+# threads close them, a link ~50 ms alone and ~2.7 ms 32 at a time; and while perf uprobes are
+# being released (an earlier trace's releaser), registering one took 1-11 ms where a link took
+# 0.1-0.3 ms: a traced PyTorch start-up was held ~7 s at its dlopens for ~320 probes, ~0.1 s
+# with links (bench/attach_cost.py, bench/RESULTS.md). Older kernels: perf_event_open(2) on
+# the uprobe PMU, then a BPF link (5.15+) or PERF_EVENT_IOC_SET_BPF. One fd per probe; closing
+# it detaches.
 
 _NR_PERF_EVENT_OPEN = 298  # x86-64, the one machine the probes support (environment.py)
 _NR_BPF = 321
