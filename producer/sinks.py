@@ -6,6 +6,7 @@ switched off with one line in the log and its loss counted, and the other sinks 
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 import time
@@ -51,11 +52,17 @@ class EventSink(Protocol):
     def close(self) -> None: ...
 
 
+#: What JsonLinesSink holds before it writes, whatever the flush interval.
+FLUSH_BYTES = 1 << 20
+
+
 class JsonLinesSink:
     """`--output FILE`: one JSON object per event and line ('-' is stdout).
 
     What is written reaches the file (the page cache) within `flush_interval_s`, so a quiet
-    node's events survive a SIGKILL of the agent."""
+    node's events survive a SIGKILL of the agent. It keeps its own buffer (not Python's), so
+    that when a write fails (a full disk) it knows exactly which events never reached the
+    file: `unwritten_events`, counted lost by Guarded, and dropped rather than tried again."""
 
     def __init__(self, path: Path | str, kernels: KernelNames | None = None,
                  flush_interval_s: float = 0.2) -> None:
@@ -63,8 +70,10 @@ class JsonLinesSink:
         self._own = str(path) != "-"
         self.name = f"--output {path}"
         try:
+            # Unbuffered: this sink's own buffer (below) is the one, so a failed write says
+            # which events did not get out (stdout stays buffered: shared with the process).
             self._file: BinaryIO = (
-                open(path, "wb") if self._own else sys.stdout.buffer  # noqa: SIM115
+                open(path, "wb", buffering=0) if self._own else sys.stdout.buffer  # noqa: SIM115
             )
         except OSError as exc:
             raise UsageError(f"cannot write --output {path}: {exc.strerror}") from None
@@ -72,6 +81,11 @@ class JsonLinesSink:
         self.requests_written = 0
         self._flush_interval_s = flush_interval_s
         self._unflushed_since: float | None = None
+        #: Encoded lines not written yet, each chunk with the events it holds.
+        self._chunks: list[tuple[bytes, int]] = []
+        self._chunk_bytes = 0
+        #: After a failed write: the events of it that did not reach the file (else None).
+        self.unwritten_events: int | None = None
 
     takes_attribution = True
 
@@ -79,32 +93,60 @@ class JsonLinesSink:
               attribution: EventAttribution | None = None) -> None:
         decoded = to_events(events, self._kernels, attribution)
         if decoded:
-            self._lines(decoded)
             self.written += len(decoded)
+            self._lines(decoded, len(decoded))
 
     def write_requests(self, pid: int, answered: Sequence[WithRecord],
                        unattributed: Mapping[str, float]) -> None:
         """One line per request ("type": "request"); the unattributed cost is what the
         events without `request_id` or `requests` add up to, so it needs no line."""
         if answered:
-            self._lines([request_event(pid, a.record) for a in answered])
+            self._lines([request_event(pid, a.record) for a in answered], 0)
             self.requests_written += len(answered)
 
-    def _lines(self, decoded: list[Event]) -> None:
-        self._file.write(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)
-                                  for e in decoded))
+    def _lines(self, decoded: list[Event], events: int) -> None:
+        data = b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE) for e in decoded)
+        self._chunks.append((data, events))
+        self._chunk_bytes += len(data)
         if self._unflushed_since is None:
             self._unflushed_since = time.monotonic()
+        if self._chunk_bytes >= FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write what is held. On failure the lines not written whole are dropped, their
+        events in `unwritten_events`, and the error raised."""
+        self._unflushed_since = None
+        chunks, self._chunks, self._chunk_bytes = self._chunks, [], 0
+        done = 0
+        try:
+            for data, _ in chunks:
+                view = memoryview(data)
+                while view:  # a raw file may take part of it
+                    taken = self._file.write(view)
+                    if not taken:
+                        raise OSError(errno.EIO, "the output took nothing")
+                    view = view[taken:]
+                done += 1
+        except OSError:
+            # The chunk that failed, and those after it: their events did not all get out
+            # (a chunk cut short counts whole: lost is never less than what went missing).
+            self.unwritten_events = sum(n for _, n in chunks[done:])
+            raise
+        try:
+            self._file.flush()  # stdout's own buffer
+        except OSError:
+            self.unwritten_events = sum(n for _, n in chunks)
+            raise
 
     def tick(self) -> None:
         since = self._unflushed_since
         if since is not None and time.monotonic() - since >= self._flush_interval_s:
-            self._unflushed_since = None
-            self._file.flush()
+            self._flush()
 
     def close(self) -> None:
         try:
-            self._file.flush()
+            self._flush()
         finally:
             if self._own:
                 self._file.close()
@@ -174,7 +216,10 @@ class Guarded:
             else:
                 self.sink.write(events)
         except Exception as exc:
-            self.lost += len(events)
+            # A sink that knows which of its events never reached it says so (JsonLinesSink:
+            # this batch and the ones it held); else this batch is what is lost.
+            unwritten = getattr(self.sink, "unwritten_events", None)
+            self.lost += len(events) if unwritten is None else unwritten
             self._fail(exc)
 
     def write_requests(self, pid: int, answered: Sequence[Answered],
@@ -192,6 +237,7 @@ class Guarded:
             try:
                 self.sink.tick()
             except Exception as exc:
+                self.lost += getattr(self.sink, "unwritten_events", None) or 0
                 self._fail(exc)
 
     def close(self) -> None:
@@ -199,6 +245,7 @@ class Guarded:
             try:
                 self.sink.close()
             except Exception as exc:
+                self.lost += getattr(self.sink, "unwritten_events", None) or 0
                 self._fail(exc)
             return
         # Release what it holds (a file descriptor); its error is known already.
