@@ -23,6 +23,8 @@
  *   GF_HOLD_ON_LISTEN 1: a listen(2) in scope is reported, and held (needs tracefs)
  *   GF_ATTACH_COOKIE  1: the kernel has bpf_get_attach_cookie (5.15)
  *   GF_NAMES_PAGES    size of the `names` ring buffer in pages (power of two)
+ *   GF_TALLY_DIR_SET  1: keep the tally, pinned in the bpffs directory GF_TALLY_DIR (a string),
+ *                     for up to GF_TALLY_PIDS processes
  */
 #include <uapi/linux/ptrace.h>
 #include "events.h"
@@ -45,6 +47,9 @@
 #ifndef GF_HOLD_ON_LISTEN
 #define GF_HOLD_ON_LISTEN 0
 #endif
+#ifndef GF_TALLY_DIR_SET
+#define GF_TALLY_DIR_SET 0
+#endif
 #ifndef GF_ATTACH_COOKIE
 #define GF_ATTACH_COOKIE 0
 #endif
@@ -64,6 +69,16 @@ BPF_RINGBUF_OUTPUT(names, GF_NAMES_PAGES);
 /* Counters by enum gf_drop_slot (events.h): what was lost, and driver calls left out. */
 BPF_PERCPU_ARRAY(drops, u64, GF_DROP_SLOTS);
 BPF_HASH(drops_by_pid, u32, u64, 16384);
+
+/* The tally (node agent with Kafka only): events committed to `events` per pid, and what the
+ * agent says became of them (struct gf_settled), both pinned in GF_TALLY_DIR so that they
+ * outlive an agent killed with SIGKILL; the next agent reports what it never published. */
+#if GF_TALLY_DIR_SET
+BPF_TABLE_PINNED("hash", u32, u64, committed, GF_TALLY_PIDS, GF_TALLY_DIR "/committed");
+BPF_TABLE_PINNED("hash", u32, struct gf_settled, settled, GF_TALLY_PIDS, GF_TALLY_DIR "/settled");
+/* Set when the agent stops: what is committed after it was never going to be read. */
+BPF_ARRAY(tally_frozen, u32, 1);
+#endif
 BPF_HASH(scope_pids, u32, u8, 65536);
 
 struct gf_inflight_key {
@@ -228,6 +243,22 @@ static __always_inline struct gf_event *gf_begin(struct pt_regs *ctx, int layer,
 
 static __always_inline void gf_commit(struct gf_event *ev)
 {
+#if GF_TALLY_DIR_SET
+	u32 first = 0;
+	u32 *frozen = tally_frozen.lookup(&first);
+	if (!frozen || !*frozen) {
+		u32 pid = ev->pid;
+		u64 zero = 0;
+		u64 *n = committed.lookup_or_try_init(&pid, &zero);
+		if (!n) {
+			/* The tally is full: not committed (counted lost now, not unknown later). */
+			events.ringbuf_discard(ev, BPF_RB_NO_WAKEUP);
+			gf_count_drop(GF_DROP_EVENTS, pid);
+			return;
+		}
+		__sync_fetch_and_add(n, 1);
+	}
+#endif
 	/* No wake-up: the reader drains on its own schedule, which keeps the
 	 * per-call cost down to the reservation itself. */
 	events.ringbuf_submit(ev, BPF_RB_NO_WAKEUP);

@@ -210,6 +210,17 @@ struct gf_thread_device {
 	__s32 below[GF_CTX_STACK];
 };
 
+/* The value of the pinned `settled` map (key: pid; producer/records.py SETTLED_DTYPE), written
+ * only by the node agent: of the events the kernel committed for the pid (the pinned
+ * `committed` map, key: pid, value: u64), how many the agent saw delivered to Kafka, and how
+ * many it dropped and said so in a metrics record Kafka acknowledged. A restarted agent reads a
+ * dead one's pair: committed − delivered − dropped is what the dead one never published nor
+ * counted (producer/tally.py). */
+struct gf_settled {
+	__u64 delivered;
+	__u64 dropped;
+};
+
 /* Slots of the `drops` per-CPU array (producer/records.py: DropSlot). */
 enum gf_drop_slot {
 	GF_DROP_EVENTS = 0,    /* events lost: the `events` ring buffer was full */

@@ -183,6 +183,8 @@ def _kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> K
         settings = replace(settings, close_timeout_s=args.kafka_close_timeout)
     if getattr(args, "cmdline", None) is not None:
         settings = replace(settings, cmdline=args.cmdline)
+    if getattr(args, "kafka_flush_interval", None) is not None:
+        settings = replace(settings, flush_interval_s=args.kafka_flush_interval)
     return settings
 
 
@@ -216,6 +218,13 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         metavar="S",
         help="at shutdown, how long to wait for Kafka to take what is queued (default 30)",
+    )
+    producer.add_argument(
+        "--kafka-flush-interval",
+        type=_positive,
+        default=0.25,
+        metavar="S",
+        help="how long a process's events wait to be sent together (default %(default)s)",
     )
     producer.add_argument(
         "--cmdline", choices=CMDLINE_MODES, default="redacted",

@@ -449,12 +449,14 @@ def job() -> dict[str, Any]:
             unit(m.ERRORS, Fields.COUNT)),
         timeseries(lay, "Events lost by the producer", [target(
             "A", f'SELECT last("{Fields.DROPPED_KERNEL}") AS "kernel_ring", '
-                 f'last("{Fields.DROPPED_USER}") AS "kafka_queue" '
+                 f'last("{Fields.DROPPED_USER}") AS "kafka_queue", '
+                 f'last("{Fields.DROPPED_AGENT_DIED}") AS "producer_killed" '
                  f'FROM "{m.EVENTS_LOST.name}" {f} {EVERY}{tags(Tags.HOST)}',
             alias="$tag_host $col")],
             unit(m.EVENTS_LOST, Fields.DROPPED_KERNEL),
             description="Events of the job's processes the producer could not keep, since it "
-                        "started: its kernel ring buffer was full, or its Kafka queue was. "
+                        "started: its kernel ring buffer was full, its Kafka queue was, or a "
+                        "producer killed outright never published them (counted by the next). "
                         "No line: nothing lost. Where there is one, the other panels show "
                         "lower bounds (`gpuflight report` gives the loss in a range)."),
         timeseries(lay, "Events not counted by the stream worker", [target(

@@ -6,6 +6,7 @@ also publishes its own metrics and (where NVML is there) GPU samples.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import signal
@@ -15,11 +16,12 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from producer import wire
+from producer import tally, wire
 from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import check_can_probe
 from producer.errors import UsageError
+from producer.probes import read_pinned_tally
 from producer.publish import KafkaSettings, KafkaSink
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink
@@ -34,7 +36,8 @@ LOG_INTERVAL_S = 30.0
 NVML_INTERVAL_S = 1.0
 
 
-def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float) -> wire.MetricsRecord:
+def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float,
+                   ledger: tally.Ledger | None = None) -> wire.MetricsRecord:
     drops = capture.drops()
     http_lost, http_untracked = capture.http_drops()
     return wire.MetricsRecord(
@@ -56,6 +59,8 @@ def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float) ->
         requests=capture.stats.requests,
         http_records_lost=http_lost,
         http_connections_untracked=http_untracked,
+        dropped_agent_died=ledger.dead_total if ledger else 0,
+        dropped_agent_died_by_pid=dict(ledger.dead_by_pid) if ledger else {},
     )
 
 
@@ -97,9 +102,17 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     )
     if kafka_sink is not None:
         sinks.append(kafka_sink)
+    tally_dir = _tally_dir(settings) if kafka_sink is not None else None
+    if tally_dir is not None:
+        settings = dataclasses.replace(settings, tally_dir=tally_dir)
     capture = Capture(settings, sinks, enricher)
+    ledger = None
     if kafka_sink is not None:
         capture.process_observers.append(kafka_sink.observe)
+        if tally_dir is not None:
+            ledger = tally.Ledger(capture.probes, tally_dir, proc_root=settings.proc_root)
+            kafka_sink.on_delivered = ledger.delivered
+            ledger.collect_dead(read_pinned_tally)
     capture.start()
     status = StatusFile(status_file) if status_file is not None else None
     started = time.monotonic()
@@ -130,16 +143,26 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
                     kafka_sink.publish_nvml(wire.NvmlRecord(kafka_sink.host, time.time_ns(),
                                                             tuple(samples.get())))
             if time.monotonic() >= next_report:
-                _report(capture, kafka_sink, kafka, started)
+                _report(capture, kafka_sink, kafka, started, ledger)
+                if ledger is not None:
+                    ledger.sweep(lambda pid: (settings.proc_root / str(pid)).exists())
                 next_report += interval
             _status(status, capture, STATE_READY)
     finally:
         nvml_stop.set()
+        if ledger is not None:
+            ledger.freeze()
         capture.finish()  # everything, held-back events included, before the last metrics
         if kafka_sink is not None and kafka is not None:
             # The last metrics say what was delivered, so deliver first.
+            deadline = time.monotonic() + kafka.close_timeout_s
             kafka_sink.flush(kafka.close_timeout_s)
-        _report(capture, kafka_sink, kafka, started)
+            _report(capture, kafka_sink, kafka, started, ledger)
+            kafka_sink.flush(max(0.0, deadline - time.monotonic()))  # its ack settles drops
+        else:
+            _report(capture, kafka_sink, kafka, started)
+        if ledger is not None:
+            ledger.close()
         drops = capture.close()
     log.info(
         "stopped: captured %d events, dropped %d in the kernel%s%s",
@@ -172,11 +195,26 @@ def _status(status: StatusFile | None, capture: Capture, state: str, force: bool
     )
 
 
+def _tally_dir(settings: CaptureSettings) -> Path | None:
+    """This agent's tally directory, or None (logged once: a SIGKILL's losses go uncounted)."""
+    try:
+        return tally.prepare(proc_root=settings.proc_root)
+    except tally.TallyUnavailable as exc:
+        log.warning("tally: %s; events a killed agent never published will not be counted",
+                    exc)
+        return None
+
+
 def _report(
-    capture: Capture, sink: KafkaSink | None, kafka: KafkaSettings | None, started: float
+    capture: Capture, sink: KafkaSink | None, kafka: KafkaSettings | None, started: float,
+    ledger: tally.Ledger | None = None,
 ) -> None:
-    record = metrics_record(capture, sink, started)
+    record = metrics_record(capture, sink, started, ledger)
     if sink is not None and kafka is not None:
-        sink.publish_metrics(record)
+        acknowledged = None
+        if ledger is not None:
+            dead = bool(record.dropped_agent_died_by_pid)
+            acknowledged = lambda: ledger.published(record.dropped_user_by_pid, dead)  # noqa: E731
+        sink.publish_metrics(record, acknowledged)
     else:
         log.info("captured %d events, dropped %d", record.captured, record.dropped_kernel)

@@ -42,6 +42,7 @@ from producer.records import (
     NAME_EVENT_DTYPE,
     NAME_WITH_RETURN,
     RUNTIME_NAME_FUNCTIONS,
+    SETTLED_DTYPE,
     TEXT_RANGES_DTYPE,
     WITH_RETURN,
 )
@@ -422,6 +423,41 @@ class Probes:
             forwarded=totals[FORWARDED],
         )
 
+    # -- the tally (producer/tally.py): node agent with Kafka only ----------------------
+
+    def tally_committed(self) -> dict[int, int]:
+        """Events committed per pid so far (empty without a tally)."""
+        if self._settings.tally_dir is None:
+            return {}
+        return {int(k.value): int(v.value) for k, v in self._bpf[b"committed"].items()}
+
+    def settle(self, pid: int, delivered: int, dropped: int) -> None:
+        """Say what became of a pid's events: `delivered` acknowledged by Kafka, `dropped`
+        counted lost in an acknowledged metrics record (totals). Never raises (logged)."""
+        if self._settings.tally_dir is None:
+            return
+        table = self._bpf[b"settled"]
+        try:
+            table[table.Key(pid)] = table.Leaf(delivered, dropped)
+        except Exception as exc:  # the map full: the pid's events would count lost if killed
+            log.debug("tally: cannot settle pid %d: %s", pid, exc)
+
+    def freeze_tally(self) -> None:
+        """Stop counting: the agent is stopping, and reads nothing committed after this."""
+        if self._settings.tally_dir is not None:
+            table = self._bpf[b"tally_frozen"]
+            table[table.Key(0)] = table.Leaf(1)
+
+    def forget_tally(self, pids: Iterable[int]) -> None:
+        """Drop finished pids (every event settled) from the tally, making room."""
+        if self._settings.tally_dir is None:
+            return
+        for name in (b"committed", b"settled"):
+            table = self._bpf[name]
+            for pid in pids:
+                with contextlib.suppress(KeyError):
+                    del table[table.Key(pid)]
+
     def close(self, background: bool = True) -> None:
         """Detach everything; never raises (a failure to detach is logged: the kernel
         releases whatever this process still holds when it exits). Releasing a uprobe
@@ -704,6 +740,47 @@ class UprobeLinks:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         return result
+
+
+def read_pinned_tally(directory: Path) -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
+    """A dead agent's pinned tally (producer/tally.py): events committed per pid, and per pid
+    (delivered, dropped) as it settled them. OSError when the maps cannot be opened."""
+    from bcc import libbcc  # the one bcc import (this module)
+
+    lib = libbcc.lib
+
+    def open_map(name: str) -> int:
+        fd = int(lib.bpf_obj_get(str(directory / name).encode()))
+        if fd < 0:
+            err = ctypes.get_errno() or errno.ENOENT
+            raise OSError(err, f"{directory / name}: {os.strerror(err)}")
+        return fd
+
+    def entries(fd: int, dtype: np.dtype[Any]) -> dict[int, np.void]:
+        out = {}
+        key, next_key = ctypes.c_uint32(), ctypes.c_uint32()
+        value = ctypes.create_string_buffer(dtype.itemsize)
+        start = None  # NULL: the first key
+        while lib.bpf_get_next_key(fd, start, ctypes.byref(next_key)) == 0:
+            key.value = next_key.value
+            start = ctypes.byref(key)
+            if lib.bpf_lookup_elem(fd, ctypes.byref(key), value) == 0:
+                out[key.value] = np.frombuffer(value.raw, dtype=dtype)[0]
+        return out
+
+    committed_fd = open_map("committed")
+    try:
+        settled_fd = open_map("settled")
+        try:
+            committed = {pid: int(v) for pid, v in
+                         entries(committed_fd, np.dtype("<u8")).items()}
+            settled = {pid: (int(v["delivered"]), int(v["dropped"]))
+                       for pid, v in entries(settled_fd, SETTLED_DTYPE).items()}
+        finally:
+            os.close(settled_fd)
+    finally:
+        os.close(committed_fd)
+    return committed, settled
 
 
 def _strerror(err: int) -> str:

@@ -166,6 +166,8 @@ class KafkaSink:
         self.failed_events = 0
         self.dropped_events = 0
         self.dropped_by_pid: Counter[int] = Counter()
+        #: Told of every events message Kafka acknowledged: (pid, events) (the tally's ledger).
+        self.on_delivered: Callable[[int, int], None] | None = None
         self.messages = 0
         self.message_bytes = 0
 
@@ -311,9 +313,11 @@ class KafkaSink:
             )
         return who
 
-    def publish_metrics(self, record: wire.MetricsRecord) -> None:
+    def publish_metrics(self, record: wire.MetricsRecord,
+                        acknowledged: Callable[[], None] | None = None) -> None:
+        """Publish the producer's counters; `acknowledged` is called once Kafka has them."""
         self._produce(self._topics.metrics, key=wire.host_key(record.host),
-                      value=wire.encode_metrics(record))
+                      value=wire.encode_metrics(record), acknowledged=acknowledged)
 
     def publish_nvml(self, record: wire.NvmlRecord) -> None:
         self._produce(self._topics.nvml, key=wire.host_key(record.host),
@@ -328,8 +332,9 @@ class KafkaSink:
         timestamp_ms: int | None = None,
         events: int = 0,
         pid: int | None = None,
+        acknowledged: Callable[[], None] | None = None,
     ) -> None:
-        callback = functools.partial(self._on_delivery, events)
+        callback = functools.partial(self._on_delivery, events, pid, acknowledged)
         kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": callback}
         if timestamp_ms is not None:
             kwargs["timestamp"] = timestamp_ms
@@ -349,11 +354,21 @@ class KafkaSink:
         self.messages += 1
         self.message_bytes += len(value)
 
-    def _on_delivery(self, events: int, error: Any, _message: Any) -> None:
+    def _on_delivery(self, events: int, pid: int | None,
+                     acknowledged: Callable[[], None] | None, error: Any,
+                     _message: Any) -> None:
         if error is None:
             self.delivered_events += events
+            if pid is not None and events and self.on_delivered is not None:
+                self.on_delivered(pid, events)
+            if acknowledged is not None:
+                acknowledged()
         else:
+            # Lost for good (librdkafka gave up): counted with the drops, by pid.
             self.failed_events += events
+            self.dropped_events += events
+            if pid is not None and events:
+                self.dropped_by_pid[pid] += events
             log.error("Kafka delivery failed: %s", error)
 
     def _on_error(self, error: Any) -> None:

@@ -323,6 +323,8 @@ TEXT_RANGES_DTYPE: Final = np.dtype(
 #: struct gf_loader_event.
 LOADER_EVENT_DTYPE: Final = np.dtype(
     [("pid", "<u4"), ("held", "<u2"), ("reason", "<u2"), ("ts_ns", "<u8")])
+#: struct gf_settled (the pinned tally's `settled` map; producer/tally.py)
+SETTLED_DTYPE: Final = np.dtype([("delivered", "<u8"), ("dropped", "<u8")])
 #: enum gf_loader_reason
 LOADER_MAPPED: Final = 0
 LOADER_LISTEN: Final = 1

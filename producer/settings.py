@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from producer.tally import TALLY_PIDS
+
 
 def _default_bpf_dir() -> Path:
     """Where the BPF sources are: $GPUFLIGHT_BPF_DIR, else the package data `producer.bpf`
@@ -93,6 +95,10 @@ class CaptureSettings:
     #: Where what each library file defines is kept across runs, so a file is classified
     #: once, not once per run (default_cache_dir; None: not kept).
     verdict_cache_dir: Path | None = field(default_factory=default_cache_dir)
+    #: Node agent with Kafka: the bpffs directory of this agent's pinned tally (what the kernel
+    #: committed per pid, what became of it), which a killed agent leaves for the next one to
+    #: report (producer/tally.py). None: no tally.
+    tally_dir: Path | None = None
 
     @property
     def ringbuf_bytes(self) -> int:
@@ -119,4 +125,6 @@ class CaptureSettings:
             f"-DGF_WATCH_EXEC={int(self.watch_exec)}",
             f"-DGF_HOLD_ON_LISTEN={int(self.http_on_listen)}",
             f"-DGF_ATTACH_COOKIE={int(kernel_at_least(5, 15))}",
+            *(["-DGF_TALLY_DIR_SET=1", f'-DGF_TALLY_DIR="{self.tally_dir}"',
+               f"-DGF_TALLY_PIDS={TALLY_PIDS}"] if self.tally_dir is not None else []),
         ]

@@ -108,9 +108,13 @@ started (a restart begins again at 0):
    # added within v1 (optional, default 0):
    "driver_libraries_attached": int, # driver library files probed
    "dropped_names": int,             # kernel-name records lost in the kernel
-   "forwarded_driver_calls": int}    # driver calls left out as the runtime's own
+   "forwarded_driver_calls": int,    # driver calls left out as the runtime's own
+   "requests": int, "http_records_lost": int, "http_connections_untracked": int,
+   "dropped_agent_died": int,        # events a killed earlier agent never published nor
+   "dropped_agent_died_by_pid": {PID: int}}   # counted (the kernel's tally, producer/tally.py)
 
-PID keys are decimal strings (JSON object keys); every field but the last three is required.
+PID keys are decimal strings (JSON object keys); every field after "libraries_attached" is
+optional (added within v1).
 
 An NVML message (`NvmlRecord` of `GpuSample`s of `GpuProcessSample`s), every second:
 
@@ -569,6 +573,11 @@ class MetricsRecord:
     requests: Count = 0
     http_records_lost: Count = 0
     http_connections_untracked: Count = 0
+    #: Events an earlier agent on this host captured but never published nor counted, because
+    #: it was killed (SIGKILL, OOM): reported by the next agent from the kernel's pinned tally
+    #: (producer/tally.py), in all and by pid; since this agent started.
+    dropped_agent_died: Count = 0
+    dropped_agent_died_by_pid: ByPid = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ from producer.counting import (
 )
 from producer.wire import MetricsRecord, NvmlRecord
 from streams import measurements as m
-from streams.measurements import Fields, FieldValue, Point, Tags
+from streams.measurements import LOST_FIELDS, Fields, FieldValue, Point, Tags
 
 # The histogram and kernel-key helpers are the counting core's; the stream app's callers
 # reach them here.
@@ -538,6 +538,7 @@ def pipeline_point(record: MetricsRecord) -> Point:
         Fields.PUBLISHED: record.published,
         Fields.DROPPED_KERNEL: record.dropped_kernel,
         Fields.DROPPED_USER: record.dropped_user,
+        Fields.DROPPED_AGENT_DIED: record.dropped_agent_died,
         Fields.QUEUE_MESSAGES: record.queue_messages,
         Fields.REQUESTS: record.requests,
         Fields.HTTP_RECORDS_LOST: record.http_records_lost,
@@ -549,11 +550,11 @@ def lost_points(record: MetricsRecord, job_of_pid: Callable[[int], str]) -> list
     for the jobs that lost any."""
     by_job: dict[str, dict[str, int]] = {}
     for field_name, by_pid in ((Fields.DROPPED_KERNEL, record.dropped_kernel_by_pid),
-                               (Fields.DROPPED_USER, record.dropped_user_by_pid)):
+                               (Fields.DROPPED_USER, record.dropped_user_by_pid),
+                               (Fields.DROPPED_AGENT_DIED, record.dropped_agent_died_by_pid)):
         for pid, count in by_pid.items():
             if count > 0:
-                sums = by_job.setdefault(job_of_pid(pid),
-                                         {Fields.DROPPED_KERNEL: 0, Fields.DROPPED_USER: 0})
+                sums = by_job.setdefault(job_of_pid(pid), dict.fromkeys(LOST_FIELDS, 0))
                 sums[field_name] += count
     return [Point(m.EVENTS_LOST.name, {Tags.HOST: record.host, Tags.JOB: job}, dict(sums),
                   record.ts_ns)

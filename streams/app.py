@@ -229,7 +229,8 @@ class Worker:
 
     def _unknown_lossy_pids(self, record: wire.MetricsRecord) -> set[int]:
         host = record.host
-        return {p for p in (*record.dropped_kernel_by_pid, *record.dropped_user_by_pid)
+        return {p for p in (*record.dropped_kernel_by_pid, *record.dropped_user_by_pid,
+                            *record.dropped_agent_died_by_pid)
                 if self.directory.latest_job(host, p) is None
                 and (host, p) not in self._lossy_unknown}
 

@@ -125,6 +125,7 @@ class Fields:
     PUBLISHED: Final = "published"
     DROPPED_KERNEL: Final = "dropped_kernel"
     DROPPED_USER: Final = "dropped_user"
+    DROPPED_AGENT_DIED: Final = "dropped_agent_died"
     QUEUE_MESSAGES: Final = "queue_messages"
     MESSAGES: Final = "messages"
     EVENTS: Final = "events"
@@ -376,14 +377,17 @@ PIPELINE: Final = Measurement(
         _int(Fields.PUBLISHED),
         _int(Fields.DROPPED_KERNEL),
         _int(Fields.DROPPED_USER),
+        _int(Fields.DROPPED_AGENT_DIED),
         _int(Fields.QUEUE_MESSAGES),
         _int(Fields.REQUESTS),
         _int(Fields.HTTP_RECORDS_LOST),
     ),
 )
 
-#: Events of a job's processes that the producer lost: in the kernel (ring buffer full) and
-#: beyond its Kafka queue. Counters since the producer started (they restart at 0 with it),
+#: Events of a job's processes that the producer lost: in the kernel (ring buffer full), beyond
+#: its Kafka queue (or refused by Kafka), and those an earlier producer on the host captured but
+#: never published because it was killed (reported by the next from the kernel's tally,
+#: producer/tally.py). Counters since the producer started (they restart at 0 with it),
 #: summed over the job's processes on the host, written with each metrics record once above 0.
 #: While a job has a point here, its other figures are lower bounds.
 EVENTS_LOST: Final = Measurement(
@@ -392,8 +396,11 @@ EVENTS_LOST: Final = Measurement(
     (
         _int(Fields.DROPPED_KERNEL),
         _int(Fields.DROPPED_USER),
+        _int(Fields.DROPPED_AGENT_DIED),
     ),
 )
+#: The fields of EVENTS_LOST, each a counter since the producer started.
+LOST_FIELDS: Final = (Fields.DROPPED_KERNEL, Fields.DROPPED_USER, Fields.DROPPED_AGENT_DIED)
 
 #: Events of a job the stream worker did not count, one point per message that had any (at
 #: the worker's wall clock when it took the message): late beyond grace (their windows were

@@ -27,7 +27,7 @@ from producer.errors import UsageError
 from streams import measurements as m
 from streams.aggregate import percentile
 from streams.influxql import InfluxQL, quote_string
-from streams.measurements import Fields, Tags
+from streams.measurements import LOST_FIELDS, Fields, Tags
 from streams.settings import InfluxSettings
 
 #: Queries over long ranges take longer than the sink's writes.
@@ -76,6 +76,8 @@ class JobSummary:
     #: Events of the job the producer lost in the range: kernel ring full, beyond Kafka queue.
     lost_kernel: int = 0
     lost_user: int = 0
+    #: ... and those a killed producer never published (its successor's count).
+    lost_agent_died: int = 0
     #: Events of the job the stream worker did not count (taken in the range): late beyond
     #: grace, or stamped too far ahead of its clock. In the dead-letter topic.
     uncounted_late: int = 0
@@ -83,7 +85,7 @@ class JobSummary:
 
     @property
     def events_lost(self) -> int:
-        return self.lost_kernel + self.lost_user
+        return self.lost_kernel + self.lost_user + self.lost_agent_died
 
     @property
     def active_s(self) -> float:
@@ -205,7 +207,8 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
         summary.anomalies[f"{r.text(Tags.KIND)} {r.text(Tags.DIRECTION)}"] = r.integer("n")
     errors = db.rows(f"SELECT sum({Fields.COUNT}) AS n FROM {m.ERRORS.name} {where}")
     summary.errors = errors[0].integer("n") if errors else 0
-    summary.lost_kernel, summary.lost_user = _events_lost(db, job, since_ns, until_ns, host)
+    summary.lost_kernel, summary.lost_user, summary.lost_agent_died = _events_lost(
+        db, job, since_ns, until_ns, host)
     uncounted = db.rows(f"SELECT sum({Fields.LATE_EVENTS}) AS late,"
                         f" sum({Fields.FUTURE_EVENTS}) AS future"
                         f" FROM {m.EVENTS_UNCOUNTED.name} {where}")
@@ -216,27 +219,27 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
 
 
 def _events_lost(db: InfluxQL, job: str, since_ns: int, until_ns: int,
-                 host: str | None) -> tuple[int, int]:
+                 host: str | None) -> tuple[int, int, int]:
     """What the job lost in [since, until): the rise of its producers' counters there, from
     their last value before the range (a fall is a producer restart, from 0)."""
-    fields = (Fields.DROPPED_KERNEL, Fields.DROPPED_USER)
+    fields = LOST_FIELDS
     job_host = f"{Tags.JOB} = {_quote(job)}" + (f" AND {Tags.HOST} = {_quote(host)}"
                                                 if host else "")
     before = {r.text(Tags.HOST): r for r in db.rows(
-        f"SELECT last({fields[0]}) AS {fields[0]}, last({fields[1]}) AS {fields[1]}"
+        "SELECT " + ", ".join(f"last({f}) AS {f}" for f in fields) +
         f" FROM {m.EVENTS_LOST.name} WHERE {job_host} AND time < {since_ns}"
         f" GROUP BY {Tags.HOST}")}
     previous = {h: [r.integer(f) for f in fields] for h, r in before.items()}
-    lost = [0, 0]
-    for r in db.rows(f"SELECT {fields[0]}, {fields[1]} FROM {m.EVENTS_LOST.name}"
+    lost = [0] * len(fields)
+    for r in db.rows(f"SELECT {', '.join(fields)} FROM {m.EVENTS_LOST.name}"
                      f" WHERE {job_host} AND time >= {since_ns} AND time < {until_ns}"
                      f" GROUP BY {Tags.HOST}"):
-        last = previous.setdefault(r.text(Tags.HOST), [0, 0])
+        last = previous.setdefault(r.text(Tags.HOST), [0] * len(fields))
         for i, name in enumerate(fields):
             value = r.integer(name)
             lost[i] += value - last[i] if value >= last[i] else value
             last[i] = value
-    return lost[0], lost[1]
+    return lost[0], lost[1], lost[2]
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -330,7 +333,8 @@ def render_job(s: JobSummary) -> str:
     if s.events_lost:
         out += [f"warning: the producer lost {s.events_lost:,} events of this job"
                 f" ({s.lost_kernel:,} in the kernel ring buffer, {s.lost_user:,} beyond its"
-                " Kafka queue); the counts above are lower bounds"]
+                f" Kafka queue, {s.lost_agent_died:,} captured by a producer that was killed"
+                " before it published them); the counts above are lower bounds"]
     if s.uncounted_late or s.uncounted_future:
         out += [f"warning: {s.uncounted_late + s.uncounted_future:,} events of this job were not"
                 f" counted ({s.uncounted_late:,} late beyond grace, {s.uncounted_future:,} stamped"

@@ -308,3 +308,49 @@ def test_a_full_disk_under_output_leaves_kafka_whole(broker: stack.KafkaHandle, 
     mine = [e for value in consume_all(broker.bootstrap, f"{prefix}.events.v1")
             for e in decode_named(value) if e["pid"] == proc.pid]
     assert len(mine) == want
+
+
+def test_a_killed_agent_s_unpublished_events_are_counted_by_the_next(
+        broker: stack.KafkaHandle, bindir: Path, tmp_path: Path) -> None:
+    """Defect: kill -9 of the agent lost what it held with nothing counted. The first agent
+    holds a process's events (a flush interval of an hour) and is SIGKILLed: the next one
+    reads the kernel's pinned tally and publishes exactly that many as `dropped_agent_died`
+    of that pid; it stops cleanly with everything delivered, so both tallies are removed."""
+    prefix = f"killed{uuid.uuid4().hex[:8]}"
+    binary = build.build_capture(bindir, "stub")
+    want = len(expected.capture_events(1, 50))
+    first = node_producer(broker.bootstrap, prefix, tmp_path / "first.jsonl",
+                          "--kafka-flush-interval", "3600")
+    try:
+        held = subprocess.Popen([str(binary), "--iters", "50", "--start-delay-ms", "1200"])
+        assert held.wait(timeout=60) == 0
+        first.wait_for_captured(want)
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=60)
+    finally:
+        first.kill()
+    tallies = Path("/sys/fs/bpf/gpuflight")
+    [first_tally] = tallies.glob(f"agent-{first.proc.pid}-*")
+    second = node_producer(broker.bootstrap, prefix, tmp_path / "second.jsonl")
+    try:
+        delivered = subprocess.Popen([str(binary), "--iters", "50", "--start-delay-ms", "1200"])
+        assert delivered.wait(timeout=60) == 0
+        second.wait_for_captured(want)
+        second.stop()
+    finally:
+        second.kill()
+    log = "".join(second.log)
+    assert f"an earlier agent (pid {first.proc.pid}) ended before publishing" in log, log
+    metrics = [wire.decode_metrics(v) for v in consume_all(broker.bootstrap,
+                                                           f"{prefix}.metrics.v1")]
+    reports = [m.dropped_agent_died_by_pid for m in metrics if m.dropped_agent_died_by_pid]
+    assert reports, "no metrics record carried the dead agent's count"
+    assert all(r.get(held.pid) == want for r in reports), reports
+    events: Counter[int] = Counter()
+    for value in consume_all(broker.bootstrap, f"{prefix}.events.v1"):
+        batch = wire.decode_events(value)
+        events[batch.pid] += len(batch.events)
+    assert events[held.pid] == 0  # the first agent never published them
+    assert events[delivered.pid] == want
+    assert not first_tally.exists()  # reported, then removed
+    assert not list(tallies.glob(f"agent-{second.proc.pid}-*"))  # everything delivered

@@ -102,7 +102,10 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
         'printf("device_bytes %zu\\n", sizeof(((struct gf_event *)0)->device));\n'
         'printf("device_signed %d\\n", (int)((__typeof__(((struct gf_event *)0)->device))-1'
         ' < 0));\n'
-        'printf("loader %zu\\n", sizeof(struct gf_loader_event));\nreturn 0; }\n'
+        'printf("loader %zu\\n", sizeof(struct gf_loader_event));\n'
+        + "".join(f'printf("settled.{f} %zu\\n", offsetof(struct gf_settled, {f}));\n'
+                  for f in records.SETTLED_DTYPE.names or ())
+        + 'printf("settled %zu\\n", sizeof(struct gf_settled));\nreturn 0; }\n'
     )
     binary = tmp_path / "layout"
     subprocess.run([cc, str(source), "-o", str(binary)], check=True)
@@ -118,6 +121,10 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
     for name in records.LOADER_EVENT_DTYPE.names or ():
         offset = records.LOADER_EVENT_DTYPE.fields[name][1]  # type: ignore[index]
         assert int(out[f"loader.{name}"]) == offset, name
+    assert int(out["settled"]) == records.SETTLED_DTYPE.itemsize
+    for name in records.SETTLED_DTYPE.names or ():
+        offset = records.SETTLED_DTYPE.fields[name][1]  # type: ignore[index]
+        assert int(out[f"settled.{name}"]) == offset, name
 
 
 def test_bpf_programs_are_the_probe_table(tmp_path: Path) -> None:

@@ -37,7 +37,8 @@ METRICS_V1 = (
     b'"dropped_kernel":70,"dropped_kernel_by_pid":{"4242":50,"4343":20},"dropped_user":5,'
     b'"dropped_user_by_pid":{"4242":5},"queue_messages":3,"libraries_attached":2,'
     b'"driver_libraries_attached":1,"dropped_names":3,"forwarded_driver_calls":12,'
-    b'"requests":120,"http_records_lost":2,"http_connections_untracked":1}'
+    b'"requests":120,"http_records_lost":2,"http_connections_untracked":1,'
+    b'"dropped_agent_died":0,"dropped_agent_died_by_pid":{}}'
 )
 NVML_V1 = (
     b'{"schema":"gpuflight.nvml","v":1,"host":"gpu-node-1","ts_ns":1796000000123456789,'
@@ -137,7 +138,8 @@ def test_unknown_fields_are_ignored_at_every_level() -> None:
 def test_fields_added_within_v1_are_optional() -> None:
     metrics = orjson.loads(METRICS_V1)
     later = ("driver_libraries_attached", "dropped_names", "forwarded_driver_calls",
-             "requests", "http_records_lost", "http_connections_untracked")
+             "requests", "http_records_lost", "http_connections_untracked",
+             "dropped_agent_died", "dropped_agent_died_by_pid")
     for name in later:
         del metrics[name]
     old = wire.decode_metrics(orjson.dumps(metrics))

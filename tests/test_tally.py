@@ -1,0 +1,146 @@
+"""The tally (producer/tally.py): what a killed agent never published, counted by the next.
+
+Pure parts here, on fake /proc and bpffs trees; the real thing (the kernel's pinned maps, a
+SIGKILLed agent, the next one's metrics on a real Kafka broker) is in tests/test_kafka.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from producer import tally
+
+
+def stat_line(pid: int, start: int) -> str:
+    # Fields after "(comm)": state is the first, starttime the 20th.
+    after = ["S", *["0"] * 18, str(start), "0"]
+    return f"{pid} (gpuflight) {' '.join(after)}\n"
+
+
+def fake_proc(root: Path, processes: dict[int, int]) -> Path:
+    for pid, start in processes.items():
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "stat").write_text(stat_line(pid, start))
+    return root
+
+
+class FakeMaps:
+    """This agent's maps: committed (what the kernel would count) and what was settled."""
+
+    def __init__(self, committed: dict[int, int]) -> None:
+        self.committed = dict(committed)
+        self.settled: dict[int, tuple[int, int]] = {}
+        self.frozen = False
+
+    def tally_committed(self) -> dict[int, int]:
+        return dict(self.committed)
+
+    def settle(self, pid: int, delivered: int, dropped: int) -> None:
+        self.settled[pid] = (delivered, dropped)
+
+    def freeze_tally(self) -> None:
+        self.frozen = True
+
+    def forget_tally(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            self.committed.pop(pid, None)
+            self.settled.pop(pid, None)
+
+
+def test_unpublished_is_committed_less_delivered_and_counted_drops() -> None:
+    committed = {1: 100, 2: 50, 3: 7, 4: 5}
+    settled = {1: (60, 10), 2: (50, 0), 4: (9, 0)}  # 4: more than committed (a reused pid)
+    assert tally.unpublished(committed, settled) == {1: 30, 3: 7}
+
+
+def test_dead_agents_are_those_whose_process_is_gone_or_another(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path / "proc", {100: 5000, 200: 7000})
+    base = tmp_path / "bpffs" / tally.SUBDIR
+    for name in ("agent-100-5000", "agent-200-6999", "agent-300-1", "not-an-agent"):
+        (base / name).mkdir(parents=True)
+    mine = base / "agent-100-5000"
+    dead = tally.dead_agents(tmp_path / "bpffs", proc)
+    # 100 runs with that start: alive. 200 is another process now, 300 is gone.
+    assert [(d.directory.name, d.pid) for d in dead] == [("agent-200-6999", 200),
+                                                         ("agent-300-1", 300)]
+    assert [d.directory for d in tally.dead_agents(tmp_path / "bpffs", proc, mine=mine)] == [
+        base / "agent-200-6999", base / "agent-300-1"]
+    assert tally.dead_agents(tmp_path / "nothing", proc) == []
+
+
+def test_prepare_makes_a_directory_per_agent(tmp_path: Path) -> None:
+    import os
+
+    proc = fake_proc(tmp_path / "proc", {os.getpid(): 4242})
+    (proc / "self").symlink_to(str(os.getpid()))
+    directory = tally.prepare(tmp_path / "bpffs", proc)
+    assert directory == tmp_path / "bpffs" / tally.SUBDIR / f"agent-{os.getpid()}-4242"
+    assert directory.is_dir()
+
+
+def test_ledger_settles_each_delivery_and_each_acknowledged_drop_count(tmp_path: Path) -> None:
+    maps = FakeMaps({10: 30, 11: 5})
+    ledger = tally.Ledger(maps, tmp_path / "me", root=tmp_path, proc_root=tmp_path)
+    ledger.delivered(10, 20)
+    ledger.delivered(10, 5)
+    assert maps.settled[10] == (25, 0)
+    ledger.published({10: 3, 11: 0}, dead_included=False)
+    assert maps.settled[10] == (25, 3)
+    assert ledger.unsettled() == {10: 2, 11: 5}
+
+
+def test_ledger_sweeps_finished_processes_and_a_reused_pid_starts_afresh(tmp_path: Path) -> None:
+    maps = FakeMaps({10: 30, 11: 5, 12: 4})
+    ledger = tally.Ledger(maps, tmp_path / "me", root=tmp_path, proc_root=tmp_path)
+    ledger.delivered(10, 28)
+    ledger.published({10: 2}, dead_included=False)  # 10: all 30 settled
+    ledger.delivered(11, 5)  # 11: settled, but alive
+    ledger.delivered(12, 3)  # 12: one event not yet delivered
+    assert ledger.sweep(alive=lambda pid: pid == 11) == 1
+    assert set(maps.committed) == {11, 12}
+    # pid 10 again, a new process: the sink's drop counter for the pid is cumulative (2 so
+    # far); only what is dropped from now on is this process's.
+    maps.committed[10] = 4
+    ledger.delivered(10, 3)
+    ledger.published({10: 3}, dead_included=False)
+    assert maps.settled[10] == (3, 1)
+    assert ledger.unsettled() == {12: 1}
+
+
+def test_ledger_close_removes_its_directory_only_when_everything_was_settled(
+        tmp_path: Path) -> None:
+    for delivered, kept in ((7, False), (6, True)):
+        directory = tmp_path / f"agent-{delivered}"
+        directory.mkdir()
+        maps = FakeMaps({10: 7})
+        ledger = tally.Ledger(maps, directory, root=tmp_path, proc_root=tmp_path)
+        ledger.delivered(10, delivered)
+        ledger.close()
+        assert directory.exists() is kept
+
+
+def test_ledger_reports_dead_agents_and_forgets_them_once_published(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path / "proc", {})
+    base = tmp_path / "bpffs" / tally.SUBDIR
+    for name in ("agent-300-1", "agent-301-1", "agent-302-1"):
+        (base / name).mkdir(parents=True)
+    tallies = {
+        "agent-300-1": ({7: 100, 8: 10}, {7: (60, 5), 8: (10, 0)}),
+        "agent-301-1": ({7: 3}, {}),
+    }
+
+    def read(directory: Path) -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
+        if directory.name not in tallies:
+            raise FileNotFoundError(2, "No such file or directory")
+        return tallies[directory.name]
+
+    ledger = tally.Ledger(FakeMaps({}), base / "me", root=tmp_path / "bpffs", proc_root=proc)
+    ledger.collect_dead(read)
+    assert dict(ledger.dead_by_pid) == {7: 35 + 3}
+    assert ledger.dead_total == 38
+    ledger.published({}, dead_included=False)
+    assert (base / "agent-300-1").exists()
+    ledger.published({}, dead_included=True)
+    # Read and published: gone. Unreadable: left as it is (logged).
+    assert sorted(p.name for p in base.iterdir()) == ["agent-302-1"]
