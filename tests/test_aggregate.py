@@ -3,6 +3,7 @@ plain-dict round trips, points against the InfluxDB contract, and the memory led
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from typing import Any
@@ -556,7 +557,8 @@ def test_pipeline_point() -> None:
     point = pipeline_point(metrics_record({}, {4: 1}))
     assert m.problems(point) == []
     assert point.fields == {"captured": 10, "produced": 9, "published": 8, "dropped_kernel": 0,
-                            "dropped_user": 1, "queue_messages": 2, "requests": 6,
+                            "dropped_user": 1, "dropped_agent_died": 0, "queue_messages": 2,
+                            "requests": 6,
                             "http_records_lost": 1}
     assert set(point.fields) == set(m.PIPELINE.field_names)
     assert (point.tags, point.time_ns) == ({"host": "node1"}, 9)
@@ -568,8 +570,13 @@ def test_lost_events_are_summed_per_job_of_the_pids() -> None:
     points = lost_points(record, lambda pid: jobs.get(pid, f"unknown:{pid}"))
     assert all(m.problems(p) == [] for p in points)
     assert {p.tags["job"]: dict(p.fields) for p in points} == {
-        "train": {"dropped_kernel": 70, "dropped_user": 3},
-        "unknown:14": {"dropped_kernel": 0, "dropped_user": 2},
+        "train": {"dropped_kernel": 70, "dropped_user": 3, "dropped_agent_died": 0},
+        "unknown:14": {"dropped_kernel": 0, "dropped_user": 2, "dropped_agent_died": 0},
     }
+    died = dataclasses.replace(record, dropped_agent_died=9,
+                               dropped_agent_died_by_pid={13: 5, 15: 4})
+    assert {p.tags["job"]: dict(p.fields) for p in lost_points(
+        died, lambda pid: jobs.get(pid, f"unknown:{pid}"))}["eval"] == {
+        "dropped_kernel": 0, "dropped_user": 0, "dropped_agent_died": 5}
     assert {p.time_ns for p in points} == {9} and {p.tags["host"] for p in points} == {"node1"}
     assert lost_points(metrics_record({}, {}), lambda pid: "x") == []

@@ -471,13 +471,14 @@ def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx
     feed.events(host, 700, 1, launches([t0 + i for i in range(50)], 700, 32, 256))
     feed.events(host, 700, 1, launches([t0 + 10 * W], 700, 32, 256))  # closes the first
 
-    def metrics(at_ns: int, kernel: dict[int, int], user: dict[int, int]) -> None:
-        feed.metrics(host, at_ns, kernel, user)
+    def metrics(at_ns: int, kernel: dict[int, int], user: dict[int, int],
+                died: dict[int, int] | None = None) -> None:
+        feed.metrics(host, at_ns, kernel, user, died)
 
     metrics(t0 - 5 * W, {700: 100}, {})                   # before the report's range
     metrics(t0 + 1 * W, {700: 250, 701: 9, 777: 4}, {700: 2})
     metrics(t0 + 2 * W, {700: 400, 701: 9, 777: 4}, {700: 2})
-    metrics(t0 + 3 * W, {700: 50}, {})                    # the producer restarted
+    metrics(t0 + 3 * W, {700: 50}, {}, {700: 7})          # restarted: 7 the killed one held
     feed.flush()
     worker.start()
     query = f"SELECT * FROM {m.EVENTS_LOST.name} WHERE host = '{host}'"
@@ -485,14 +486,18 @@ def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx
     wait_for(lambda: sum_of(influx_url, "launches", "count", "lossy:700", t0, host=host) == 51,
              90, "the job's launches", worker)
     found = rows(influx_url, query + " GROUP BY job")
-    by_job: dict[str, list[tuple[int, int]]] = {}
+    by_job: dict[str, list[tuple[int, int, int]]] = {}
     for r in found:
-        by_job.setdefault(r["job"], []).append((r["dropped_kernel"], r["dropped_user"]))
-    assert by_job == {"lossy:700": [(100, 0), (250, 2), (400, 2), (50, 0)],
-                      "lossy:701": [(9, 0), (9, 0)], "unknown:777": [(4, 0), (4, 0)]}
+        by_job.setdefault(r["job"], []).append((r["dropped_kernel"], r["dropped_user"],
+                                                r["dropped_agent_died"] or 0))
+    assert by_job == {"lossy:700": [(100, 0, 0), (250, 2, 0), (400, 2, 0), (50, 0, 7)],
+                      "lossy:701": [(9, 0, 0), (9, 0, 0)],
+                      "unknown:777": [(4, 0, 0), (4, 0, 0)]}
     summary = report.job_summary(InfluxSettings(url=influx_url), "lossy:700", t0, time.time_ns())
-    assert (summary.lost_kernel, summary.lost_user) == (300 + 50, 2)
-    assert "lost 352 events of this job" in report.render_job(summary)
+    assert (summary.lost_kernel, summary.lost_user, summary.lost_agent_died) == (300 + 50, 2, 7)
+    shown = report.render_job(summary)
+    assert "lost 359 events of this job" in shown
+    assert "7 captured by a producer that was killed" in shown
     whole = report.job_summary(InfluxSettings(url=influx_url), "lossy:700", t0 - 10 * W,
                                time.time_ns())
     assert whole.lost_kernel == 400 + 50 and whole.launches == 51

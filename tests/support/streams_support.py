@@ -103,10 +103,13 @@ class Feed:
         self.raw(self.topics.nvml, host, wire.encode_nvml(wire.NvmlRecord(host, ts_ns, (gpu,))))
 
     def metrics(self, host: str, ts_ns: int, kernel: dict[int, int],
-                user: dict[int, int]) -> None:
+                user: dict[int, int], agent_died: dict[int, int] | None = None) -> None:
         """A producer's counters, with what it lost by pid (the rest of its counters made up)."""
+        died = agent_died or {}
         record = wire.MetricsRecord(host, ts_ns, 1.0, 1, 1, 1, sum(kernel.values()), kernel,
-                                    sum(user.values()), user, 0, 1)
+                                    sum(user.values()), user, 0, 1,
+                                    dropped_agent_died=sum(died.values()),
+                                    dropped_agent_died_by_pid=died)
         self.raw(self.topics.metrics, host, wire.encode_metrics(record))
 
     def _delivered(self, error: Any, message: Any) -> None:
