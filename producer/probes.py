@@ -330,10 +330,7 @@ class Probes:
                              daemon=True).start()
 
     def _detach_at_once(self, fds: list[int]) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(32, len(fds))) as pool:
-            failed = sum(pool.map(lambda fd: self._detach([fd]), fds))
+        failed = _together(fds, lambda fd: self._detach([fd]) == 0)
         if failed:
             log.debug("%d probe(s) of a file no process maps could not be detached", failed)
 
@@ -845,20 +842,28 @@ def _close_all_at_once(keep: int) -> None:
     uprobe or tracepoint waits for its own grace period, and waits made together overlap
     (60 uprobe links: 3.4 s one after another, 0.16 s 32 at a time). Exiting would close them
     one after another."""
-    from concurrent.futures import ThreadPoolExecutor
-
     try:
         fds = [int(n) for n in os.listdir("/proc/self/fd")]
     except OSError:
         return
-    fds = [fd for fd in fds if fd > 2 and fd != keep]
 
-    def close(fd: int) -> None:
+    def close(fd: int) -> bool:
         with contextlib.suppress(OSError):
             os.close(fd)
+        return True
 
-    with ThreadPoolExecutor(max_workers=32) as pool:
-        list(pool.map(close, fds))
+    _together([fd for fd in fds if fd > 2 and fd != keep], close)
+
+
+def _together(fds: list[int], release: Callable[[int], bool]) -> int:
+    """`release` every fd, 32 at a time (a probe's release waits for a grace period of its
+    own; waits made together overlap); how many failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not fds:
+        return 0
+    with ThreadPoolExecutor(max_workers=min(32, len(fds))) as pool:
+        return sum(1 for ok in pool.map(release, fds) if not ok)
 
 
 class HttpProbes:
