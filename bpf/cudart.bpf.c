@@ -156,8 +156,8 @@ static __always_inline void gf_fill(struct gf_event *ev, u64 id, u16 api, u8 typ
 /* ---- the two layers ------------------------------------------------------
  *
  * Every family below is written once, with the layer (the probe table's third column) as
- * a compile-time parameter: GF_LAYER_RUNTIME for libcudart, api ids below 200, and
- * GF_LAYER_DRIVER for libcuda, ids from 200 up. The one difference between the layers'
+ * a parameter (a constant per row, or from the api id with attach cookies): GF_LAYER_RUNTIME
+ * for libcudart, api ids below GF_DRIVER_API_BASE (200), and GF_LAYER_DRIVER for libcuda. The one difference between the layers'
  * records is the driver's check below; where the layers' signatures differ (launches), the
  * family decodes both.
  *
@@ -797,36 +797,52 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 /* ---- the probe programs: one family macro per shape of call -------------
  *
  * GF_PROBE_<family>(name, layer, argument) defines `<name>_entry` and, for the families
- * that complete at return, `<name>_return`; each row of the probe table (events.h)
- * expands to one of them below. producer/probes.py attaches the programs by these names.
+ * that complete at return, `<name>_return`. producer/probes.py attaches them by these names.
+ *
+ * With attach cookies (GF_ATTACH_COOKIE, Linux 5.15+), one program per family serves every
+ * row of it: `gf_<FAMILY>_entry` / `_return`, attached with the row's cookie, api id | argument
+ * << 16 (records.Probe.cookie), the layer following from the api id. Without them, each row of
+ * the probe table (events.h) has programs of its own with its values built in. A program per
+ * row made 22,500 instructions for bcc to compile at every start, ~2 s (each of the 12 launch
+ * rows ~1,400): per family, about a third of that.
  */
+#if GF_ATTACH_COOKIE
+#define GF_API_OF(name) ((u16)bpf_get_attach_cookie(ctx))
+#define GF_ARG_OF(arg) ((u32)(bpf_get_attach_cookie(ctx) >> 16))
+#define GF_LAYER_OF(layer) \
+	(GF_API_OF(0) >= GF_DRIVER_API_BASE ? GF_LAYER_DRIVER : GF_LAYER_RUNTIME)
+#else
+#define GF_API_OF(name) GF_API_##name
+#define GF_ARG_OF(arg) (arg)
+#define GF_LAYER_OF(layer) (layer)
+#endif
 #define GF_ENTRY(name) int name##_entry(struct pt_regs *ctx)
 #define GF_RETURN(name) \
-	int name##_return(struct pt_regs *ctx) { return gf_finish(ctx, GF_API_##name); }
+	int name##_return(struct pt_regs *ctx) { return gf_finish(ctx, GF_API_OF(name)); }
 
 #define GF_PROBE_LAUNCH(name, layer, arg) \
-	GF_ENTRY(name) { return gf_launch(ctx, layer, GF_API_##name); }
+	GF_ENTRY(name) { return gf_launch(ctx, GF_LAYER_OF(layer), GF_API_OF(name)); }
 #define GF_PROBE_LAUNCH_EX(name, layer, arg) \
-	GF_ENTRY(name) { return gf_launch_ex(ctx, layer, GF_API_##name); }
+	GF_ENTRY(name) { return gf_launch_ex(ctx, GF_LAYER_OF(layer), GF_API_OF(name)); }
 
 /* cudaMemcpy(dst, src, count, kind) */
 #define GF_PROBE_MEMCPY(name, layer, arg)                                              \
 	GF_ENTRY(name) {                                                               \
-		return gf_copy_sync(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),     \
+		return gf_copy_sync(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),     \
 				    PT_REGS_PARM3(ctx), (u32)PT_REGS_PARM4(ctx));      \
 	}                                                                              \
 	GF_RETURN(name)
 /* cudaMemcpyAsync(dst, src, count, kind, stream) */
 #define GF_PROBE_MEMCPY_ASYNC(name, layer, arg)                                        \
 	GF_ENTRY(name) {                                                               \
-		return gf_copy_async(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),    \
+		return gf_copy_async(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),    \
 				     PT_REGS_PARM3(ctx), (u32)PT_REGS_PARM4(ctx),      \
 				     PT_REGS_PARM5(ctx));                              \
 	}
 /* cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind=[sp+8]) */
 #define GF_PROBE_MEMCPY_2D(name, layer, arg)                                           \
 	GF_ENTRY(name) {                                                               \
-		return gf_copy_sync(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),     \
+		return gf_copy_sync(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),     \
 				    PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx),           \
 				    (u32)gf_stack_arg(ctx, 0));                        \
 	}                                                                              \
@@ -834,7 +850,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 /* cudaMemcpy2DAsync(..., kind=[sp+8], stream=[sp+16]) */
 #define GF_PROBE_MEMCPY_2D_ASYNC(name, layer, arg)                                     \
 	GF_ENTRY(name) {                                                               \
-		return gf_copy_async(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),    \
+		return gf_copy_async(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),    \
 				     PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx),          \
 				     (u32)gf_stack_arg(ctx, 0), gf_stack_arg(ctx, 1)); \
 	}
@@ -842,28 +858,28 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
  * cuMemcpy(dst, src, bytes): unified addressing, direction from the pointers. */
 #define GF_PROBE_COPY(name, layer, kind)                                               \
 	GF_ENTRY(name) {                                                               \
-		return gf_copy_sync(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),     \
-				    PT_REGS_PARM3(ctx), kind);                         \
+		return gf_copy_sync(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),     \
+				    PT_REGS_PARM3(ctx), GF_ARG_OF(kind));                         \
 	}                                                                              \
 	GF_RETURN(name)
 /* cuMemcpyHtoDAsync_v2(dst, src, bytes, stream) */
 #define GF_PROBE_COPY_ASYNC(name, layer, kind)                                         \
 	GF_ENTRY(name) {                                                               \
-		return gf_copy_async(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),    \
-				     PT_REGS_PARM3(ctx), kind, PT_REGS_PARM4(ctx));    \
+		return gf_copy_async(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),    \
+				     PT_REGS_PARM3(ctx), GF_ARG_OF(kind), PT_REGS_PARM4(ctx));    \
 	}
 /* cudaMemcpyPeer(dst, dstDevice, src, srcDevice, count), cuMemcpyPeer(dst, dstCtx, src,
  * srcCtx, bytes) */
 #define GF_PROBE_COPY_PEER(name, layer, arg)                                           \
 	GF_ENTRY(name) {                                                               \
-		return gf_copy_sync(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),     \
+		return gf_copy_sync(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),     \
 				    PT_REGS_PARM5(ctx), GF_COPY_D2D);                  \
 	}                                                                              \
 	GF_RETURN(name)
 /* ...Async(..., stream) */
 #define GF_PROBE_COPY_PEER_ASYNC(name, layer, arg)                                     \
 	GF_ENTRY(name) {                                                               \
-		return gf_copy_async(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),    \
+		return gf_copy_async(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),    \
 				     PT_REGS_PARM5(ctx), GF_COPY_D2D, PT_REGS_PARM6(ctx)); \
 	}
 
@@ -871,57 +887,57 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
  * bytes (1, 2 or 4); ...Async(..., stream) */
 #define GF_PROBE_MEMSET(name, layer, width)                                            \
 	GF_ENTRY(name) {                                                               \
-		return gf_memset(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),        \
-				 PT_REGS_PARM3(ctx) * width, 0, 0);                    \
+		return gf_memset(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),        \
+				 PT_REGS_PARM3(ctx) * GF_ARG_OF(width), 0, 0);                    \
 	}
 #define GF_PROBE_MEMSET_ASYNC(name, layer, width)                                      \
 	GF_ENTRY(name) {                                                               \
-		return gf_memset(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),        \
-				 PT_REGS_PARM3(ctx) * width, PT_REGS_PARM4(ctx), 1);   \
+		return gf_memset(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),        \
+				 PT_REGS_PARM3(ctx) * GF_ARG_OF(width), PT_REGS_PARM4(ctx), 1);   \
 	}
 /* cudaMemset2D(devPtr, pitch, value, width, height) / Async(..., stream) */
 #define GF_PROBE_MEMSET_2D(name, layer, arg)                                           \
 	GF_ENTRY(name) {                                                               \
-		return gf_memset(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),        \
+		return gf_memset(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),        \
 				 PT_REGS_PARM4(ctx) * PT_REGS_PARM5(ctx), 0, 0);       \
 	}
 #define GF_PROBE_MEMSET_2D_ASYNC(name, layer, arg)                                     \
 	GF_ENTRY(name) {                                                               \
-		return gf_memset(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),        \
+		return gf_memset(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),        \
 				 PT_REGS_PARM4(ctx) * PT_REGS_PARM5(ctx),              \
 				 PT_REGS_PARM6(ctx), 1);                               \
 	}
 #define GF_PROBE_MEMSET_3D(name, layer, arg) \
-	GF_ENTRY(name) { return gf_memset_3d(ctx, layer, GF_API_##name, 0, 0); }
+	GF_ENTRY(name) { return gf_memset_3d(ctx, GF_LAYER_OF(layer), GF_API_OF(name), 0, 0); }
 #define GF_PROBE_MEMSET_3D_ASYNC(name, layer, arg) \
-	GF_ENTRY(name) { return gf_memset_3d(ctx, layer, GF_API_##name, PT_REGS_PARM2(ctx), 1); }
+	GF_ENTRY(name) { return gf_memset_3d(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM2(ctx), 1); }
 
 /* cudaMalloc(ptr, size), cuMemAlloc_v2(out, bytes) and kin: `kind` is enum gf_alloc_kind */
 #define GF_PROBE_ALLOC(name, layer, kind) \
-	GF_ENTRY(name) { return gf_alloc(ctx, layer, GF_API_##name, kind, 0); } \
+	GF_ENTRY(name) { return gf_alloc(ctx, GF_LAYER_OF(layer), GF_API_OF(name), GF_ARG_OF(kind), 0); } \
 	GF_RETURN(name)
 /* cudaMallocAsync(ptr, size, stream), cuMemAllocAsync(out, bytes, stream) */
 #define GF_PROBE_ALLOC_ASYNC(name, layer, arg)                                         \
 	GF_ENTRY(name) {                                                               \
-		return gf_alloc(ctx, layer, GF_API_##name, GF_ALLOC_DEVICE_ASYNC,      \
+		return gf_alloc(ctx, GF_LAYER_OF(layer), GF_API_OF(name), GF_ALLOC_DEVICE_ASYNC,      \
 				PT_REGS_PARM3(ctx));                                   \
 	}                                                                              \
 	GF_RETURN(name)
 /* cudaMallocFromPoolAsync(ptr, size, pool, stream) */
 #define GF_PROBE_ALLOC_POOL(name, layer, arg)                                          \
 	GF_ENTRY(name) {                                                               \
-		return gf_alloc(ctx, layer, GF_API_##name, GF_ALLOC_POOL_ASYNC,        \
+		return gf_alloc(ctx, GF_LAYER_OF(layer), GF_API_OF(name), GF_ALLOC_POOL_ASYNC,        \
 				PT_REGS_PARM4(ctx));                                   \
 	}                                                                              \
 	GF_RETURN(name)
 
 /* cudaFree(ptr), cudaFreeHost(ptr) / cudaFreeAsync(ptr, stream), and the driver's */
 #define GF_PROBE_FREE(name, layer, arg) \
-	GF_ENTRY(name) { return gf_free(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx), 0, 0); } \
+	GF_ENTRY(name) { return gf_free(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx), 0, 0); } \
 	GF_RETURN(name)
 #define GF_PROBE_FREE_ASYNC(name, layer, arg) \
 	GF_ENTRY(name) {                                                               \
-		return gf_free(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 1); \
+		return gf_free(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 1); \
 	}                                                                              \
 	GF_RETURN(name)
 
@@ -930,33 +946,39 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
  * device-wide wait has none. */
 #define GF_PROBE_SYNC(name, layer, scope)                                              \
 	GF_ENTRY(name) {                                                               \
-		return gf_sync(ctx, layer, GF_API_##name, scope,                       \
-			       scope == GF_SYNC_DEVICE ? 0 : PT_REGS_PARM1(ctx));      \
+		return gf_sync(ctx, GF_LAYER_OF(layer), GF_API_OF(name), GF_ARG_OF(scope),     \
+			       GF_ARG_OF(scope) == GF_SYNC_DEVICE ? 0 : PT_REGS_PARM1(ctx)); \
 	}                                                                              \
 	GF_RETURN(name)
 
 #define GF_PROBE_GRAPH_LAUNCH(name, layer, arg) \
-	GF_ENTRY(name) { return gf_graph_launch(ctx, layer, GF_API_##name); }
+	GF_ENTRY(name) { return gf_graph_launch(ctx, GF_LAYER_OF(layer), GF_API_OF(name)); }
 /* cudaStreamBeginCapture(stream, mode), cudaStreamEndCapture(stream, cudaGraph_t *),
  * cudaGraphInstantiate*(cudaGraphExec_t *, graph, ...); the driver's have the same shapes. */
 #define GF_PROBE_CAPTURE_BEGIN(name, layer, arg) \
-	GF_ENTRY(name) { return gf_capture_begin(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx)); }
+	GF_ENTRY(name) { return gf_capture_begin(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx)); }
 #define GF_PROBE_CAPTURE_END(name, layer, arg)                                         \
 	GF_ENTRY(name) {                                                               \
-		return gf_capture_end(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),   \
+		return gf_capture_end(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),   \
 				      PT_REGS_PARM2(ctx));                             \
 	}                                                                              \
 	GF_RETURN(name)
 #define GF_PROBE_INSTANTIATE(name, layer, arg)                                         \
 	GF_ENTRY(name) {                                                               \
-		return gf_instantiate(ctx, layer, GF_API_##name, PT_REGS_PARM1(ctx),   \
+		return gf_instantiate(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),   \
 				      PT_REGS_PARM2(ctx));                             \
 	}                                                                              \
 	GF_RETURN(name)
 
+#if GF_ATTACH_COOKIE
+/* Every family of the probe table (events.h GF_API_FAMILIES). */
+#define GF_FAMILY(family) GF_PROBE_##family(gf_##family, 0, 0)
+GF_API_FAMILIES(GF_FAMILY)
+#else
 /* Every row of the probe table. */
 #define GF_PROBE(name, id, layer, family, arg) GF_PROBE_##family(name, GF_LAYER_##layer, arg)
 GF_API_PROBES(GF_PROBE)
+#endif
 
 /* __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char *deviceFun, ...):
  * nvcc's module constructor registers each kernel's host stub and mangled name. */

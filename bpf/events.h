@@ -180,6 +180,20 @@ enum gf_api { GF_API_PROBES(GF_API_ENUM) };
  * CTX_RETAIN: a context of a device (ctx → device, `ctx_device`), not made current;
  * CTX_CREATE: a new context of a device, pushed as the thread's current one; CTX_SET:
  * cuCtxSetCurrent(ctx) replaces the current context; CTX_PUSH / CTX_POP: the context stack. */
+/* The families of GF_API_PROBES, each once: with attach cookies (Linux 5.15+), one program per
+ * family serves all its rows (bpf/cudart.bpf.c); tests/test_records.py checks this list against
+ * the table. */
+#define GF_API_FAMILIES(X) \
+	X(LAUNCH) X(LAUNCH_EX) \
+	X(MEMCPY) X(MEMCPY_ASYNC) X(MEMCPY_2D) X(MEMCPY_2D_ASYNC) \
+	X(COPY) X(COPY_ASYNC) X(COPY_PEER) X(COPY_PEER_ASYNC) \
+	X(MEMSET) X(MEMSET_ASYNC) X(MEMSET_2D) X(MEMSET_2D_ASYNC) X(MEMSET_3D) X(MEMSET_3D_ASYNC) \
+	X(ALLOC) X(ALLOC_ASYNC) X(ALLOC_POOL) X(FREE) X(FREE_ASYNC) \
+	X(SYNC) X(GRAPH_LAUNCH) X(CAPTURE_BEGIN) X(CAPTURE_END) X(INSTANTIATE)
+
+/* The first api id of the driver layer (records.DRIVER_API_BASE). */
+#define GF_DRIVER_API_BASE 200
+
 #define GF_NAME_PROBES(X) \
 	X(__cudaRegisterFunction, RUNTIME, NAME, GF_NAME_RUNTIME_FUNCTION) \
 	X(__cudaGetKernel, RUNTIME, HANDLE, GF_NAME_RUNTIME_KERNEL) \

@@ -40,11 +40,11 @@ from producer.records import (
     LOADER_LISTEN,
     MAX_RUNTIME_RANGES,
     NAME_EVENT_DTYPE,
-    NAME_WITH_RETURN,
+    PROBES,
     RUNTIME_NAME_FUNCTIONS,
     SETTLED_DTYPE,
     TEXT_RANGES_DTYPE,
-    WITH_RETURN,
+    Probe,
 )
 from producer.ringbuf import RingBufferReader
 from producer.settings import CaptureSettings
@@ -84,7 +84,7 @@ _PROBED: dict[str, frozenset[str]] = {
     "runtime": RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS,
     "driver": DRIVER_SYMBOLS | DRIVER_NAME_FUNCTIONS,
 }
-_WITH_RETURN = WITH_RETURN | NAME_WITH_RETURN
+_PROBE_ROWS: dict[str, Probe] = {p.name: p for p in PROBES}
 #: The kinds of file whose loss costs the user CUDA calls (a loader's costs only timeliness).
 CUDA_KINDS = frozenset({"runtime", "driver"})
 
@@ -144,11 +144,16 @@ class Probes:
     def _load_programs(self) -> None:
         """Load (the kernel verifies) every program now, ~1 ms each, rather than at the first
         file that needs it: then a process is held while we attach, ~0.2 s for a driver."""
+        cookies = self._settings.attach_cookies
+        programs = set()
+        for name in _PROBED["runtime"] | _PROBED["driver"]:
+            row = _PROBE_ROWS[name]
+            programs.add(row.program("entry", cookies))
+            if row.returns:
+                programs.add(row.program("return", cookies))
         try:
-            for name in sorted(_PROBED["runtime"] | _PROBED["driver"]):
-                self._program(f"{name}_entry")
-                if name in _WITH_RETURN:
-                    self._program(f"{name}_return")
+            for program in sorted(programs):
+                self._program(program)
             self._program("on_loader_change")
         except Exception as exc:
             raise SetupError(f"the BPF program did not load: {exc}") from exc
@@ -232,14 +237,17 @@ class Probes:
     ) -> int:
         """The entry probe of `name` at file `offset`, and its return probe where one is
         needed: both or neither. Returns how many probes; raises OSError."""
-        entry = self._uprobes.attach(self._program(f"{name}_entry"), library.host_path,
-                                     offset, retprobe=False)
-        if name not in _WITH_RETURN:
+        row = _PROBE_ROWS[name]
+        cookies = self._settings.attach_cookies
+        cookie = row.cookie if cookies else 0
+        entry = self._uprobes.attach(self._program(row.program("entry", cookies)),
+                                     library.host_path, offset, retprobe=False, cookie=cookie)
+        if not row.returns:
             fds.append(entry)
             return 1
         try:
-            ret = self._uprobes.attach(self._program(f"{name}_return"), library.host_path,
-                                       offset, retprobe=True)
+            ret = self._uprobes.attach(self._program(row.program("return", cookies)),
+                                       library.host_path, offset, retprobe=True, cookie=cookie)
         except BaseException:
             self._detach([entry])
             raise

@@ -115,6 +115,12 @@ class CaptureSettings:
         accepts nothing before it listens, so no request is missed."""
         return self.http and self.http_at_listen and self.filter_pids and self.hold_on_load
 
+    @property
+    def attach_cookies(self) -> bool:
+        """Whether programs read attach cookies (bpf_get_attach_cookie, Linux 5.15+): one
+        program then serves a whole family of the probe table (bpf/cudart.bpf.c)."""
+        return kernel_at_least(5, 15)
+
     def cflags(self) -> list[str]:
         return [
             f"-I{self.bpf_dir}",
@@ -124,7 +130,7 @@ class CaptureSettings:
             f"-DGF_HOLD_ON_LOAD={int(self.hold_on_load)}",
             f"-DGF_WATCH_EXEC={int(self.watch_exec)}",
             f"-DGF_HOLD_ON_LISTEN={int(self.http_on_listen)}",
-            f"-DGF_ATTACH_COOKIE={int(kernel_at_least(5, 15))}",
+            f"-DGF_ATTACH_COOKIE={int(self.attach_cookies)}",
             *(["-DGF_TALLY_DIR_SET=1", f'-DGF_TALLY_DIR="{self.tally_dir}"',
                f"-DGF_TALLY_PIDS={TALLY_PIDS}"] if self.tally_dir is not None else []),
         ]

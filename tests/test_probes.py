@@ -16,7 +16,8 @@ from producer import elfsyms
 from producer.discover import LibraryFile
 from producer.errors import SetupError
 from producer.probes import ENOTSUPP, Probes, UprobeLinks
-from producer.records import NAME_WITH_RETURN, WITH_RETURN
+from producer.records import NAME_WITH_RETURN, PROBES, WITH_RETURN
+from producer.settings import CaptureSettings
 from tests.workloads import build
 
 
@@ -28,6 +29,8 @@ class FakeUprobes:
         self.refuse = refuse
         self.fail_detach = fail_detach
         self.held: dict[int, tuple[str, int, bool]] = {}
+        #: fd -> (program fd, cookie)
+        self.programs: dict[int, tuple[int, int]] = {}
         self.detached: list[int] = []
         self._next = 1000
         self.attach_type = -1
@@ -39,6 +42,7 @@ class FakeUprobes:
             raise OSError(err, f"refused ({err})")
         self._next += 1
         self.held[self._next] = (path, offset, retprobe)
+        self.programs[self._next] = (prog_fd, cookie)
         return self._next
 
     def detach(self, fd: int) -> None:
@@ -49,15 +53,19 @@ class FakeUprobes:
 
 
 class FakeFunction:
-    fd = 7
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
 
 
 class FakeBPF:
+    """Programs by name, each with an fd of its own."""
+
     def __init__(self) -> None:
         self.cleaned = False
+        self.loaded: dict[str, int] = {}
 
-    def load_func(self, _name: bytes, _kind: int, attach_type: int = -1) -> FakeFunction:
-        return FakeFunction()
+    def load_func(self, name: bytes, _kind: int, attach_type: int = -1) -> FakeFunction:
+        return FakeFunction(self.loaded.setdefault(name.decode(), 100 + len(self.loaded)))
 
     def cleanup(self) -> None:
         self.cleaned = True
@@ -68,8 +76,19 @@ class FakeRing:
         pass
 
 
-def make_probes(uprobes: FakeUprobes) -> Probes:
+class Settings(CaptureSettings):
+    def __init__(self, cookies: bool) -> None:
+        super().__init__()
+        object.__setattr__(self, "_cookies", cookies)
+
+    @property
+    def attach_cookies(self) -> bool:
+        return bool(getattr(self, "_cookies", True))
+
+
+def make_probes(uprobes: FakeUprobes, cookies: bool = True) -> Probes:
     probes = Probes.__new__(Probes)  # no BPF program: only the attach bookkeeping is tested
+    probes._settings = Settings(cookies)
     probes.attached, probes.failed, probes._links = {}, {}, {}
     probes._bpf, probes._uprobes, probes._program_type = FakeBPF(), uprobes, 2
     probes.ring = FakeRing()  # type: ignore[assignment]
@@ -105,6 +124,35 @@ def test_every_function_gets_its_probes_at_its_file_offset(stub_runtime: Path) -
         assert name in WITH_RETURN | NAME_WITH_RETURN
         offset = offset_of(stub_runtime, name)
         assert {(offset, False), (offset, True)} <= where
+
+
+@pytest.mark.parametrize("cookies", [True, False], ids=["cookies", "a program per row"])
+def test_each_row_runs_its_program_with_its_cookie(stub_runtime: Path, cookies: bool) -> None:
+    """With attach cookies (Linux 5.15+) the rows of a family share its programs, each
+    attached with its api id and constant; without, each row has programs of its own."""
+    uprobes = FakeUprobes()
+    probes = make_probes(uprobes, cookies)
+    assert probes.attach(runtime(stub_runtime)) is not None
+    loaded = {fd: name for name, fd in probes._bpf.loaded.items()}
+    got = {(offset, ret): (loaded[prog], cookie)
+           for fd, (prog, cookie) in uprobes.programs.items()
+           for _path, offset, ret in [uprobes.held[fd]]}
+    rows = {p.name: p for p in PROBES}
+    for name, half in (("cudaMemcpy", "entry"), ("cudaMemcpy", "return"),
+                       ("cudaMemcpy_ptds", "entry"), ("cudaMalloc", "return"),
+                       ("cudaMallocHost", "entry"), ("cudaLaunchKernel", "entry"),
+                       ("cudaDeviceSynchronize", "entry"), ("cudaStreamSynchronize", "entry")):
+        row = rows[name]
+        program, cookie = got[offset_of(stub_runtime, name), half == "return"]
+        if cookies:
+            assert (program, cookie) == (f"gf_{row.family.upper()}_{half}",
+                                         (row.api or 0) | row.arg << 16), name
+        else:
+            assert (program, cookie) == (f"{name}_{half}", 0), name
+    if cookies:
+        assert rows["cudaMalloc"].arg != rows["cudaMallocHost"].arg  # one program, two kinds
+        assert len(loaded) < len({n for n, _ in got.values()}) + 1
+        assert len({n for n, _ in got.values()}) < len(got) / 2
 
 
 def test_a_function_the_kernel_refuses_costs_only_itself(

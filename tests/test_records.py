@@ -14,6 +14,8 @@ from producer import records
 from producer.errors import SetupError
 from tests.conftest import REPO, require
 from tests.support.probe_table import (
+    api_families,
+    api_probe_arguments,
     bpf_programs,
     compiled_values,
     compiler,
@@ -35,6 +37,35 @@ def test_probe_table_matches_header() -> None:
     """records.PROBES is the header's probe table, row for row, in order."""
     mirror = [(p.name, p.api, p.layer.upper(), p.family.upper()) for p in records.PROBES]
     assert header_rows() == mirror
+
+
+def test_arguments_are_the_compiled_header_s(tmp_path: Path) -> None:
+    """Each API row's constant (records.Probe.arg, in its attach cookie) is the value the
+    header's argument column compiles to."""
+    spelled = api_probe_arguments()
+    values = compiled_values(tmp_path, sorted(set(spelled.values())))
+    assert {p.name: p.arg for p in records.PROBES if p.api is not None} == {
+        name: values[arg] for name, arg in spelled.items()}
+    assert any(p.arg for p in records.PROBES)
+    # The cookie holds the api id in 16 bits and the constant above it.
+    assert all(p.api < 1 << 16 and p.arg < 1 << 16 for p in records.PROBES if p.api)
+
+
+def test_families_list_every_family_of_the_table_once() -> None:
+    families = api_families()
+    assert len(families) == len(set(families))
+    assert set(families) == {p.family.upper() for p in records.PROBES if p.api is not None}
+
+
+def test_with_attach_cookies_one_program_serves_each_family(tmp_path: Path) -> None:
+    """What probes.py attaches where programs read cookies (Linux 5.15+): the family's
+    programs for API rows, the row's own for the rest, each half where the row has it."""
+    entries, returns = bpf_programs(tmp_path, cookies=True)
+    rows = records.PROBES
+    assert {f"{name}_entry" for name in entries} == {p.program("entry", True) for p in rows}
+    assert {f"{name}_return" for name in returns} == {
+        p.program("return", True) for p in rows if p.returns}
+    assert len(entries) < len(rows) / 2
 
 
 def test_api_enum_is_the_probe_table(tmp_path: Path) -> None:

@@ -42,6 +42,17 @@ def header_rows() -> list[Row]:
     return rows
 
 
+def api_probe_arguments() -> dict[str, str]:
+    """The argument column of GF_API_PROBES, by function (as the header spells it)."""
+    return dict(re.findall(r"X\((\w+),\s*\d+,\s*\w+,\s*\w+,\s*(\w+)\)",
+                           _table("GF_API_PROBES")))
+
+
+def api_families() -> list[str]:
+    """GF_API_FAMILIES, in order."""
+    return re.findall(r"X\((\w+)\)", _table("GF_API_FAMILIES"))
+
+
 def name_probe_arguments() -> dict[str, str]:
     """The argument column of GF_NAME_PROBES, by function (as the header spells it)."""
     return dict(re.findall(r"X\((\w+),\s*\w+,\s*\w+,\s*(\w+)\)", _table("GF_NAME_PROBES")))
@@ -54,13 +65,15 @@ def compiler() -> str:
     return cc
 
 
-def bpf_programs(tmp_path: Path) -> tuple[set[str], set[str]]:
-    """The functions with `_entry` and with `_return` programs in the preprocessed BPF source."""
+def bpf_programs(tmp_path: Path, cookies: bool = False) -> tuple[set[str], set[str]]:
+    """The functions with `_entry` and with `_return` programs in the preprocessed BPF source
+    (`cookies`: as compiled where programs read attach cookies, GF_ATTACH_COOKIE=1)."""
     stub = tmp_path / "include" / "uapi" / "linux"
-    stub.mkdir(parents=True)
+    stub.mkdir(parents=True, exist_ok=True)
     (stub / "ptrace.h").write_text("")  # the kernel's header: no programs in it
     out = subprocess.run(
-        [compiler(), "-E", "-P", "-nostdinc", "-I", str(tmp_path / "include"), str(SOURCE)],
+        [compiler(), "-E", "-P", "-nostdinc", "-I", str(tmp_path / "include"),
+         f"-DGF_ATTACH_COOKIE={int(cookies)}", str(SOURCE)],
         check=True, capture_output=True, text=True).stdout
     programs = re.findall(r"\bint\s+(\w+)_(entry|return)\s*\(\s*struct pt_regs", out)
     entries = {name for name, half in programs if half == "entry"}
