@@ -70,8 +70,9 @@ import heapq
 import math
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Final, TypeVar
 
 import numpy as np
@@ -425,17 +426,12 @@ class Counts:
         flags = copies["flags"]
         nbytes = copies["bytes"]
         # Failed copies are not here (see `add`): a synchronous one with a result completed.
-        timed = ((flags & F_ASYNC) == 0) & ((flags & F_HAS_RESULT) != 0)
-        durations = copies["duration_ns"]
-        for (device, kind), mine in _by_device(copies["device"], kinds):
-            mine_timed = mine & timed
-            totals = CopyStats(
-                count=int(np.count_nonzero(mine)),
-                bytes=_exact_sum(nbytes[mine]),
-                sync_count=int(np.count_nonzero(mine_timed)),
-                sync_bytes=_exact_sum(nbytes[mine_timed]),
-                sync_ns=_exact_sum(durations[mine_timed]),
-            )
+        timed = (((flags & F_ASYNC) == 0) & ((flags & F_HAS_RESULT) != 0)).astype(np.uint64)
+        columns = (np.ones(len(copies), dtype=np.uint64), nbytes, timed, nbytes * timed,
+                   copies["duration_ns"] * timed)
+        for key, sums in _group_sums(_device_keys(copies["device"], kinds), columns):
+            device, kind = divmod(key, _KEY_SPAN)
+            totals = CopyStats(*sums)
             name = copy_kind_name(kind)
             self.copies.setdefault(name, CopyStats()).add(totals)
             self.device_copies.setdefault((device, name), CopyStats()).add(totals)
@@ -474,12 +470,11 @@ class Counts:
 
     def _add_syncs(self, syncs: Events) -> None:
         scopes = syncs["dim"][:, 0].astype(np.int64)
-        timed = (syncs["flags"] & F_HAS_RESULT) != 0
-        durations = syncs["duration_ns"]
-        for (device, scope), mine in _by_device(syncs["device"], scopes):
+        timed = ((syncs["flags"] & F_HAS_RESULT) != 0).astype(np.uint64)
+        columns = (np.ones(len(syncs), dtype=np.uint64), syncs["duration_ns"] * timed)
+        for key, (n, ns) in _group_sums(_device_keys(syncs["device"], scopes), columns):
+            device, scope = divmod(key, _KEY_SPAN)
             name = sync_scope_name(scope)
-            n = int(np.count_nonzero(mine))
-            ns = _exact_sum(durations[mine & timed])
             self.sync_count[name] = self.sync_count.get(name, 0) + n
             self.sync_ns[name] = self.sync_ns.get(name, 0) + ns
             self.device_sync_count[device] = self.device_sync_count.get(device, 0) + n
@@ -558,17 +553,36 @@ def _merge_counts(into: dict[K, int], other: Mapping[K, int]) -> None:
 _KEY_SPAN: Final = 1 << 16
 
 
-def _by_device(
-    devices: npt.NDArray[Any], keys: npt.NDArray[np.int64]
-) -> list[tuple[tuple[int, int], npt.NDArray[np.bool_]]]:
-    """((device, key), mask of its rows) for each (device, key) pair present, in order.
+def _device_keys(devices: npt.NDArray[Any], keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """One int64 key per row for (device, key): device · _KEY_SPAN + key (divmod undoes it).
     `keys` are non-negative; those beyond _KEY_SPAN - 1 are taken as _KEY_SPAN - 1 (a copy
     kind or sync scope this version does not know: the callers name them all "unknown")."""
-    combined = devices.astype(np.int64) * _KEY_SPAN + np.minimum(keys, _KEY_SPAN - 1)
-    first = int(combined[0])
-    if bool((combined == first).all()):
-        return [(divmod(first, _KEY_SPAN), np.ones(len(combined), dtype=bool))]
-    return [(divmod(int(v), _KEY_SPAN), combined == v) for v in np.unique(combined).tolist()]
+    return devices.astype(np.int64) * _KEY_SPAN + np.minimum(keys, _KEY_SPAN - 1)
+
+
+def _group_sums(
+    keys: npt.NDArray[np.int64], columns: Sequence[npt.NDArray[Any]]
+) -> list[tuple[int, list[int]]]:
+    """(key, [exact Σ of each column over the key's rows]) for each distinct key, in order:
+    one sort and one reduceat per column, whatever the number of keys (several devices and
+    kinds in one message cost no pass each)."""
+    first = int(keys[0])
+    if bool((keys == first).all()):
+        return [(first, [_exact_sum(c) for c in columns])]
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    n = len(keys)
+    sums: list[list[int]] = []
+    for column in columns:
+        values = column[order]
+        if float(values.max()) * n < _EXACT_LIMIT:
+            sums.append(np.add.reduceat(values.astype(np.uint64), starts).tolist())
+        else:  # sums that may pass 2^64: exact in Python ints
+            bounds = [*starts.tolist(), n]
+            items = values.tolist()
+            sums.append([sum(items[lo:hi]) for lo, hi in pairwise(bounds)])
+    return [(key, [s[i] for s in sums]) for i, key in enumerate(ordered[starts].tolist())]
 
 
 def _exact_sum(values: npt.NDArray[Any]) -> int:

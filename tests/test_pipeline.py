@@ -46,6 +46,15 @@ def test_every_launch_and_byte_of_each_job_reaches_influxdb(pipeline: PipelineRu
         assert _sum(pipeline, f"SELECT sum(count) FROM grid_blocks {where}"
                     f" AND bucket = '{bucket}'") == want.launches
         assert _sum(pipeline, f"SELECT sum(count) FROM syncs {where}") > 0
+        # one device: device 0 has it all
+        assert _sum(pipeline, f"SELECT sum(launches) FROM devices {where}"
+                    " AND device = '0'") == want.launches
+        assert _sum(pipeline, f"SELECT sum(h2d_bytes) FROM devices {where}"
+                    " AND device = '0'") == want.h2d_bytes
+        assert _sum(pipeline, f"SELECT sum(d2h_bytes) FROM devices {where}"
+                    " AND device = '0'") == want.d2h_bytes
+        assert _sum(pipeline, f"SELECT sum(launches) FROM devices {where}"
+                    " AND device != '0'") == 0
 
 
 def test_only_the_transfer_job_is_memory_bound(pipeline: PipelineRun) -> None:
