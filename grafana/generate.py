@@ -66,6 +66,7 @@ BLOCKED_SHARE_TITLE: Final = f"{BLOCKED_TERM}: share per process, by job"
 BLOCKED_PARTS_TITLE: Final = f"{BLOCKED_TERM}: in syncs and in synchronous copies"
 DEVICE_LAUNCHES_TITLE: Final = "Kernel launches/s by device"
 DEVICE_BYTES_TITLE: Final = "Bytes copied/s by device and direction"
+DEVICE_BLOCKED_TITLE: Final = f"{BLOCKED_TERM} by device"
 #: Kernel launches per second of one job that make a launch storm.
 LAUNCH_STORM_PER_S: Final = 100_000
 #: A producer that sent no metrics for this long is silent (it sends them every 5 s).
@@ -406,6 +407,15 @@ def job() -> dict[str, Any]:
             description="Bytes copied per second by the CUDA device current on the calling "
                         "thread, by direction (cudaMemcpyKind; \"default\": inferred from the "
                         "pointers). A copy between two devices counts once, on the caller's."),
+        timeseries(lay, DEVICE_BLOCKED_TITLE, [target(
+            "A", f'SELECT sum("{Fields.SYNC_NS}") / $__interval_ms / 1000000 AS "in_syncs", '
+                 f'sum("{Fields.COPY_NS}") / $__interval_ms / 1000000 '
+                 f'AS "in_synchronous_copies" FROM "{m.DEVICES.name}" {f} '
+                 f'{EVERY}{tags(Tags.DEVICE)} fill(0)', alias="device $tag_device $col")],
+            unit(m.CPU_BLOCKED, Fields.BLOCKED_SHARE),
+            description=f"{BLOCKED_TERM} by the CUDA device current on the waiting thread: "
+                        "seconds per second in syncs and in synchronous copies, summed over "
+                        "the job's threads on that device."),
         timeseries(lay, "Copies/s by kind", [target(
             "A", f'SELECT {per_second(Fields.COUNT)} AS "copies" FROM "{m.COPIES.name}" {f} '
                  f'{EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind")],

@@ -533,6 +533,23 @@ def check_device_bytes(series: list[Series], ctx: Context) -> None:
     assert total(s, "D2D") == total(s, "H2H") == 0
 
 
+def check_device_blocked(series: list[Series], ctx: Context) -> None:
+    """Device 0 has the CPU's waits: what the job's syncs and synchronous copies took."""
+    devices = by_tag(series, Tags.DEVICE)
+    assert set(devices) == {"0"}, set(devices)
+    (s,) = devices.values()
+    jobs = "|".join(re.escape(ctx.job(k)) for k in ctx.jobs)
+    where = (f"WHERE \"{Tags.JOB}\" =~ /^({jobs})$/ AND \"{Tags.HOST}\" = '{ctx.run.host}' "
+             f"AND time >= {ctx.run.start_ns} AND time <= {ctx.run.end_ns}")
+    (blocked,) = influxql(ctx.run.influx_url, ctx.run.database,
+                          f'SELECT sum("{Fields.SYNC_NS}") AS "syncs", sum("{Fields.COPY_NS}") '
+                          f'AS "copies" FROM "{m.CPU_BLOCKED.name}" {where}')
+    approx(per_interval_total(s, "in_syncs", ctx) * 1e9, blocked.numbers("syncs")[0])
+    approx(per_interval_total(s, "in_synchronous_copies", ctx) * 1e9,
+           blocked.numbers("copies")[0])
+    assert blocked.numbers("copies")[0] > 0  # the demo's H2D copies are synchronous
+
+
 UNFUSED, FUSED = "unfused", "fused"
 
 #: (dashboard, panel title, refId) → its check. Every target must have one.
@@ -554,6 +571,7 @@ CHECKS: dict[tuple[str, str, str], Check] = {
     ("job", "Grid size percentiles (blocks)", "A"): check_percentiles,
     ("job", generate.DEVICE_LAUNCHES_TITLE, "A"): check_device_launches,
     ("job", generate.DEVICE_BYTES_TITLE, "A"): check_device_bytes,
+    ("job", generate.DEVICE_BLOCKED_TITLE, "A"): check_device_blocked,
     ("job", "Copies/s by kind", "A"): check_kinds,
     ("job", "Bytes copied/s by kind, and memset", "A"): check_bytes_by_kind("bytes"),
     ("job", "Bytes copied/s by kind, and memset", "B"): check_memsets,
@@ -929,6 +947,12 @@ def test_the_device_panels_split_a_job_by_device(influx_url: str) -> None:
     assert {k: v for k, v in by_direction.items() if v} == {
         ("0", "H2D"): 2 * 2 * COPIER.copy_bytes, ("0", "D2H"): 2 * 2 * COPIER.copy_bytes,
         ("1", "H2D"): 2 * 5 << 20, ("1", "D2H"): 2 * 5 << 20, ("1", "D2D"): 2 * 4096}
+    # CPU blocked: the synchronous copies' time (no syncs), seconds per second
+    blocked = query(generate.DEVICE_BLOCKED_TITLE)
+    assert {d: (round(total(s, "in_syncs") * WINDOW_S * 1e9),
+                round(total(s, "in_synchronous_copies") * WINDOW_S * 1e9))
+            for d, s in blocked.items()} == {
+                "0": (0, 2 * 4 * COPIER.copy_ns), "1": (0, 2 * 11 * COPIER.copy_ns)}
 
 
 def test_interpolation_is_grafanas() -> None:

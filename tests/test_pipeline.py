@@ -69,7 +69,7 @@ def test_only_the_transfer_job_is_memory_bound(pipeline: PipelineRun) -> None:
 
 # -- two devices: real PyTorch on the simulated GPU, through the whole pipeline --------------
 
-DEVICE_SUMS = ("launches", "copies", *m.COPY_KIND_VALUES)
+DEVICE_SUMS = ("launches", "copies", *m.COPY_KIND_VALUES, "syncs", "sync_ns", "copy_ns")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ class TwoDevicesRun:
     #: The simulated driver's kernel launches per device (its own count: the ground truth).
     driver_launches: dict[str, int]
     #: What the producer's --output has of the process, per device: launches, copies, bytes
-    #: by copy kind (copies not known to have failed, as the counting core counts them).
+    #: by copy kind (copies not known to have failed, as the counting core counts them),
+    #: syncs and their CPU time, CPU time in synchronous copies that completed.
     output: dict[str, dict[str, int]]
 
 
@@ -96,14 +97,21 @@ def per_device_of_output(events: list[dict[str, Any]], pid: int) -> dict[str, di
             sums["launches"] += 1
         elif e["type"] == "memcpy" and e.get("ok") is not False:
             sums["copies"] += 1
-            sums[e["kind"]] += e["bytes"]
+            sums[e["kind"] if e["kind"] in m.COPY_KIND_VALUES else m.UNKNOWN_KIND] += e["bytes"]
+            if e.get("ok") and not e["async"]:
+                sums["copy_ns"] += e["duration_ns"]
+        elif e["type"] == "sync":
+            sums["syncs"] += 1
+            sums["sync_ns"] += e.get("duration_ns") or 0
     return {d: s for d, s in out.items() if any(s.values())}
 
 
 def per_device_in_influxdb(run: TwoDevicesRun) -> dict[str, dict[str, int]]:
     columns = ", ".join([f'sum("{Fields.LAUNCHES}") AS "launches"',
                          f'sum("{Fields.COPIES}") AS "copies"',
-                         *(f'sum("{m.BYTES_OF_KIND[k]}") AS "{k}"' for k in m.COPY_KIND_VALUES)])
+                         *(f'sum("{m.BYTES_OF_KIND[k]}") AS "{k}"' for k in m.COPY_KIND_VALUES),
+                         *(f'sum("{f}") AS "{f}"' for f in (Fields.SYNCS, Fields.SYNC_NS,
+                                                             Fields.COPY_NS))])
     found = rows(run.influx_url, f'SELECT {columns} FROM "{m.DEVICES.name}" WHERE'
                  f" job = '{run.job}' AND host = '{run.host}' AND time >= {run.start_ns}"
                  f" AND time <= {run.end_ns} GROUP BY \"{Tags.DEVICE}\"")
@@ -175,6 +183,7 @@ def test_each_devices_launches_and_bytes_reach_influxdb(two_devices: TwoDevicesR
     assert {d: s["launches"] for d, s in stored.items()} == truth
     assert stored == two_devices.output
     assert stored["0"]["H2D"] > 0 and stored["1"]["D2H"] > 0  # to cuda:0; back from cuda:1
+    assert stored["0"]["syncs"] and stored["1"]["syncs"]  # torch.cuda.synchronize(0), (1)
     # Σ over devices = the job's totals in the measurements without a device
     where = f"WHERE job = '{two_devices.job}' AND time >= {two_devices.start_ns}"
     (launches,) = rows(two_devices.influx_url, f"SELECT sum(launches) FROM launch_shape {where}")
@@ -223,3 +232,7 @@ def test_the_device_panels_show_each_device(two_devices: TwoDevicesRun) -> None:
     moved = per_device(generate.DEVICE_BYTES_TITLE)
     assert {d: {k: round(v) for k, v in c.items()} for d, c in moved.items()} == {
         d: {k: s[k] for k in m.COPY_KIND_VALUES} for d, s in two_devices.output.items()}
+    blocked = per_device(generate.DEVICE_BLOCKED_TITLE)  # seconds per second, times 1e9
+    assert {d: (round(c["in_syncs"] * 1e9), round(c["in_synchronous_copies"] * 1e9))
+            for d, c in blocked.items()} == {
+        d: (s["sync_ns"], s["copy_ns"]) for d, s in two_devices.output.items()}
