@@ -392,17 +392,19 @@ def job() -> dict[str, Any]:
             description="From the log2 histograms: within a factor 2."),
         timeseries(lay, DEVICE_LAUNCHES_TITLE, [target(
             "A", f'SELECT {per_second(Fields.LAUNCHES)} AS "launches" FROM "{m.DEVICES.name}" '
-                 f'{f} {EVERY}{tags(Tags.DEVICE)} fill(0)', alias="device $tag_device")],
+                 f'{f} {EVERY}{tags(Tags.HOST, Tags.DEVICE)} fill(0)',
+            alias="$tag_host device $tag_device")],
             unit(m.DEVICES, Fields.RATE_PER_S),
             description=f"Kernel launches that ran, by the CUDA device current on the calling "
                         f"thread (its ordinal in the process, as CUDA_VISIBLE_DEVICES numbers "
-                        f"them: not NVML's GPU index). Summed over devices: the job's launches. "
+                        f"them: not NVML's GPU index), on each host (two hosts' device 0 are two "
+                        f"GPUs). Summed over devices: the job's launches. "
                         f'"{m.OTHER_DEVICE}": ordinals beyond {m.MAX_DEVICE_TAGS - 1}.'),
         timeseries(lay, DEVICE_BYTES_TITLE, [target(
             "A", "SELECT " + ", ".join(f'{per_second(m.BYTES_OF_KIND[kind])} AS "{kind}"'
                                        for kind in m.COPY_KIND_VALUES)
-                 + f' FROM "{m.DEVICES.name}" {f} {EVERY}{tags(Tags.DEVICE)} fill(0)',
-            alias="device $tag_device $col")],
+                 + f' FROM "{m.DEVICES.name}" {f} {EVERY}{tags(Tags.HOST, Tags.DEVICE)} fill(0)',
+            alias="$tag_host device $tag_device $col")],
             unit(m.COPIES, Fields.BYTES_PER_S),
             description="Bytes copied per second by the CUDA device current on the calling "
                         "thread, by direction (cudaMemcpyKind; \"default\": inferred from the "
@@ -411,7 +413,8 @@ def job() -> dict[str, Any]:
             "A", f'SELECT sum("{Fields.SYNC_NS}") / $__interval_ms / 1000000 AS "in_syncs", '
                  f'sum("{Fields.COPY_NS}") / $__interval_ms / 1000000 '
                  f'AS "in_synchronous_copies" FROM "{m.DEVICES.name}" {f} '
-                 f'{EVERY}{tags(Tags.DEVICE)} fill(0)', alias="device $tag_device $col")],
+                 f'{EVERY}{tags(Tags.HOST, Tags.DEVICE)} fill(0)',
+            alias="$tag_host device $tag_device $col")],
             unit(m.CPU_BLOCKED, Fields.BLOCKED_SHARE),
             description=f"{BLOCKED_TERM} by the CUDA device current on the waiting thread: "
                         "seconds per second in syncs and in synchronous copies, summed over "

@@ -80,7 +80,8 @@ class JobSummary:
     #: grace, or stamped too far ahead of its clock. In the dead-letter topic.
     uncounted_late: int = 0
     uncounted_future: int = 0
-    #: CUDA device (the `devices` tag: the calling thread's ordinal) → its sums: launches,
+    #: CUDA device (the `devices` tag: the calling thread's ordinal; "HOST/DEVICE" where the
+    #: job ran on several hosts, whose device 0s are different GPUs) → its sums: launches,
     #: copies, bytes, bytes of each copy kind present (as COPY_KIND_VALUES names them),
     #: syncs, sync_ns, copy_ns. Σ over devices = the job's figures.
     devices: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -228,18 +229,21 @@ def _devices(db: InfluxQL, where: str) -> dict[str, dict[str, int]]:
     kinds = {f"k{i}": kind for i, kind in enumerate(m.COPY_KIND_VALUES)}
     columns = [*(f"sum({f}) AS {f}" for f in _DEVICE_SUMS),
                *(f"sum({m.BYTES_OF_KIND[kind]}) AS {alias}" for alias, kind in kinds.items())]
-    found: dict[str, dict[str, int]] = {}
+    found: dict[tuple[str, str], dict[str, int]] = {}
     for r in db.rows(f"SELECT {', '.join(columns)} FROM {m.DEVICES.name} {where}"
-                     f" GROUP BY {Tags.DEVICE}"):
+                     f" GROUP BY {Tags.HOST}, {Tags.DEVICE}"):
         sums = {f: r.integer(f) for f in _DEVICE_SUMS}
         sums.update({kind: r.integer(alias) for alias, kind in kinds.items()
                      if r[alias] is not None})
-        found[r.text(Tags.DEVICE)] = sums
-    return dict(sorted(found.items(), key=lambda kv: _device_order(kv[0])))
+        found[r.text(Tags.HOST), r.text(Tags.DEVICE)] = sums
+    several = len({host for host, _ in found}) > 1
+    return {f"{host}/{device}" if several else device: sums
+            for (host, device), sums in sorted(found.items(), key=_device_order)}
 
 
-def _device_order(label: str) -> tuple[int, int]:
-    return (0, int(label)) if label.isdigit() else (1, 0)
+def _device_order(item: tuple[tuple[str, str], Any]) -> tuple[str, int, int]:
+    (host, device), _ = item
+    return (host, *((0, int(device)) if device.isdigit() else (1, 0)))
 
 
 def _events_lost(db: InfluxQL, job: str, since_ns: int, until_ns: int,

@@ -487,6 +487,30 @@ def test_the_report_shows_a_table_per_device_when_there_are_several() -> None:
     assert not any(line.startswith("device") for line in report.render_job(one).splitlines())
 
 
+def test_the_report_keeps_each_hosts_devices_apart(influx_url: str) -> None:
+    """A job on two hosts: their device 0s are two GPUs, so the report keys devices by host."""
+    from streams import report
+    from streams.settings import InfluxSettings
+    from tests.support.grafana_scenarios import write_points
+
+    t0 = past_window(600)
+    points: list[m.Point] = []
+    for host, devices in (("node-a", (0,)), ("node-b", (0, 1))):
+        agg = aggregate.WindowAggregate(t0, host, "mpi:7")
+        for device in devices:
+            batch = launches([t0 + 10 + device, t0 + 20 + device], 7, 8, 32)
+            batch["device"] = device
+            aggregate.add_events(agg, batch)
+        points += aggregate.to_points(agg, 1.0)
+    write_points(influx_url, "gpuflight", points)
+    got = report.job_summary(InfluxSettings(url=influx_url), "mpi:7", t0, t0 + W)
+    assert {d: c["launches"] for d, c in got.devices.items()} == {
+        "node-a/0": 2, "node-b/0": 2, "node-b/1": 2}
+    alone = report.job_summary(InfluxSettings(url=influx_url), "mpi:7", t0, t0 + W,
+                               host="node-b")
+    assert {d: c["launches"] for d, c in alone.devices.items()} == {"0": 2, "1": 2}
+
+
 def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx_url: str,
                                                      names: str, worker: StreamWorker) -> None:
     """The producer's drops by pid become the job's `events_lost`, and the report counts the
