@@ -223,7 +223,8 @@ def test_the_trace_the_demo_the_report_and_grafana_use_the_same_words() -> None:
     assert share in trace and f"{100 * summary.blocked_share(3.0):.1f}%" in demo
     titles = [p["title"] for board in (generate.fleet(), generate.job())
               for p in board["panels"]]
-    assert sum(generate.BLOCKED_TERM in t for t in titles) == 2
+    assert [t for t in titles if generate.BLOCKED_TERM in t] == [
+        generate.BLOCKED_SHARE_TITLE, generate.DEVICE_BLOCKED_TITLE, generate.BLOCKED_PARTS_TITLE]
     assert generate.BLOCKED_TERM == "CPU blocked on the GPU"
 
 
