@@ -10,6 +10,8 @@ InfluxDB, no BPF. Three workloads:
   streams mixed     `add_events` on messages of 28,000 events of every type (40 kernels, 4 %
                     captured launches, graph launches, copies of every kind, memsets, allocations
                     and frees, syncs, 2 % failed calls)
+  streams 8 devices the same mix, each event on one of 8 CUDA devices at random (a multi-GPU
+                    job's threads: kernel launches, copies and syncs are counted per device)
   trace mixed       `Summary.add` on batches of 65,536 of the same mix (the capture loop's batch)
 
 Each round times each workload 3 times in a fresh interpreter, in CPU time of its thread,
@@ -35,10 +37,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 MESSAGE = 28_000
 BATCH = 65_536
-WORKLOADS = ("streams launches", "streams mixed", "trace mixed")
+WORKLOADS = ("streams launches", "streams mixed", "streams 8 devices", "trace mixed")
+DEVICES = 8
 
 
-def _events(n: int, mixed: bool) -> Any:
+def _events(n: int, mixed: bool, devices: int = 1) -> Any:
     import numpy as np
 
     from producer.records import (
@@ -99,6 +102,8 @@ def _events(n: int, mixed: bool) -> Any:
     timed = copy | alloc | free | sync
     ev["duration_ns"][timed] = rng.integers(1_000, 1_000_000, int(timed.sum()))
     ev["result"][timed & (rng.random(n) < 0.02)] = 2
+    if devices > 1:
+        ev["device"] = np.random.default_rng(8).integers(0, devices, n)
     return ev
 
 
@@ -124,8 +129,9 @@ def inner(events: int, tree: Path, repeat: int = 3) -> dict[str, float]:
         if not Path(module.__file__ or "").resolve().is_relative_to(tree.resolve()):
             raise SystemExit(f"{module.__name__} came from {module.__file__}, not {tree}")
     rates: dict[str, float] = {}
-    for name, mixed in (("streams launches", False), ("streams mixed", True)):
-        ev = _events(events, mixed)
+    for name, mixed, devices in (("streams launches", False, 1), ("streams mixed", True, 1),
+                                 ("streams 8 devices", True, DEVICES)):
+        ev = _events(events, mixed, devices)
         messages = [ev[i : i + MESSAGE] for i in range(0, len(ev), MESSAGE)]
 
         def windows(messages: list[Any] = messages) -> None:

@@ -64,6 +64,9 @@ GRAFANA_UNITS: Final[Mapping[str, str]] = {
 BLOCKED_TERM: Final = "CPU blocked on the GPU"
 BLOCKED_SHARE_TITLE: Final = f"{BLOCKED_TERM}: share per process, by job"
 BLOCKED_PARTS_TITLE: Final = f"{BLOCKED_TERM}: in syncs and in synchronous copies"
+DEVICE_LAUNCHES_TITLE: Final = "Kernel launches/s by device"
+DEVICE_BYTES_TITLE: Final = "Bytes copied/s by device and direction"
+DEVICE_BLOCKED_TITLE: Final = f"{BLOCKED_TERM} by device"
 #: Kernel launches per second of one job that make a launch storm.
 LAUNCH_STORM_PER_S: Final = 100_000
 #: A producer that sent no metrics for this long is silent (it sends them every 5 s).
@@ -387,6 +390,35 @@ def job() -> dict[str, Any]:
                  f'FROM "{m.LAUNCH_SHAPE.name}" {f} {EVERY}', alias="$col")],
             unit(m.LAUNCH_SHAPE, Fields.P50_GRID_BLOCKS),
             description="From the log2 histograms: within a factor 2."),
+        timeseries(lay, DEVICE_LAUNCHES_TITLE, [target(
+            "A", f'SELECT {per_second(Fields.LAUNCHES)} AS "launches" FROM "{m.DEVICES.name}" '
+                 f'{f} {EVERY}{tags(Tags.HOST, Tags.DEVICE)} fill(0)',
+            alias="$tag_host device $tag_device")],
+            unit(m.DEVICES, Fields.RATE_PER_S),
+            description=f"Kernel launches that ran, by the CUDA device current on the calling "
+                        f"thread (its ordinal in the process, as CUDA_VISIBLE_DEVICES numbers "
+                        f"them: not NVML's GPU index), on each host (two hosts' device 0 are two "
+                        f"GPUs). Summed over devices: the job's launches. "
+                        f'"{m.OTHER_DEVICE}": ordinals beyond {m.MAX_DEVICE_TAGS - 1}.'),
+        timeseries(lay, DEVICE_BYTES_TITLE, [target(
+            "A", "SELECT " + ", ".join(f'{per_second(m.BYTES_OF_KIND[kind])} AS "{kind}"'
+                                       for kind in m.COPY_KIND_VALUES)
+                 + f' FROM "{m.DEVICES.name}" {f} {EVERY}{tags(Tags.HOST, Tags.DEVICE)} fill(0)',
+            alias="$tag_host device $tag_device $col")],
+            unit(m.COPIES, Fields.BYTES_PER_S),
+            description="Bytes copied per second by the CUDA device current on the calling "
+                        "thread, by direction (cudaMemcpyKind; \"default\": inferred from the "
+                        "pointers). A copy between two devices counts once, on the caller's."),
+        timeseries(lay, DEVICE_BLOCKED_TITLE, [target(
+            "A", f'SELECT sum("{Fields.SYNC_NS}") / $__interval_ms / 1000000 AS "in_syncs", '
+                 f'sum("{Fields.COPY_NS}") / $__interval_ms / 1000000 '
+                 f'AS "in_synchronous_copies" FROM "{m.DEVICES.name}" {f} '
+                 f'{EVERY}{tags(Tags.HOST, Tags.DEVICE)} fill(0)',
+            alias="$tag_host device $tag_device $col")],
+            unit(m.CPU_BLOCKED, Fields.BLOCKED_SHARE),
+            description=f"{BLOCKED_TERM} by the CUDA device current on the waiting thread: "
+                        "seconds per second in syncs and in synchronous copies, summed over "
+                        "the job's threads on that device."),
         timeseries(lay, "Copies/s by kind", [target(
             "A", f'SELECT {per_second(Fields.COUNT)} AS "copies" FROM "{m.COPIES.name}" {f} '
                  f'{EVERY}{tags(Tags.KIND)} fill(0)', alias="$tag_kind")],

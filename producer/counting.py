@@ -17,6 +17,13 @@ What is counted (the one rule; README "What is counted" says the same):
   `captured`, never as a kernel launch, a kernel, a shape or threads launched. Kernel launches
   are also counted per CUDA device (`device_launches`: the calling thread's device, as the
   probes tracked it; bpf/cudart.bpf.c).
+- **Per device**, by the same rule: kernel launches (`device_launches`), copies by kind
+  (`device_copies`) and syncs with their CPU time (`device_sync_count`, `device_sync_ns`), each
+  on the device current on the calling thread when it was called (gf_event.device). A copy
+  between two devices (a peer copy) counts on the caller's device only, once; a sync on a
+  stream or event of another device counts on the caller's. Events of a producer that did not
+  know devices come as device 0 (producer/wire.py), so summed over devices each equals its
+  total.
 - **Graph launches** (cudaGraphLaunch*, cuGraphLaunch*) count in `launches` under their own api
   (so `graph_launches` = all launches - kernel launches) and, where the graph exec was
   instantiated while observed, their kernel nodes count as kernels run
@@ -63,8 +70,9 @@ import heapq
 import math
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Final, TypeVar
 
 import numpy as np
@@ -184,6 +192,11 @@ class Counts:
     kernels_other: int = 0
     #: CUDA device (the calling thread's, gf_event.device) → kernel launches that ran.
     device_launches: dict[int, int] = field(default_factory=dict)
+    #: (CUDA device, copy kind) → copies (as `copies` counts them) made on that device.
+    device_copies: dict[tuple[int, str], CopyStats] = field(default_factory=dict)
+    #: CUDA device → syncs, and the CPU time in them (as `sync_count`/`sync_ns` count them).
+    device_sync_count: dict[int, int] = field(default_factory=dict)
+    device_sync_ns: dict[int, int] = field(default_factory=dict)
     #: log2 histograms of grid blocks (x·y·z) and block threads (x·y·z) of the launches.
     grid_blocks: list[int] = field(default_factory=_zeros)
     block_threads: list[int] = field(default_factory=_zeros)
@@ -275,6 +288,21 @@ class Counts:
     @property
     def processes(self) -> int:
         return len(self.pids)
+
+    @property
+    def devices(self) -> list[int]:
+        """The CUDA devices that launched, copied or synced, in order."""
+        return sorted({*self.device_launches, *(d for d, _ in self.device_copies),
+                       *self.device_sync_count})
+
+    def device_copy_stats(self, device: int) -> dict[str, CopyStats]:
+        """Copy kind → the copies made on `device`."""
+        return {kind: c for (d, kind), c in sorted(self.device_copies.items()) if d == device}
+
+    def device_blocked_ns(self, device: int) -> int:
+        """CPU blocked on the GPU by threads on `device`: in syncs and synchronous copies."""
+        return self.device_sync_ns.get(device, 0) + sum(
+            c.sync_ns for (d, _), c in self.device_copies.items() if d == device)
 
     # -- adding ------------------------------------------------------------------------------
 
@@ -394,25 +422,19 @@ class Counts:
             self.threads_launched += nblocks * nthreads
 
     def _add_copies(self, copies: Events) -> None:
-        kinds = np.minimum(copies["dim"][:, 0], len(COPY_KINDS))
+        kinds = np.minimum(copies["dim"][:, 0], len(COPY_KINDS)).astype(np.int64)
         flags = copies["flags"]
         nbytes = copies["bytes"]
         # Failed copies are not here (see `add`): a synchronous one with a result completed.
-        timed = ((flags & F_ASYNC) == 0) & ((flags & F_HAS_RESULT) != 0)
-        durations = copies["duration_ns"]
-        first = int(kinds[0])
-        present = [first] if bool((kinds == first).all()) else np.unique(kinds).tolist()
-        for kind in present:
-            mine = kinds == kind if len(present) > 1 else np.ones(len(copies), dtype=bool)
-            mine_timed = mine & timed
-            totals = CopyStats(
-                count=int(np.count_nonzero(mine)),
-                bytes=_exact_sum(nbytes[mine]),
-                sync_count=int(np.count_nonzero(mine_timed)),
-                sync_bytes=_exact_sum(nbytes[mine_timed]),
-                sync_ns=_exact_sum(durations[mine_timed]),
-            )
-            self.copies.setdefault(copy_kind_name(kind), CopyStats()).add(totals)
+        timed = (((flags & F_ASYNC) == 0) & ((flags & F_HAS_RESULT) != 0)).astype(np.uint64)
+        columns = (np.ones(len(copies), dtype=np.uint64), nbytes, timed, nbytes * timed,
+                   copies["duration_ns"] * timed)
+        for key, sums in _group_sums(_device_keys(copies["device"], kinds), columns):
+            device, kind = divmod(key, _KEY_SPAN)
+            totals = CopyStats(*sums)
+            name = copy_kind_name(kind)
+            self.copies.setdefault(name, CopyStats()).add(totals)
+            self.device_copies.setdefault((device, name), CopyStats()).add(totals)
 
     def _add_memory(self, events: Events) -> None:
         events = events.take(np.argsort(events["ts_ns"], kind="stable"))
@@ -447,14 +469,16 @@ class Counts:
         self.memory_net_bytes += alloc_bytes - free_bytes
 
     def _add_syncs(self, syncs: Events) -> None:
-        scopes = syncs["dim"][:, 0]
-        timed = (syncs["flags"] & F_HAS_RESULT) != 0
-        durations = syncs["duration_ns"]
-        for scope in np.unique(scopes).tolist():
-            mine = scopes == scope
+        scopes = syncs["dim"][:, 0].astype(np.int64)
+        timed = ((syncs["flags"] & F_HAS_RESULT) != 0).astype(np.uint64)
+        columns = (np.ones(len(syncs), dtype=np.uint64), syncs["duration_ns"] * timed)
+        for key, (n, ns) in _group_sums(_device_keys(syncs["device"], scopes), columns):
+            device, scope = divmod(key, _KEY_SPAN)
             name = sync_scope_name(scope)
-            self.sync_count[name] = self.sync_count.get(name, 0) + int(np.count_nonzero(mine))
-            self.sync_ns[name] = self.sync_ns.get(name, 0) + _exact_sum(durations[mine & timed])
+            self.sync_count[name] = self.sync_count.get(name, 0) + n
+            self.sync_ns[name] = self.sync_ns.get(name, 0) + ns
+            self.device_sync_count[device] = self.device_sync_count.get(device, 0) + n
+            self.device_sync_ns[device] = self.device_sync_ns.get(device, 0) + ns
 
     # -- merging -----------------------------------------------------------------------------
 
@@ -468,6 +492,10 @@ class Counts:
         _merge_counts(self.kernels, other.kernels)
         self.kernels_other += other.kernels_other
         _merge_counts(self.device_launches, other.device_launches)
+        for key, totals in other.device_copies.items():
+            self.device_copies.setdefault(key, CopyStats()).add(totals)
+        _merge_counts(self.device_sync_count, other.device_sync_count)
+        _merge_counts(self.device_sync_ns, other.device_sync_ns)
         if len(self.kernels) > self.max_kernels:
             self._fold_kernels()
         self.grid_blocks = [x + y for x, y in zip(self.grid_blocks, other.grid_blocks,
@@ -519,6 +547,42 @@ def _add_counts(
 def _merge_counts(into: dict[K, int], other: Mapping[K, int]) -> None:
     for key, n in other.items():
         into[key] = into.get(key, 0) + n
+
+
+#: Distinct values of a key column (a copy kind, a sync scope: small ints) below this.
+_KEY_SPAN: Final = 1 << 16
+
+
+def _device_keys(devices: npt.NDArray[Any], keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """One int64 key per row for (device, key): device · _KEY_SPAN + key (divmod undoes it).
+    `keys` are non-negative; those beyond _KEY_SPAN - 1 are taken as _KEY_SPAN - 1 (a copy
+    kind or sync scope this version does not know: the callers name them all "unknown")."""
+    return devices.astype(np.int64) * _KEY_SPAN + np.minimum(keys, _KEY_SPAN - 1)
+
+
+def _group_sums(
+    keys: npt.NDArray[np.int64], columns: Sequence[npt.NDArray[Any]]
+) -> list[tuple[int, list[int]]]:
+    """(key, [exact Σ of each column over the key's rows]) for each distinct key, in order:
+    one sort and one reduceat per column, whatever the number of keys (several devices and
+    kinds in one message cost no pass each)."""
+    first = int(keys[0])
+    if bool((keys == first).all()):
+        return [(first, [_exact_sum(c) for c in columns])]
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    n = len(keys)
+    sums: list[list[int]] = []
+    for column in columns:
+        values = column[order]
+        if float(values.max()) * n < _EXACT_LIMIT:
+            sums.append(np.add.reduceat(values.astype(np.uint64), starts).tolist())
+        else:  # sums that may pass 2^64: exact in Python ints
+            bounds = [*starts.tolist(), n]
+            items = values.tolist()
+            sums.append([sum(items[lo:hi]) for lo, hi in pairwise(bounds)])
+    return [(key, [s[i] for s in sums]) for i, key in enumerate(ordered[starts].tolist())]
 
 
 def _exact_sum(values: npt.NDArray[Any]) -> int:

@@ -234,6 +234,19 @@ def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5
         lines += ["    " + r for r in tabulate(
             rows, headers=["dir", "calls", "bytes", "sync bandwidth", "sync time"],
             tablefmt="plain").splitlines()]
+    if len(c.devices) > 1:
+        rows = []
+        for device in c.devices:
+            by_kind = c.device_copy_stats(device)
+            rows.append([str(device), f"{c.device_launches.get(device, 0):,}",
+                         f"{sum(s.count for s in by_kind.values()):,}",
+                         *(_bytes(by_kind[k].bytes) if k in by_kind else "-"
+                           for k in ("H2D", "D2H", "D2D")),
+                         f"{c.device_blocked_ns(device) / 1e6:.3f} ms"])
+        lines += ["", "  per device (the calling thread's):"]
+        lines += ["    " + r for r in tabulate(
+            rows, headers=["device", "kernel launches", "copies", "H2D", "D2H", "D2D",
+                           "CPU blocked"], tablefmt="plain").splitlines()]
     if summary.memset_count:
         lines.append(f"  memsets: {summary.memset_count:,} calls, {_bytes(summary.memset_bytes)}")
     lines += ["", f"  allocations: {summary.alloc_count:,} ({_bytes(summary.alloc_bytes)}),"

@@ -34,6 +34,10 @@ stream in parts and merging equals aggregating it at once.
 
 The CPU blocked on the GPU (syncs + synchronous copies) is written as `cpu_blocked`, its share
 per process of the window: (Σ sync ns + Σ sync-copy ns) / (window · processes).
+
+Per CUDA device (the calling thread's), `devices`: kernel launches, copies and bytes by kind,
+syncs and the CPU blocked in them and in synchronous copies; summed over devices, the job's
+totals (`device_fields_of`).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from streams.measurements import LOST_FIELDS, Fields, FieldValue, Point, Tags
 __all__ = [
     "DEFAULT_MAX_KERNELS", "DEFAULT_TOP_KERNELS", "MAX_PIDS", "MemoryLedger", "MemoryLevel",
     "StaleWindowError", "WindowAggregate", "add_events", "api_name", "blocked_share", "bucket_of",
+    "device_fields_of",
     "gpu_points", "kernel_key", "lost_points", "merge", "percentile", "pipeline_point",
     "split_windows", "to_points", "top_kernels",
 ]
@@ -125,6 +130,10 @@ class WindowAggregate(Counts):
             "kernels": dict(sorted(self.kernels.items())),
             "kernels_other": self.kernels_other,
             "device_launches": [[d, n] for d, n in sorted(self.device_launches.items())],
+            "device_copies": [[d, kind, *c.as_list()]
+                              for (d, kind), c in sorted(self.device_copies.items())],
+            "device_syncs": [[d, n, self.device_sync_ns.get(d, 0)]
+                             for d, n in sorted(self.device_sync_count.items())],
             "grid_blocks": _trim(self.grid_blocks),
             "block_threads": _trim(self.block_threads),
             "threads_launched": self.threads_launched,
@@ -192,9 +201,33 @@ class WindowAggregate(Counts):
                 count, ns = _exactly(pair, 2)
                 agg.sync_count[str(scope)] = int(count)
                 agg.sync_ns[str(scope)] = int(ns)
+            _devices_from_dict(agg, data)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed window aggregate: {exc!r}") from None
         return agg
+
+
+def _devices_from_dict(agg: WindowAggregate, data: Mapping[str, Any]) -> None:
+    """The per-device counts of `to_dict` output. An aggregate of a worker before a part of
+    them was kept (a window open across the upgrade) has that part all on device 0, as the
+    wire has the events of a producer before devices (producer/wire.py)."""
+    if "device_launches" not in data and agg.kernel_launches:
+        agg.device_launches = {0: agg.kernel_launches}
+    if "device_copies" in data:
+        agg.device_copies = {
+            (int(row[0]), str(row[1])): CopyStats(*(int(x) for x in _exactly(row[2:], 5)))
+            for row in data["device_copies"]
+        }
+    else:
+        agg.device_copies = {(0, kind): CopyStats(*c.as_list())
+                             for kind, c in agg.copies.items()}
+    if "device_syncs" in data:
+        for d, n, ns in (_exactly(row, 3) for row in data["device_syncs"]):
+            agg.device_sync_count[int(d)] = int(n)
+            agg.device_sync_ns[int(d)] = int(ns)
+    elif agg.sync_count:
+        agg.device_sync_count = {0: sum(agg.sync_count.values())}
+        agg.device_sync_ns = {0: agg.total_sync_ns}
 
 
 def _trim(counts: list[int]) -> list[int]:
@@ -376,7 +409,32 @@ def to_points(
         })
     for api, n in sorted(agg.errors.items()):
         add(m.ERRORS, {Tags.API: api}, {Fields.COUNT: n})
+    for label, device_fields in device_fields_of(agg, window_s).items():
+        add(m.DEVICES, {Tags.DEVICE: label}, device_fields)
     return points
+
+
+def device_fields_of(agg: WindowAggregate, window_s: float) -> dict[str, dict[str, FieldValue]]:
+    """`devices` fields by device tag (`measurements.device_label`; devices beyond its range
+    summed into one), for the devices that launched, copied or synced in the window. The bytes
+    of a copy kind are there when the device had copies of that kind."""
+    sums: dict[str, dict[str, int]] = {}
+    for device in agg.devices:
+        label = m.device_label(device)
+        into = sums.setdefault(label, dict.fromkeys(
+            (Fields.LAUNCHES, Fields.COPIES, Fields.BYTES, Fields.SYNCS, Fields.SYNC_NS,
+             Fields.COPY_NS), 0))
+        into[Fields.LAUNCHES] += agg.device_launches.get(device, 0)
+        for kind, c in agg.device_copy_stats(device).items():
+            into[Fields.COPIES] += c.count
+            into[Fields.BYTES] += c.bytes
+            into[Fields.COPY_NS] += c.sync_ns
+            by_kind = m.BYTES_OF_KIND[kind if kind in m.BYTES_OF_KIND else m.UNKNOWN_KIND]
+            into[by_kind] = into.get(by_kind, 0) + c.bytes
+        into[Fields.SYNCS] += agg.device_sync_count.get(device, 0)
+        into[Fields.SYNC_NS] += agg.device_sync_ns.get(device, 0)
+    return {label: {**into, Fields.RATE_PER_S: into[Fields.LAUNCHES] / window_s}
+            for label, into in sums.items()}
 
 
 def _value(value: float | None) -> float:

@@ -16,6 +16,7 @@ dashboards and alert rules may name only what `ALL` lists (a test checks them ag
   syncs              host job scope                       events (cudaStream/Device/EventSync)
   cpu_blocked        host job                             events (CPU blocked on the GPU)
   errors             host job api                         events (calls whose result was not 0)
+  devices            host job device                      events (per CUDA device of the calls)
   gpu                host gpu                             NVML samples
   gpu_process        host gpu job                         NVML samples, processes by job
   bandwidth_anomaly  host job kind direction_of_change    detect.py
@@ -64,6 +65,9 @@ class Tags:
     NAMESPACE: Final = "namespace"
     TEAM: Final = "team"
     RANK: Final = "rank"
+    #: The CUDA device of the calling thread, its ordinal in the process (as the process's
+    #: CUDA_VISIBLE_DEVICES numbers them) — not NVML's index, which `gpu` is.
+    DEVICE: Final = "device"
 
 
 class Fields:
@@ -165,6 +169,14 @@ class Fields:
     STATUS: Final = "status"
     METHOD: Final = "method"
     LATE_REQUESTS: Final = "late_requests"
+    COPIES: Final = "copies"
+    SYNCS: Final = "syncs"
+    H2H_BYTES: Final = "h2h_bytes"
+    H2D_BYTES: Final = "h2d_bytes"
+    D2H_BYTES: Final = "d2h_bytes"
+    D2D_BYTES: Final = "d2d_bytes"
+    DEFAULT_BYTES: Final = "default_bytes"
+    UNKNOWN_BYTES: Final = "unknown_bytes"
 
 
 # -- tag values with a fixed vocabulary ------------------------------------------------------
@@ -182,6 +194,20 @@ UNKNOWN_API: Final = "unknown"
 LOW_BANDWIDTH: Final = "low_bandwidth"
 HIGH_BYTES: Final = "high_bytes"
 DIRECTIONS: Final[tuple[str, ...]] = (LOW_BANDWIDTH, HIGH_BYTES)
+#: `devices` bytes field of each copy kind (COPY_KIND_VALUES).
+BYTES_OF_KIND: Final[Mapping[str, str]] = MappingProxyType({
+    "H2H": Fields.H2H_BYTES,
+    "H2D": Fields.H2D_BYTES,
+    "D2H": Fields.D2H_BYTES,
+    "D2D": Fields.D2D_BYTES,
+    "default": Fields.DEFAULT_BYTES,
+    UNKNOWN_KIND: Fields.UNKNOWN_BYTES,
+})
+#: `devices` device tag: the ordinals 0..MAX_DEVICE_TAGS-1 as themselves; any other value (a
+#: forged or broken record: the probes record only devices a call accepted) as OTHER_DEVICE,
+#: so no message can make more than MAX_DEVICE_TAGS + 1 series per job.
+MAX_DEVICE_TAGS: Final = 256
+OTHER_DEVICE: Final = "other"
 #: The stream app's default tumbling window, seconds (Grafana's minimum interval).
 DEFAULT_WINDOW_S: Final = 10.0
 #: Consecutive memory-bound windows before the alert fires (the alert rule says so).
@@ -193,6 +219,11 @@ HISTOGRAM_BUCKETS: Final = 64
 NO_LABEL: Final = "(none)"
 #: `request_samples`: the slowest requests of each (window, job, route) written, rank 0..N-1.
 REQUEST_SAMPLES: Final = 10
+
+
+def device_label(device: int) -> str:
+    """The `device` tag of a CUDA device ordinal."""
+    return str(device) if 0 <= device < MAX_DEVICE_TAGS else OTHER_DEVICE
 
 
 def bucket_label(index: int) -> str:
@@ -319,6 +350,28 @@ CPU_BLOCKED: Final = Measurement(
 )
 ERRORS: Final = Measurement(
     "errors", (Tags.HOST, Tags.JOB, Tags.API), (_int(Fields.COUNT),)
+)
+#: A job's calls per CUDA device in a window (the device current on the calling thread):
+#: kernel launches that ran (as `launch_shape.launches`: not captured ones, not graph
+#: launches), copies and their bytes by kind (as `copies`; a peer copy on the caller's device),
+#: syncs and the CPU blocked on the GPU in them and in synchronous copies (as `syncs` and
+#: `cpu_blocked`). Σ over devices = the job's totals. One series per (host, job, device): a
+#: measurement of its own rather than a tag on launches/copies/syncs, so their series are not
+#: multiplied by devices and their queries, alerts and history are unchanged. Events of a
+#: producer before devices were recorded count as device 0 (producer/wire.py).
+DEVICES: Final = Measurement(
+    "devices",
+    (Tags.HOST, Tags.JOB, Tags.DEVICE),
+    (
+        _int(Fields.LAUNCHES),
+        _float(Fields.RATE_PER_S, "1/s"),
+        _int(Fields.COPIES),
+        _int(Fields.BYTES, "bytes"),
+        *(_int(BYTES_OF_KIND[kind], "bytes") for kind in COPY_KIND_VALUES),
+        _int(Fields.SYNCS),
+        _int(Fields.SYNC_NS, "ns"),
+        _int(Fields.COPY_NS, "ns"),
+    ),
 )
 GPU: Final = Measurement(
     "gpu",
@@ -518,6 +571,7 @@ ALL: Final[Mapping[str, Measurement]] = MappingProxyType(
             SYNCS,
             CPU_BLOCKED,
             ERRORS,
+            DEVICES,
             GPU,
             GPU_PROCESS,
             BANDWIDTH_ANOMALY,

@@ -82,6 +82,11 @@ class JobSummary:
     #: grace, or stamped too far ahead of its clock. In the dead-letter topic.
     uncounted_late: int = 0
     uncounted_future: int = 0
+    #: CUDA device (the `devices` tag: the calling thread's ordinal; "HOST/DEVICE" where the
+    #: job ran on several hosts, whose device 0s are different GPUs) → its sums: launches,
+    #: copies, bytes, bytes of each copy kind present (as COPY_KIND_VALUES names them),
+    #: syncs, sync_ns, copy_ns. Σ over devices = the job's figures.
+    devices: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def events_lost(self) -> int:
@@ -215,7 +220,33 @@ def job_summary(settings: InfluxSettings, job: str, since_ns: int, until_ns: int
     if uncounted:
         summary.uncounted_late = uncounted[0].integer("late")
         summary.uncounted_future = uncounted[0].integer("future")
+    summary.devices = _devices(db, where)
     return summary
+
+
+_DEVICE_SUMS: Final = (Fields.LAUNCHES, Fields.COPIES, Fields.BYTES, Fields.SYNCS,
+                       Fields.SYNC_NS, Fields.COPY_NS)
+
+
+def _devices(db: InfluxQL, where: str) -> dict[str, dict[str, int]]:
+    kinds = {f"k{i}": kind for i, kind in enumerate(m.COPY_KIND_VALUES)}
+    columns = [*(f"sum({f}) AS {f}" for f in _DEVICE_SUMS),
+               *(f"sum({m.BYTES_OF_KIND[kind]}) AS {alias}" for alias, kind in kinds.items())]
+    found: dict[tuple[str, str], dict[str, int]] = {}
+    for r in db.rows(f"SELECT {', '.join(columns)} FROM {m.DEVICES.name} {where}"
+                     f" GROUP BY {Tags.HOST}, {Tags.DEVICE}"):
+        sums = {f: r.integer(f) for f in _DEVICE_SUMS}
+        sums.update({kind: r.integer(alias) for alias, kind in kinds.items()
+                     if r[alias] is not None})
+        found[r.text(Tags.HOST), r.text(Tags.DEVICE)] = sums
+    several = len({host for host, _ in found}) > 1
+    return {f"{host}/{device}" if several else device: sums
+            for (host, device), sums in sorted(found.items(), key=_device_order)}
+
+
+def _device_order(item: tuple[tuple[str, str], Any]) -> tuple[str, int, int]:
+    (host, device), _ = item
+    return (host, *((0, int(device)) if device.isdigit() else (1, 0)))
 
 
 def _events_lost(db: InfluxQL, job: str, since_ns: int, until_ns: int,
@@ -325,6 +356,14 @@ def render_job(s: JobSummary) -> str:
                   for k, c in sorted(s.copies.items())]
         out += ["", tabulate(copies, headers=["copies", "count", "bytes", "sync bandwidth"],
                              tablefmt="simple", colalign=("left", "right", "right", "right"))]
+    if len(s.devices) > 1:
+        devices = [[d, f"{c[Fields.LAUNCHES]:,}", f"{c[Fields.COPIES]:,}",
+                    *(_bytes(c[k]) if k in c else "-" for k in ("H2D", "D2H", "D2D")),
+                    _n((c[Fields.SYNC_NS] + c[Fields.COPY_NS]) / 1e9, " s", 3)]
+                   for d, c in s.devices.items()]
+        out += ["", tabulate(devices, headers=["device", "kernel launches", "copies", "H2D",
+                                               "D2H", "D2D", "CPU blocked on the GPU"],
+                             tablefmt="simple", colalign=("left", *["right"] * 6))]
     if s.anomalies:
         out += ["", "bandwidth anomalies: " + ", ".join(f"{k}: {n}"
                                                         for k, n in sorted(s.anomalies.items()))]

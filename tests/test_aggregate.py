@@ -386,7 +386,7 @@ def test_points_follow_the_contract() -> None:
     points = to_points(agg, 10.0, memory=MemoryLevel(live_bytes=5, peak_live_bytes=9))
     assert {p.measurement for p in points} == {
         "launches", "kernels", "grid_blocks", "block_threads", "launch_shape", "copies",
-        "memset", "memory", "syncs", "cpu_blocked", "errors"}
+        "memset", "memory", "syncs", "cpu_blocked", "errors", "devices"}
     for point in points:
         assert point.measurement in m.ALL
         assert m.problems(point) == []
@@ -428,6 +428,84 @@ def test_point_values() -> None:
     assert memory == {"alloc_count": 1, "alloc_bytes": 1000, "free_count": 0, "free_bytes": 0}
     assert points[("grid_blocks", (("bucket", "2^8"), *job))].fields == {"count": 2}
     assert ("copies", (*job, ("kind", "D2H"))) not in points
+
+
+def test_device_points_split_the_window_by_the_callers_device() -> None:
+    events = make([
+        launch((1, 1, 1), (32, 1, 1), device=0),
+        launch((1, 1, 1), (32, 1, 1), device=1),
+        launch((1, 1, 1), (32, 1, 1), device=1),
+        launch((1, 1, 1), (32, 1, 1), device=1, flags=F_CAPTURED),  # ran nothing
+        {"type": EventType.GRAPH_LAUNCH, "api": API_IDS["cudaGraphLaunch"], "device": 1},
+        copy(1, 1000, 10, device=0),                                 # H2D, synchronous
+        copy(1, 4000, 0, result=35, device=0),                       # failed: moved nothing
+        copy(3, 64, api="cudaMemcpyAsync", device=1),               # a peer copy: D2D
+        copy(2, 500, 20, device=1),                                  # D2H, synchronous
+        copy(9, 7, 3, device=1),                                     # an unknown kind
+        sync(1, 300, device=1),
+        sync(2, 700, result=4, device=0),                           # failed, the CPU waited
+        alloc(0x1, 100, device=1),                                   # not per device
+    ])
+    agg = aggregate(events)
+    assert agg.device_launches == {0: 1, 1: 2}
+    assert agg.devices == [0, 1]
+    assert agg.device_copy_stats(1) == {
+        "D2D": CopyStats(count=1, bytes=64),
+        "D2H": CopyStats(count=1, bytes=500, sync_count=1, sync_bytes=500, sync_ns=20),
+        "unknown": CopyStats(count=1, bytes=7, sync_count=1, sync_bytes=7, sync_ns=3),
+    }
+    assert (agg.device_sync_count, agg.device_sync_ns) == ({0: 1, 1: 1}, {0: 700, 1: 300})
+    assert (agg.device_blocked_ns(0), agg.device_blocked_ns(1)) == (710, 323)
+    points = {p.tags["device"]: p for p in to_points(agg, 2.0) if p.measurement == "devices"}
+    assert points["0"].fields == {"launches": 1, "rate_per_s": 0.5, "copies": 1, "bytes": 1000,
+                                  "h2d_bytes": 1000, "syncs": 1, "sync_ns": 700, "copy_ns": 10}
+    assert points["1"].fields == {"launches": 2, "rate_per_s": 1.0, "copies": 3, "bytes": 571,
+                                  "d2d_bytes": 64, "d2h_bytes": 500, "unknown_bytes": 7,
+                                  "syncs": 1, "sync_ns": 300, "copy_ns": 23}
+    assert set(points) == {"0", "1"} and points["1"].tags == {
+        "host": "node1", "job": "job1", "device": "1"}
+
+
+@pytest.mark.parametrize("seed", [1, 5])
+def test_device_points_sum_to_the_jobs_totals(seed: int) -> None:
+    agg = aggregate(mixed(3000, seed))
+    assert len(agg.devices) == 3
+    devices = [p.fields for p in to_points(agg, 10.0) if p.measurement == "devices"]
+
+    def total(name: str) -> int:
+        return sum(int(f.get(name, 0)) for f in devices)
+
+    assert total("launches") == agg.kernel_launches
+    assert total("copies") == sum(c.count for c in agg.copies.values())
+    assert total("bytes") == sum(c.bytes for c in agg.copies.values())
+    for kind, c in agg.copies.items():
+        assert total(m.BYTES_OF_KIND[kind]) == c.bytes
+    assert total("syncs") == sum(agg.sync_count.values())
+    assert total("sync_ns") == agg.total_sync_ns
+    assert total("copy_ns") == agg.copy_sync_ns
+
+
+def test_devices_out_of_range_are_one_other_series() -> None:
+    agg = aggregate(make([launch((1, 1, 1), (32, 1, 1), device=d) for d in (-1, 3, 300, 300)]))
+    points = {p.tags["device"]: p.fields["launches"] for p in to_points(agg, 1.0)
+              if p.measurement == "devices"}
+    assert points == {"3": 1, m.OTHER_DEVICE: 3}
+    assert [m.device_label(d) for d in (0, 255, 256, -1)] == ["0", "255", "other", "other"]
+
+
+def test_an_older_workers_window_has_its_work_on_device_0() -> None:
+    """A window open across the upgrade (no per-device counts kept in the table) counts as
+    device 0, as the wire has an older producer's events."""
+    agg = aggregate(mixed(1000, 3))
+    old = {k: v for k, v in agg.to_dict().items()
+           if k not in ("device_launches", "device_copies", "device_syncs")}
+    back = WindowAggregate.from_dict(old)
+    assert back.devices == [0]
+    assert back.device_launches == {0: agg.kernel_launches}
+    assert back.device_copy_stats(0) == agg.copies
+    assert back.device_sync_ns == {0: agg.total_sync_ns}
+    (point,) = [p for p in to_points(back, 1.0) if p.measurement == "devices"]
+    assert point.tags["device"] == "0" and point.fields["launches"] == agg.kernel_launches
 
 
 def test_async_only_copies_have_no_bandwidth() -> None:

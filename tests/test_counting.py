@@ -138,6 +138,22 @@ def test_merge_from_equals_adding_at_once_shapes_included() -> None:
     assert a.device_launches == whole.device_launches == {1: 2, 2: 2}
 
 
+def test_per_device_sums_stay_exact_beyond_64_bits() -> None:
+    """Sums of a (device, kind) group that pass 2^64 are exact, as the totals are."""
+    big = (1 << 63) + 5
+    rows = [copy(1, big, 1 << 62, device=d) for d in (0, 1, 1)]
+    rows += [copy(2, 7, 3, device=0), sync(1, 1 << 63, device=1), sync(1, 1 << 63, device=1)]
+    c = counted(rows)
+    assert c.device_copies == {
+        (0, "H2D"): CopyStats(1, big, 1, big, 1 << 62),
+        (0, "D2H"): CopyStats(1, 7, 1, 7, 3),
+        (1, "H2D"): CopyStats(2, 2 * big, 2, 2 * big, 1 << 63),
+    }
+    assert c.copies["H2D"] == CopyStats(3, 3 * big, 3, 3 * big, 3 << 62)
+    assert (c.device_sync_count, c.device_sync_ns) == ({1: 2}, {1: 1 << 64})
+    assert c.sync_ns == {"stream": 1 << 64}
+
+
 def test_names_are_the_influxdb_contracts() -> None:
     """The core names what it cannot name as the stream app's contract spells it."""
     assert counting.UNKNOWN == m.UNKNOWN_API == m.UNKNOWN_KIND == m.UNKNOWN_SCOPE
@@ -207,7 +223,8 @@ def test_the_trace_the_demo_the_report_and_grafana_use_the_same_words() -> None:
     assert share in trace and f"{100 * summary.blocked_share(3.0):.1f}%" in demo
     titles = [p["title"] for board in (generate.fleet(), generate.job())
               for p in board["panels"]]
-    assert sum(generate.BLOCKED_TERM in t for t in titles) == 2
+    assert [t for t in titles if generate.BLOCKED_TERM in t] == [
+        generate.BLOCKED_SHARE_TITLE, generate.DEVICE_BLOCKED_TITLE, generate.BLOCKED_PARTS_TITLE]
     assert generate.BLOCKED_TERM == "CPU blocked on the GPU"
 
 

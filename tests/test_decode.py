@@ -139,6 +139,28 @@ def test_summary_splits_launches_per_device_when_there_are_several() -> None:
         ["3", "on", "device", "0"], ["2", "on", "device", "1"], ["2", "on", "device", "2"]]
 
 
+def test_summary_splits_copies_and_blocked_time_per_device() -> None:
+    def copy(t: int, kind: int, nbytes: int, device: int) -> dict[str, Any]:
+        return {"type": EventType.MEMCPY, "api": API_IDS["cudaMemcpy"], "ts_ns": t,
+                "bytes": nbytes, "dim": [kind, 0, 0, 0, 0, 0], "flags": F_HAS_RESULT,
+                "result": 0, "duration_ns": 2_000_000, "device": device}
+
+    rows = [launch(1, (1, 1, 1), (32, 1, 1), device=0), copy(2, 1, 4096, 0),
+            copy(3, 2, 2048, 1), copy(4, 3, 1 << 20, 1), copy(5, 2, 2048, 1)]
+    summary = Summary()
+    summary.add(Enricher(clock_offset_ns=0).enrich(make(rows)))
+    lines = render(summary, "job", wall_s=1.0, drops=0).splitlines()
+    at = lines.index("  per device (the calling thread's):")
+    assert lines[at + 1].split() == ["device", "kernel", "launches", "copies", "H2D", "D2H",
+                                     "D2D", "CPU", "blocked"]
+    assert lines[at + 2].split() == ["0", "1", "1", "4.00", "KiB", "-", "-", "2.000", "ms"]
+    assert lines[at + 3].split() == ["1", "0", "3", "-", "4.00", "KiB", "1.00", "MiB",
+                                     "6.000", "ms"]
+    one = Summary()
+    one.add(Enricher(clock_offset_ns=0).enrich(make(rows[:2])))
+    assert "per device" not in render(one, "job", wall_s=1.0, drops=0)
+
+
 def test_captured_launches_count_into_the_graph_and_its_replays() -> None:
     """Begin capture, launches (one on another stream), end, instantiate, launch, in
     two batches split mid-capture: the enricher keeps state across batches."""

@@ -21,7 +21,7 @@ import yaml
 
 from grafana import generate
 from producer import wire
-from producer.records import API_IDS, LAYER_DRIVER, LAYER_RUNTIME
+from producer.records import API_IDS, COPY_KINDS, LAYER_DRIVER, LAYER_RUNTIME
 from streams import aggregate, detect
 from streams import measurements as m
 from streams.aggregate import bucket_of
@@ -516,6 +516,40 @@ def check_fusion_cell(column: str) -> Check:
     return check
 
 
+def check_device_launches(series: list[Series], ctx: Context) -> None:
+    """The demo workloads run on one device: device 0 has every launch."""
+    devices = by_tag(series, Tags.DEVICE)
+    assert set(devices) == {"0"}, set(devices)
+    approx(per_interval_total(devices["0"], "launches", ctx), launches_of(ctx.jobs, ctx))
+
+
+def check_device_bytes(series: list[Series], ctx: Context) -> None:
+    devices = by_tag(series, Tags.DEVICE)
+    assert set(devices) == {"0"}, set(devices)
+    (s,) = devices.values()
+    assert s.columns[1:] == list(m.COPY_KIND_VALUES)
+    approx(per_interval_total(s, "H2D", ctx), sum(ctx.expected(k).h2d_bytes for k in ctx.jobs))
+    approx(per_interval_total(s, "D2H", ctx), sum(ctx.expected(k).d2h_bytes for k in ctx.jobs))
+    assert total(s, "D2D") == total(s, "H2H") == 0
+
+
+def check_device_blocked(series: list[Series], ctx: Context) -> None:
+    """Device 0 has the CPU's waits: what the job's syncs and synchronous copies took."""
+    devices = by_tag(series, Tags.DEVICE)
+    assert set(devices) == {"0"}, set(devices)
+    (s,) = devices.values()
+    jobs = "|".join(re.escape(ctx.job(k)) for k in ctx.jobs)
+    where = (f"WHERE \"{Tags.JOB}\" =~ /^({jobs})$/ AND \"{Tags.HOST}\" = '{ctx.run.host}' "
+             f"AND time >= {ctx.run.start_ns} AND time <= {ctx.run.end_ns}")
+    (blocked,) = influxql(ctx.run.influx_url, ctx.run.database,
+                          f'SELECT sum("{Fields.SYNC_NS}") AS "syncs", sum("{Fields.COPY_NS}") '
+                          f'AS "copies" FROM "{m.CPU_BLOCKED.name}" {where}')
+    approx(per_interval_total(s, "in_syncs", ctx) * 1e9, blocked.numbers("syncs")[0])
+    approx(per_interval_total(s, "in_synchronous_copies", ctx) * 1e9,
+           blocked.numbers("copies")[0])
+    assert blocked.numbers("copies")[0] > 0  # the demo's H2D copies are synchronous
+
+
 UNFUSED, FUSED = "unfused", "fused"
 
 #: (dashboard, panel title, refId) → its check. Every target must have one.
@@ -535,6 +569,9 @@ CHECKS: dict[tuple[str, str, str], Check] = {
     ("job", "Grid size: blocks per launch (log2)", "A"): check_histogram("grid_blocks"),
     ("job", "Block size: threads per block (log2)", "A"): check_histogram("block_threads"),
     ("job", "Grid size percentiles (blocks)", "A"): check_percentiles,
+    ("job", generate.DEVICE_LAUNCHES_TITLE, "A"): check_device_launches,
+    ("job", generate.DEVICE_BYTES_TITLE, "A"): check_device_bytes,
+    ("job", generate.DEVICE_BLOCKED_TITLE, "A"): check_device_blocked,
     ("job", "Copies/s by kind", "A"): check_kinds,
     ("job", "Bytes copied/s by kind, and memset", "A"): check_bytes_by_kind("bytes"),
     ("job", "Bytes copied/s by kind, and memset", "B"): check_memsets,
@@ -869,6 +906,53 @@ def test_scenarios_fire_with_their_evidence(influx_url: str) -> None:
     assert set(baselines) == {"H2D", "D2H"}  # both directions slowed
     baseline = baselines["H2D"]
     approx(max(baseline.numbers("baseline")), values["BASELINE"])
+
+
+def test_the_device_panels_split_a_job_by_device(influx_url: str) -> None:
+    """Two windows of a job on two devices, made by the stream app's own functions: the job
+    dashboard's device panels give each device its launches and bytes by direction."""
+    window_ns = int(WINDOW_S * 1e9)
+    job = "two-devices"
+    work = {0: dataclasses.replace(COPIER, launches=30, copies=2),
+            1: dataclasses.replace(COPIER, launches=7, copies=5, copy_bytes=1 << 20)}
+    points: list[m.Point] = []
+    for i in range(2):
+        t = T1 + i * window_ns
+        agg = aggregate.WindowAggregate(t, HOST, job)
+        for device, w in work.items():
+            batch = events(w, t)
+            batch["device"] = device
+            aggregate.add_events(agg, batch)
+        peer = events(dataclasses.replace(COPIER, launches=0, copies=1, copy_bytes=4096), t)[:1]
+        peer["dim"][:, 0] = COPY_KINDS.index("D2D")  # a peer copy, made on device 1
+        peer["device"] = 1
+        aggregate.add_events(agg, peer)
+        points += aggregate.to_points(agg, WINDOW_S)
+    write_points(influx_url, SCENARIOS, points)
+    panels = {p["title"]: p for p in dashboards()["job"]["panels"]}
+    variables = {"host": [HOST], "job": [job]}
+
+    def query(title: str) -> dict[str, Series]:
+        text = interpolate(panels[title]["targets"][0]["query"], variables, T1,
+                           T1 + 2 * window_ns - 1, WINDOW_S)
+        return by_tag(influxql(influx_url, SCENARIOS, text), Tags.DEVICE)
+
+    launches = query(generate.DEVICE_LAUNCHES_TITLE)
+    assert {d: total(s, "launches") * WINDOW_S for d, s in launches.items()} == {
+        "0": 2 * 30, "1": 2 * 7}
+    moved = query(generate.DEVICE_BYTES_TITLE)
+    assert set(moved) == {"0", "1"}
+    by_direction = {(d, kind): total(s, kind) * WINDOW_S for d, s in moved.items()
+                    for kind in m.COPY_KIND_VALUES}
+    assert {k: v for k, v in by_direction.items() if v} == {
+        ("0", "H2D"): 2 * 2 * COPIER.copy_bytes, ("0", "D2H"): 2 * 2 * COPIER.copy_bytes,
+        ("1", "H2D"): 2 * 5 << 20, ("1", "D2H"): 2 * 5 << 20, ("1", "D2D"): 2 * 4096}
+    # CPU blocked: the synchronous copies' time (no syncs), seconds per second
+    blocked = query(generate.DEVICE_BLOCKED_TITLE)
+    assert {d: (round(total(s, "in_syncs") * WINDOW_S * 1e9),
+                round(total(s, "in_synchronous_copies") * WINDOW_S * 1e9))
+            for d, s in blocked.items()} == {
+                "0": (0, 2 * 4 * COPIER.copy_ns), "1": (0, 2 * 11 * COPIER.copy_ns)}
 
 
 def test_interpolation_is_grafanas() -> None:

@@ -436,7 +436,11 @@ def test_the_report_counts_what_the_trace_summary_counts(kafka_bootstrap: str, i
             got = report.job_summary(influx, job, t0, t0 + 5 * W)
         except UsageError:  # nothing of the job written yet
             return None
-        done = (got.launches, got.errors) == (trace.launches, trace.failed_calls)
+        # The report reads one measurement after another, each complete or not yet: done
+        # when every one it is checked on below has all the windows.
+        done = (got.launches, got.errors, sum(got.launches_by_api.values()),
+                sum(d["launches"] for d in got.devices.values())) == (
+            trace.launches, trace.failed_calls, trace.counts.all_launches, trace.launches)
         return got if done and got.peak_live_bytes is not None else None
 
     got = wait_for(read, 90, "the job's windows", worker)
@@ -451,9 +455,60 @@ def test_the_report_counts_what_the_trace_summary_counts(kafka_bootstrap: str, i
     assert got.copies == {kind: {"count": c.count, "bytes": c.bytes, "sync_bytes": c.sync_bytes,
                                  "sync_ns": c.sync_ns} for kind, c in trace.copies.items()}
     assert (got.alloc_bytes, got.peak_live_bytes) == (trace.alloc_bytes, trace.peak_live_bytes)
+    # one device (the synthetic events name none: device 0), its sums the job's
+    assert got.devices == {"0": {
+        "launches": trace.launches, "copies": sum(c.count for c in trace.copies.values()),
+        "bytes": sum(c.bytes for c in trace.copies.values()),
+        "syncs": sum(trace.counts.sync_count.values()), "sync_ns": trace.counts.total_sync_ns,
+        "copy_ns": trace.counts.copy_sync_ns, **{k: c.bytes for k, c in trace.copies.items()}}}
     shown = report.render_job(got)
+    assert "CPU blocked on the GPU " not in shown.split("top kernels")[-1]  # no device table
     assert re.search(rf"^captured into graphs\s+{trace.captured_launches}$", shown, re.MULTILINE)
     assert re.search(rf"^failed calls\s+{trace.failed_calls}$", shown, re.MULTILINE)
+
+
+def test_the_report_shows_a_table_per_device_when_there_are_several() -> None:
+    from streams import report
+
+    summary = report.JobSummary("train:1", 0, 10**9, hosts=["h"], window_s=1.0, devices={
+        "0": {"launches": 1200, "copies": 3, "bytes": 3 << 20, "syncs": 2, "sync_ns": 10**9,
+              "copy_ns": 5 * 10**8, "H2D": 2 << 20, "D2D": 1 << 20},
+        "1": {"launches": 7, "copies": 1, "bytes": 4096, "syncs": 0, "sync_ns": 0,
+              "copy_ns": 0, "D2H": 4096}})
+    lines = report.render_job(summary).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("device"))
+    assert lines[at].split() == ["device", "kernel", "launches", "copies", "H2D", "D2H", "D2D",
+                                 "CPU", "blocked", "on", "the", "GPU"]
+    assert lines[at + 2].split() == ["0", "1,200", "3", "2.0", "MiB", "-", "1.0", "MiB",
+                                     "1.500", "s"]
+    assert lines[at + 3].split() == ["1", "7", "1", "-", "4.0", "KiB", "-", "0.000", "s"]
+    assert orjson.loads(report.render_json([summary]))[0]["devices"]["1"]["D2H"] == 4096
+    one = report.JobSummary("train:1", 0, 10**9, devices={"0": summary.devices["0"]})
+    assert not any(line.startswith("device") for line in report.render_job(one).splitlines())
+
+
+def test_the_report_keeps_each_hosts_devices_apart(influx_url: str) -> None:
+    """A job on two hosts: their device 0s are two GPUs, so the report keys devices by host."""
+    from streams import report
+    from streams.settings import InfluxSettings
+    from tests.support.grafana_scenarios import write_points
+
+    t0 = past_window(600)
+    points: list[m.Point] = []
+    for host, devices in (("node-a", (0,)), ("node-b", (0, 1))):
+        agg = aggregate.WindowAggregate(t0, host, "mpi:7")
+        for device in devices:
+            batch = launches([t0 + 10 + device, t0 + 20 + device], 7, 8, 32)
+            batch["device"] = device
+            aggregate.add_events(agg, batch)
+        points += aggregate.to_points(agg, 1.0)
+    write_points(influx_url, "gpuflight", points)
+    got = report.job_summary(InfluxSettings(url=influx_url), "mpi:7", t0, t0 + W)
+    assert {d: c["launches"] for d, c in got.devices.items()} == {
+        "node-a/0": 2, "node-b/0": 2, "node-b/1": 2}
+    alone = report.job_summary(InfluxSettings(url=influx_url), "mpi:7", t0, t0 + W,
+                               host="node-b")
+    assert {d: c["launches"] for d, c in alone.devices.items()} == {"0": 2, "1": 2}
 
 
 def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx_url: str,
