@@ -10,8 +10,15 @@ been attributed by the time the request is handed on with its cost.
 Times: the HTTP records are CLOCK_MONOTONIC, enriched events wall clock; requests are turned
 to wall clock with the enricher's offset, once.
 
-GPU time comes from the busy spans of each batch (attribution.busy_gpu_ns): a span still open
-at a batch's end is cut there, and its rest counted in the next batch.
+GPU time, per process and batch, comes from NVML's per-process utilisation where NVML has it
+(attribution.nvml_gpu_ns: each sample period's SM time spread over the busy spans it overlaps),
+else from the time the process had work queued (attribution.busy_gpu_ns). With NVML on
+(`feed_utilization`), a batch's GPU time waits until NVML has reported past the batch's last
+event (`settle`, at most NVML_WAIT_S), and so do the requests it may belong to; then NVML's
+windows of that process that began before the batch ended are spread over it, or, when NVML has
+none for the process in that time (no per-process figures for its GPU, work too short to show),
+its queued time is used. Each request says which source its GPU time came from (`gpu_source`).
+A busy span still open at a batch's end is cut there, and its rest counted in the next batch.
 """
 
 from __future__ import annotations
@@ -27,11 +34,17 @@ import numpy.typing as npt
 from producer import attribution as attr
 from producer.http import HttpParser, Notice, OpenRequest, ProcessStats, Request
 from producer.httprecords import HttpRecord
-from producer.wire import EventAttribution, RequestRecord
+from producer.nvml import UtilWindow
+from producer.wire import EventAttribution, GpuSource, RequestRecord
 
 log = logging.getLogger(__name__)
 
 _N: int = len(attr.COST_FIELDS)
+_GPU: int = attr.FIELD["gpu_ns"]
+#: How long a batch's GPU time waits for NVML to report past it before queued time is used.
+NVML_WAIT_S: float = 5.0
+#: NVML windows of a process with no CUDA batch left to take them are dropped after this long.
+WINDOW_KEEP_NS: int = 60_000_000_000
 _NOTICES = {
     Notice.HTTP2: "HTTP/2 (not parsed: HTTP/1.1 only)",
     Notice.TLS: "TLS (encrypted: not parsed)",
@@ -60,6 +73,30 @@ class _Open:
     exact: bool = False
     shared: bool = False
     kernels: dict[int, float] = field(default_factory=dict)
+    #: Where its GPU time came from: NVML per-process utilisation, queued time.
+    nvml: bool = False
+    queued: bool = False
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A batch of one process whose GPU time waits for NVML."""
+
+    events: npt.NDArray[np.void]
+    attribution: attr.Attribution
+    start_ns: int  # its first event (wall clock)
+    end_ns: int  # the end of its last
+    added: float  # time.monotonic()
+
+
+@dataclass
+class GpuSources:
+    """Batches (per process) whose GPU time came from NVML, from queued time, and NVML GPU time
+    no event explains (unattributed)."""
+
+    nvml_batches: int = 0
+    queued_batches: int = 0
+    nvml_unexplained_ns: float = 0.0
 
 
 class RequestTracker:
@@ -78,6 +115,13 @@ class RequestTracker:
         self.events_unattributed = 0
         self._next_expire = 0.0
         self._latest_ns = 0
+        #: NVML per-process utilisation (feed_utilization): on once fed; windows per pid; the
+        #: time NVML has reported up to; batches waiting for it.
+        self.nvml = False
+        self._windows: dict[int, list[UtilWindow]] = {}
+        self._covered_ns = 0
+        self._pending: dict[int, list[_Pending]] = {}
+        self.gpu_sources = GpuSources()
 
     # -- HTTP --------------------------------------------------------------
 
@@ -124,9 +168,16 @@ class RequestTracker:
             part = events if len(unique) == 1 else events[index]
             table = self._table(pid)
             a = attr.attribute(table, part)
-            costs = attr.event_costs(part)
+            if self.nvml:  # everything now, GPU time once NVML has reported past the batch
+                costs = attr.event_costs(part, _NO_GPU(len(part)))
+                ends = part["ts_ns"].astype(np.int64) + part["duration_ns"].astype(np.int64)
+                self._pending.setdefault(pid, []).append(_Pending(
+                    part, a, int(part["ts_ns"].min()), int(ends.max()), time.monotonic()))
+            else:
+                costs = attr.event_costs(part)
+                self.gpu_sources.queued_batches += 1
             roll = attr.rollup(a, costs)
-            self._account(pid, a, roll, part)
+            self._account(pid, a, roll, part, source=None if self.nvml else "queued")
             request_id[index] = a.request_ids()
             shared = np.flatnonzero(a.mode == attr.SHARED)
             if len(shared):
@@ -153,7 +204,10 @@ class RequestTracker:
         return attr.RequestTable(table.request_id, start, end, table.tid)
 
     def _account(self, pid: int, a: attr.Attribution, roll: attr.Rollup,
-                 events: npt.NDArray[np.void]) -> None:
+                 events: npt.NDArray[np.void], *, source: str | None = None,
+                 count_kernels: bool = True) -> None:
+        """Add a batch's cost to its requests; `source`: where the GPU time in it came from
+        (None: it has none yet)."""
         per = roll.per_request
         touched = np.flatnonzero(per.any(axis=1))
         for i in touched.tolist():
@@ -164,13 +218,67 @@ class RequestTracker:
             acc.cost += per[i]
             acc.exact |= bool(roll.exact[i].any())
             acc.shared |= bool(roll.shared[i].any())
+            if per[i, _GPU] > 0:
+                acc.nvml |= source == "nvml"
+                acc.queued |= source == "queued"
         if roll.unattributed.any():
             self._unattributed[pid] = self._unattributed.get(pid, np.zeros(_N)) + roll.unattributed
-        if self.count_kernels:
+        if self.count_kernels and count_kernels:
             for rid, top in attr.kernel_launches(a, events).items():
                 acc = self._open.setdefault(rid, _Open(np.zeros(_N)))
                 for handle, count in top.items():
                     acc.kernels[handle] = acc.kernels.get(handle, 0.0) + count
+
+    # -- NVML ------------------------------------------------------------------
+
+    def feed_utilization(self, windows: Iterable[UtilWindow], covered_ns: int) -> None:
+        """NVML's per-process windows read since the last call, and the time (wall clock) up
+        to which NVML has reported every process. From the first call on, batches' GPU time
+        waits for NVML (`settle`). NVML that reports no time (no device samples) is not used."""
+        if covered_ns <= 0:
+            return
+        self.nvml = True
+        for w in windows:
+            self._windows.setdefault(w.pid, []).append(w)
+        self._covered_ns = max(self._covered_ns, covered_ns)
+
+    def settle(self, force: bool = False) -> None:
+        """Give GPU time to the batches NVML has reported past (all of them with `force`, at
+        the end; or waiting longer than NVML_WAIT_S: queued time)."""
+        now = time.monotonic()
+        for pid, pending in list(self._pending.items()):
+            while pending and (force or pending[0].end_ns <= self._covered_ns
+                               or now - pending[0].added > NVML_WAIT_S):
+                self._settle_one(pid, pending.pop(0))
+            if not pending:
+                del self._pending[pid]
+        horizon = self._covered_ns - WINDOW_KEEP_NS
+        for pid, windows in list(self._windows.items()):
+            if pid not in self._pending:
+                windows[:] = [w for w in windows if w.end_ns > horizon]
+                if not windows:
+                    del self._windows[pid]
+
+    def _settle_one(self, pid: int, p: _Pending) -> None:
+        windows = self._windows.get(pid, [])
+        used = [w for w in windows if w.start_ns < p.end_ns]
+        covered = p.end_ns <= self._covered_ns
+        if used and covered:
+            self._windows[pid] = [w for w in windows if w.start_ns >= p.end_ns]
+            gpu = attr.nvml_gpu_ns(p.events, [w.end_ns for w in used],
+                                   [w.sm_util_pct for w in used],
+                                   sample_start_ns=[w.start_ns for w in used])
+            source = "nvml"
+            self.gpu_sources.nvml_batches += 1
+            self.gpu_sources.nvml_unexplained_ns += gpu.residual_ns
+        else:
+            gpu = attr.busy_gpu_ns(p.events)
+            source = "queued"
+            self.gpu_sources.queued_batches += 1
+        costs = np.zeros((len(p.events), _N))
+        costs[:, _GPU] = gpu.per_event
+        roll = attr.rollup(p.attribution, costs, residual={"gpu_ns": gpu.residual_ns})
+        self._account(pid, p.attribution, roll, p.events, source=source, count_kernels=False)
 
     # -- handing on ------------------------------------------------------------
 
@@ -183,9 +291,15 @@ class RequestTracker:
         held back, and they wait for the next call."""
         out: dict[int, tuple[list[Answered], dict[str, float]]] = {}
         answered, self._answered = self._answered, {}
-        if before_ns is not None:
-            limit = before_ns - self._offset
+        if before_ns is not None or self._pending:
             for pid, requests in list(answered.items()):
+                # A request whose GPU time may still come (a batch of its process waits for
+                # NVML) waits too.
+                limits = [before_ns] if before_ns is not None else []
+                limits += [p.start_ns for p in self._pending.get(pid, ())[:1]]
+                if not limits:
+                    continue
+                limit = min(limits) - self._offset
                 later = [r for r in requests if r.end_ns >= limit]
                 if later:
                     self._answered[pid] = later
@@ -205,15 +319,23 @@ class RequestTracker:
         mode = "none"
         if acc is not None and (acc.exact or acc.shared):
             mode = "mixed" if acc.exact and acc.shared else "exact" if acc.exact else "shared"
+        source: GpuSource | None = None
+        if acc is not None and (acc.nvml or acc.queued):
+            source = "mixed" if acc.nvml and acc.queued else "nvml" if acc.nvml else "queued"
         record = RequestRecord(
             request_id=r.request_id, tid=r.tid, method=r.method, path=r.path[:16_384],
             route=r.route, status=r.status, start_ns=r.start_ns + self._offset,
             end_ns=r.end_ns + self._offset, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
             trace_id=r.trace.trace_id if r.trace else None,
             parent_span_id=r.trace.parent_id if r.trace else None,
-            complete=r.complete, port=r.lport, cost=cost,
+            complete=r.complete, port=r.lport, cost=cost, gpu_source=source,
         )
         return Answered(pid, r, record, mode, dict(acc.kernels) if acc else {})
+
+
+def _NO_GPU(n: int) -> attr.GpuTime:  # noqa: N802 (reads as a constant)
+    """No GPU time for n events (given later, when NVML has reported)."""
+    return attr.GpuTime(np.zeros(n), 0.0, np.zeros((0, 2), dtype=np.int64))
 
 
 def _costs(values: npt.NDArray[np.float64]) -> dict[str, float]:
