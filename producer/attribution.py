@@ -161,6 +161,11 @@ class Attribution:
     segment_offsets: I64
     segment_members: I64
 
+    def take(self, mask: npt.NDArray[np.bool_]) -> Attribution:
+        """The attribution of the events where `mask` is true."""
+        return Attribution(self.table, self.mode[mask], self.request[mask], self.segment[mask],
+                           self.segment_offsets, self.segment_members)
+
     def request_ids(self) -> npt.NDArray[np.uint64]:
         """Per event: the request id of an exact event, else 0 (the wire's `request_id`)."""
         out = np.zeros(len(self.mode), dtype=np.uint64)
@@ -256,6 +261,11 @@ def _is_drain(events: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
     drain: npt.NDArray[np.bool_] = ((events["type"] == EventType.SYNC) & has_result) | _sync_copy(
         events)
     return drain
+
+
+def drains(events: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+    """Events after whose return the process's queued work is done (a busy span ends)."""
+    return _is_drain(events)
 
 
 @dataclass(frozen=True)

@@ -243,14 +243,23 @@ class RequestTracker:
         self._covered_ns = max(self._covered_ns, covered_ns)
 
     def settle(self, force: bool = False) -> None:
-        """Give GPU time to the batches NVML has reported past (all of them with `force`, at
-        the end; or waiting longer than NVML_WAIT_S: queued time)."""
+        """Give GPU time to the batches NVML has reported past, up to the process's last drain
+        in them (a busy span is never cut: the events after it wait for the next drain); all of
+        them with `force` (at the end), or when one waited longer than NVML_WAIT_S (then, if
+        NVML has not reported that far, queued time)."""
         now = time.monotonic()
-        for pid, pending in list(self._pending.items()):
-            while pending and (force or pending[0].end_ns <= self._covered_ns
-                               or now - pending[0].added > NVML_WAIT_S):
-                self._settle_one(pid, pending.pop(0))
-            if not pending:
+        for pid, waiting in list(self._pending.items()):
+            k = 0
+            while k < len(waiting) and (force or waiting[k].end_ns <= self._covered_ns
+                                        or now - waiting[k].added > NVML_WAIT_S):
+                k += 1
+            pending = waiting
+            if k:
+                late = force or any(now - p.added > NVML_WAIT_S for p in waiting[:k])
+                pending = self._settle(pid, waiting[:k], whole=late) + waiting[k:]
+            if pending:
+                self._pending[pid] = pending
+            else:
                 del self._pending[pid]
         horizon = self._covered_ns - WINDOW_KEEP_NS
         for pid, windows in list(self._windows.items()):
@@ -259,26 +268,51 @@ class RequestTracker:
                 if not windows:
                     del self._windows[pid]
 
-    def _settle_one(self, pid: int, p: _Pending) -> None:
+    def _settle(self, pid: int, ready: list[_Pending], whole: bool) -> list[_Pending]:
+        """GPU time for `ready` (up to its last drain unless `whole`); what is left."""
+        events = np.concatenate([p.events for p in ready])
+        keep = np.ones(len(events), dtype=bool)
+        if not whole:
+            drain = attr.drains(events)
+            if not drain.any():
+                return ready  # every span in it is still open
+            keep = events["ts_ns"] <= events["ts_ns"][drain].max()
+        done = events[keep]
+        end = int((done["ts_ns"].astype(np.int64) + done["duration_ns"].astype(np.int64)).max())
         windows = self._windows.get(pid, [])
-        used = [w for w in windows if w.start_ns < p.end_ns]
-        covered = p.end_ns <= self._covered_ns
-        if used and covered:
-            self._windows[pid] = [w for w in windows if w.start_ns >= p.end_ns]
-            gpu = attr.nvml_gpu_ns(p.events, [w.end_ns for w in used],
-                                   [w.sm_util_pct for w in used],
+        used = [w for w in windows if w.start_ns < end]
+        if used and end <= self._covered_ns:
+            self._windows[pid] = [w for w in windows if w.start_ns >= end]
+            gpu = attr.nvml_gpu_ns(done, [w.end_ns for w in used], [w.sm_util_pct for w in used],
                                    sample_start_ns=[w.start_ns for w in used])
             source = "nvml"
             self.gpu_sources.nvml_batches += 1
             self.gpu_sources.nvml_unexplained_ns += gpu.residual_ns
         else:
-            gpu = attr.busy_gpu_ns(p.events)
+            gpu = attr.busy_gpu_ns(done)
             source = "queued"
             self.gpu_sources.queued_batches += 1
-        costs = np.zeros((len(p.events), _N))
-        costs[:, _GPU] = gpu.per_event
-        roll = attr.rollup(p.attribution, costs, residual={"gpu_ns": gpu.residual_ns})
-        self._account(pid, p.attribution, roll, p.events, source=source, count_kernels=False)
+        left: list[_Pending] = []
+        at = given = 0
+        residual = {"gpu_ns": gpu.residual_ns}
+        for p in ready:
+            mask = keep[at:at + len(p.events)]
+            at += len(p.events)
+            n = int(mask.sum())
+            if n:
+                costs = np.zeros((n, _N))
+                costs[:, _GPU] = gpu.per_event[given:given + n]
+                given += n
+                a = p.attribution.take(mask)
+                roll = attr.rollup(a, costs, residual=residual)
+                residual = {}
+                self._account(pid, a, roll, p.events[mask], source=source, count_kernels=False)
+            if n < len(p.events):
+                rest = p.events[~mask]
+                ends = rest["ts_ns"].astype(np.int64) + rest["duration_ns"].astype(np.int64)
+                left.append(_Pending(rest, p.attribution.take(~mask), int(rest["ts_ns"].min()),
+                                     int(ends.max()), p.added))
+        return left
 
     # -- handing on ------------------------------------------------------------
 

@@ -473,6 +473,28 @@ def test_tracker_gpu_time_from_nvml_waits_for_nvml_and_says_so() -> None:
     assert tracker.gpu_sources.nvml_batches == 1 and tracker.gpu_sources.queued_batches == 0
 
 
+def test_tracker_keeps_a_busy_span_whole_across_batches_for_nvml() -> None:
+    """a's launch and its sync come in two batches: the first waits for the drain, so NVML's
+    (w, w+2000] still lands on a's whole span [w+100, w+1100]."""
+    from producer.nvml import UtilWindow
+
+    offset = 1_000_000
+    tracker, wires, wall = _two_requests_one_after_the_other(offset)
+    work = _work(wall)
+    tracker.feed_utilization([UtilWindow(0, 4242, wall, wall + 2000, 10)], wall + 2000)
+    tracker.attribute(work[:1])
+    tracker.settle()
+    assert tracker.gpu_sources.nvml_batches == 0  # no drain yet: the span is open
+    tracker.attribute(work[1:])
+    _answer(tracker, wires, (wall - offset + 1200, wall - offset + 3600))
+    tracker.feed_utilization([UtilWindow(0, 4242, wall + 2000, wall + 4000, 5)], wall + 4000)
+    tracker.settle()
+    answered, unattributed = tracker.take_answered()[4242]
+    got = {r.record.route: r.record.cost["gpu_ns"] for r in answered}
+    assert got == {"/v1/big/{id}": pytest.approx(200.0), "/v1/small/{id}": pytest.approx(100.0)}
+    assert unattributed == {}
+
+
 def test_tracker_without_nvml_figures_for_a_process_uses_queued_time() -> None:
     offset = 1_000_000
     tracker, wires, wall = _two_requests_one_after_the_other(offset)
