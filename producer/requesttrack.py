@@ -10,15 +10,16 @@ been attributed by the time the request is handed on with its cost.
 Times: the HTTP records are CLOCK_MONOTONIC, enriched events wall clock; requests are turned
 to wall clock with the enricher's offset, once.
 
-GPU time, per process and batch, comes from NVML's per-process utilisation where NVML has it
+GPU time, per process, comes from NVML's per-process utilisation where NVML has it
 (attribution.nvml_gpu_ns: each sample period's SM time spread over the busy spans it overlaps),
-else from the time the process had work queued (attribution.busy_gpu_ns). With NVML on
-(`feed_utilization`), a batch's GPU time waits until NVML has reported past the batch's last
-event (`settle`, at most NVML_WAIT_S), and so do the requests it may belong to; then NVML's
-windows of that process that began before the batch ended are spread over it, or, when NVML has
-none for the process in that time (no per-process figures for its GPU, work too short to show),
-its queued time is used. Each request says which source its GPU time came from (`gpu_source`).
-A busy span still open at a batch's end is cut there, and its rest counted in the next batch.
+else from the time the process had work queued (attribution.busy_gpu_ns). Busy spans are kept
+whole: a batch's GPU time is given (`settle`) up to the process's last drain (sync, synchronous
+copy) in it, and the events after it wait for the next drain (at most GPU_WAIT_S); the requests
+they may belong to wait too. With NVML on (`feed_utilization`), GPU time also waits until NVML
+has reported past those events; then NVML's windows of that process that began before they
+ended are spread over them, or, when NVML has none for the process in that time (no
+per-process figures for its GPU, work too short to show), its queued time is used. Each request
+says which source its GPU time came from (`gpu_source`).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ log = logging.getLogger(__name__)
 
 _N: int = len(attr.COST_FIELDS)
 _GPU: int = attr.FIELD["gpu_ns"]
-#: How long a batch's GPU time waits for NVML to report past it before queued time is used.
-NVML_WAIT_S: float = 5.0
+#: How long a batch's GPU time waits for the drain that closes its busy spans (and NVML to
+#: report past it) before it is counted as it is (a span cut at its end; queued time).
+GPU_WAIT_S: float = 5.0
 #: NVML windows of a process with no CUDA batch left to take them are dropped after this long.
 WINDOW_KEEP_NS: int = 60_000_000_000
 _NOTICES = {
@@ -168,16 +170,14 @@ class RequestTracker:
             part = events if len(unique) == 1 else events[index]
             table = self._table(pid)
             a = attr.attribute(table, part)
-            if self.nvml:  # everything now, GPU time once NVML has reported past the batch
-                costs = attr.event_costs(part, _NO_GPU(len(part)))
-                ends = part["ts_ns"].astype(np.int64) + part["duration_ns"].astype(np.int64)
-                self._pending.setdefault(pid, []).append(_Pending(
-                    part, a, int(part["ts_ns"].min()), int(ends.max()), time.monotonic()))
-            else:
-                costs = attr.event_costs(part)
-                self.gpu_sources.queued_batches += 1
+            # Everything now; GPU time once the batch's busy spans are closed (and NVML, when
+            # on, has reported past them): `settle`.
+            costs = attr.event_costs(part, _NO_GPU(len(part)))
+            ends = part["ts_ns"].astype(np.int64) + part["duration_ns"].astype(np.int64)
+            self._pending.setdefault(pid, []).append(_Pending(
+                part, a, int(part["ts_ns"].min()), int(ends.max()), time.monotonic()))
             roll = attr.rollup(a, costs)
-            self._account(pid, a, roll, part, source=None if self.nvml else "queued")
+            self._account(pid, a, roll, part)
             request_id[index] = a.request_ids()
             shared = np.flatnonzero(a.mode == attr.SHARED)
             if len(shared):
@@ -243,19 +243,20 @@ class RequestTracker:
         self._covered_ns = max(self._covered_ns, covered_ns)
 
     def settle(self, force: bool = False) -> None:
-        """Give GPU time to the batches NVML has reported past, up to the process's last drain
-        in them (a busy span is never cut: the events after it wait for the next drain); all of
-        them with `force` (at the end), or when one waited longer than NVML_WAIT_S (then, if
-        NVML has not reported that far, queued time)."""
+        """Give GPU time to the batches (with NVML on: those NVML has reported past), up to the
+        process's last drain in them: a busy span is never cut, the events after it wait for
+        the next drain. All of them with `force` (at the end), or when one waited longer than
+        GPU_WAIT_S (then, if NVML has not reported that far, queued time)."""
         now = time.monotonic()
         for pid, waiting in list(self._pending.items()):
             k = 0
-            while k < len(waiting) and (force or waiting[k].end_ns <= self._covered_ns
-                                        or now - waiting[k].added > NVML_WAIT_S):
+            while k < len(waiting) and (force or not self.nvml
+                                        or waiting[k].end_ns <= self._covered_ns
+                                        or now - waiting[k].added > GPU_WAIT_S):
                 k += 1
             pending = waiting
             if k:
-                late = force or any(now - p.added > NVML_WAIT_S for p in waiting[:k])
+                late = force or any(now - p.added > GPU_WAIT_S for p in waiting[:k])
                 pending = self._settle(pid, waiting[:k], whole=late) + waiting[k:]
             if pending:
                 self._pending[pid] = pending
@@ -323,6 +324,7 @@ class RequestTracker:
         no request explains in the events attributed since then. With `before_ns` (wall
         clock), only the requests that ended before it: the events of the others may still be
         held back, and they wait for the next call."""
+        self.settle()
         out: dict[int, tuple[list[Answered], dict[str, float]]] = {}
         answered, self._answered = self._answered, {}
         if before_ns is not None or self._pending:

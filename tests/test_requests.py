@@ -358,7 +358,7 @@ def test_producer_publishes_requests_and_replay_carries_them(tmp_path: Path) -> 
 # -- the tracker, on records built by hand ---------------------------------------------------
 
 def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> None:
-    from producer.records import EventType
+    from producer.records import F_HAS_RESULT, EventType
     from producer.requesttrack import RequestTracker
     from tests.support.httpsim import Wire, response
     from tests.test_attribution import events as make_events
@@ -381,8 +381,10 @@ def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> Non
         return {"ts_ns": ts, "tid": tid, "type": EventType.LAUNCH, "pid": 4242,
                 "dim": dim or [0] * 6}
 
+    sync = {"ts_ns": wall + 40, "tid": 99, "type": EventType.SYNC, "pid": 4242,
+            "flags": F_HAS_RESULT, "duration_ns": 10}
     batch = make_events(launch(wall + 10, 11, [2, 1, 1, 4, 1, 1]),
-                        launch(wall + 20, 12, [1] * 6), launch(wall + 30, 99, [1] * 6))
+                        launch(wall + 20, 12, [1] * 6), launch(wall + 30, 99, [1] * 6), sync)
     attr = tracker.attribute(batch)
     rid_a, rid_b = int(attr.request_id[0]), int(attr.request_id[1])
     assert rid_a and rid_b and rid_a != rid_b
@@ -396,10 +398,12 @@ def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> Non
     (done,), _ = first[4242]
     assert done.record.request_id == rid_a and done.record.route == "/v1/x/{id}"
     assert done.record.trace_id == TRACE_ID and done.record.parent_span_id == "00f067aa0ba902b7"
-    # GPU time: one busy span of 20 ns (first launch to the batch's last call), a third a
-    # launch: a's own, and half of the shared one.
+    # GPU time: one busy span of 40 ns (first launch to the sync's return), a third a launch:
+    # a's own, and half of the shared one; half the shared sync.
     assert done.record.cost == pytest.approx(
-        {"launches": 1.5, "weight": 8.5, "kernels": 1.5, "gpu_ns": 10.0})
+        {"launches": 1.5, "weight": 8.5, "kernels": 1.5, "syncs": 0.5, "blocked_ns": 5.0,
+         "gpu_ns": 20.0})
+    assert done.record.gpu_source == "queued"
     assert done.record.start_ns - offset < done.record.end_ns - offset == a.now
     assert done.mode == "mixed"
     (later,), _ = tracker.take_answered()[4242]
