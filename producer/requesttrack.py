@@ -89,6 +89,8 @@ class _Pending:
     start_ns: int  # its first event (wall clock)
     end_ns: int  # the end of its last
     added: float  # time.monotonic()
+    #: It has a drain (a busy span ends in it): without one nothing in it can be given yet.
+    drains: bool
 
 
 @dataclass
@@ -175,7 +177,8 @@ class RequestTracker:
             costs = attr.event_costs(part, _NO_GPU(len(part)))
             ends = part["ts_ns"].astype(np.int64) + part["duration_ns"].astype(np.int64)
             self._pending.setdefault(pid, []).append(_Pending(
-                part, a, int(part["ts_ns"].min()), int(ends.max()), time.monotonic()))
+                part, a, int(part["ts_ns"].min()), int(ends.max()), time.monotonic(),
+                bool(attr.drains(part).any())))
             roll = attr.rollup(a, costs)
             self._account(pid, a, roll, part)
             request_id[index] = a.request_ids()
@@ -271,12 +274,12 @@ class RequestTracker:
 
     def _settle(self, pid: int, ready: list[_Pending], whole: bool) -> list[_Pending]:
         """GPU time for `ready` (up to its last drain unless `whole`); what is left."""
+        if not whole and not any(p.drains for p in ready):
+            return ready  # every span in it is still open
         events = np.concatenate([p.events for p in ready])
         keep = np.ones(len(events), dtype=bool)
         if not whole:
             drain = attr.drains(events)
-            if not drain.any():
-                return ready  # every span in it is still open
             keep = events["ts_ns"] <= events["ts_ns"][drain].max()
         done = events[keep]
         end = int((done["ts_ns"].astype(np.int64) + done["duration_ns"].astype(np.int64)).max())
@@ -312,7 +315,7 @@ class RequestTracker:
                 rest = p.events[~mask]
                 ends = rest["ts_ns"].astype(np.int64) + rest["duration_ns"].astype(np.int64)
                 left.append(_Pending(rest, p.attribution.take(~mask), int(rest["ts_ns"].min()),
-                                     int(ends.max()), p.added))
+                                     int(ends.max()), p.added, False))
         return left
 
     # -- handing on ------------------------------------------------------------
