@@ -124,6 +124,43 @@ def test_request_gpu_time_comes_from_nvml_and_matches_the_simulated_gpu(
     assert heavy_row.rstrip().endswith(" NVML")
 
 
+def test_node_wide_producer_takes_request_gpu_time_from_nvml(
+    sim: SimGpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`gpuflight producer` node-wide: the same server, watched once it maps the runtime; its
+    requests' GPU time from the simulated NVML, as under trace."""
+    from tests.support.capture import Producer, wait_for_probe_releases
+
+    require(bpf_unavailable_reason())
+    (tmp_path / "activity").mkdir()
+    env = {"GF_SIM_NS_PER_THREAD": "1", "GF_SIM_NVML_PERIOD_US": str(PERIOD_US),
+           "GF_SIM_NVML_DIR": str(tmp_path / "activity"), "GPUFLIGHT_NVML_LIB": str(sim.nvml)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)  # the producer's environment, and the server's
+    expect = tmp_path / "expect.json"
+    wait_for_probe_releases()
+    node = Producer(tmp_path / "node.jsonl", ready_timeout_s=240, stop_timeout_s=240)
+    try:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tests.workloads.nvml_server", "serve", "--hold",
+             "--runtime", str(sim.runtime(12)), "--expect", str(expect),
+             "--requests", str(REQUESTS), "--pause-ms", str(3 * PERIOD_US / 1000)],
+            stdin=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert server.stdin is not None
+        node.wait_for_library(str(sim.runtime(12)), timeout_s=240)
+        server.stdin.write(b"go\n")
+        server.stdin.close()
+        assert server.wait(timeout=300) == 0
+        recorded = node.stop()
+    finally:
+        node.kill()
+    pairs, _ = _requests((recorded, json.loads(expect.read_text()), ""))
+    for got, sent in pairs:
+        if sent["kind"] != "health":
+            assert got["gpu_source"] == "nvml", got
+            assert abs(got["cost"]["gpu_ns"] - sent["gpu_ns"]) <= PER_REQUEST_NS, (got, sent)
+
+
 def test_without_nvml_request_gpu_time_is_queued_time_and_says_so(
     without_nvml: Traced,
 ) -> None:

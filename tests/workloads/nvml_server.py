@@ -13,11 +13,11 @@ With GF_SIM_NS_PER_THREAD=1 a kernel of B blocks of 1024 threads runs B x 1.024 
     POST /v1/light/{id}   two 0.5 ms kernels and a sync: queued time ~ GPU time ~ 1 ms
     GET  /v1/health/{id}  no GPU work
 
-serve: one keep-alive client sends them one at a time in a fixed random order, pausing
---pause-ms after each response (more than an NVML sample period: no period holds the GPU work
-of two requests). --expect gets, per request, its method, path, kind, status and its GPU time
-as the simulated driver counts it (gfsim_thread_kernel_ns on the handler's thread, before and
-after its work), and the process's pid.
+serve (with --hold, once a line comes on stdin): one keep-alive client sends them one at a
+time in a fixed random order, pausing --pause-ms after each response (more than an NVML sample
+period: no period holds the GPU work of two requests). --expect gets, per request, its
+method, path, kind, status and its GPU time as the simulated driver counts it
+(gfsim_thread_kernel_ns on the handler's thread, before and after its work), and the pid.
 
 nvml: launches kernels, then reads the simulated NVML in this process (GPUFLIGHT_NVML_LIB) and
 prints one JSON line: what the driver counted, and what NVML said (for tests/test_simgpu.py).
@@ -112,6 +112,8 @@ def serve(args: argparse.Namespace) -> int:
     truth: dict[str, float] = {}
     server = make_server(gpu, _kernel_ns(args.runtime), truth)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    if args.hold:  # until told to go (node-wide: once the producer watches this process)
+        sys.stdin.readline()
     kinds = ["heavy", "light", "health"] * (args.requests // 3)
     random.Random(16).shuffle(kinds)
     sent: list[dict[str, Any]] = []
@@ -177,6 +179,7 @@ def main() -> int:
     parser.add_argument("--expect", type=Path)
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--pause-ms", type=float, default=30.0)
+    parser.add_argument("--hold", action="store_true", help="serve once a line is read")
     args = parser.parse_args()
     return serve(args) if args.what == "serve" else nvml(args)
 
