@@ -82,7 +82,8 @@ class _Open:
 
 @dataclass(frozen=True)
 class _Pending:
-    """A batch of one process whose GPU time waits for NVML."""
+    """A batch of one process whose GPU time waits: for the drain that closes its busy spans,
+    and, with NVML on, for NVML to report past it."""
 
     events: npt.NDArray[np.void]
     attribution: attr.Attribution
@@ -174,7 +175,7 @@ class RequestTracker:
             a = attr.attribute(table, part)
             # Everything now; GPU time once the batch's busy spans are closed (and NVML, when
             # on, has reported past them): `settle`.
-            costs = attr.event_costs(part, _NO_GPU(len(part)))
+            costs = attr.event_costs(part, _no_gpu(len(part)))
             ends = part["ts_ns"].astype(np.int64) + part["duration_ns"].astype(np.int64)
             self._pending.setdefault(pid, []).append(_Pending(
                 part, a, int(part["ts_ns"].min()), int(ends.max()), time.monotonic(),
@@ -333,7 +334,7 @@ class RequestTracker:
         if before_ns is not None or self._pending:
             for pid, requests in list(answered.items()):
                 # A request whose GPU time may still come (a batch of its process waits for
-                # NVML) waits too.
+                # its GPU time) waits too.
                 limits = [before_ns] if before_ns is not None else []
                 limits += [p.start_ns for p in self._pending.get(pid, ())[:1]]
                 if not limits:
@@ -372,8 +373,8 @@ class RequestTracker:
         return Answered(pid, r, record, mode, dict(acc.kernels) if acc else {})
 
 
-def _NO_GPU(n: int) -> attr.GpuTime:  # noqa: N802 (reads as a constant)
-    """No GPU time for n events (given later, when NVML has reported)."""
+def _no_gpu(n: int) -> attr.GpuTime:
+    """No GPU time for n events (`settle` gives it)."""
     return attr.GpuTime(np.zeros(n), 0.0, np.zeros((0, 2), dtype=np.int64))
 
 
