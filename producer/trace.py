@@ -76,7 +76,8 @@ def open_nvml() -> NvmlSampler | None:
     try:
         return NvmlSampler()
     except Exception as exc:  # NvmlUnavailable, and anything the library throws
-        log.info("NVML: %s; request GPU time is the time work was queued", exc)
+        # Quiet: the route table says where GPU time came from ("no NVML on this machine").
+        log.debug("NVML: %s; request GPU time is the time work was queued", exc)
         return None
 
 
