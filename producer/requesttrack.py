@@ -299,18 +299,16 @@ class RequestTracker:
             self.gpu_sources.queued_batches += 1
         left: list[_Pending] = []
         at = given = 0
-        residual = {"gpu_ns": gpu.residual_ns}
+        residual = gpu.residual_ns
         for p in ready:
             mask = keep[at:at + len(p.events)]
             at += len(p.events)
             n = int(mask.sum())
             if n:
-                costs = np.zeros((n, _N))
-                costs[:, _GPU] = gpu.per_event[given:given + n]
-                given += n
                 a = p.attribution.take(mask)
-                roll = attr.rollup(a, costs, residual=residual)
-                residual = {}
+                roll = _gpu_rollup(a, gpu.per_event[given:given + n], residual)
+                given += n
+                residual = 0.0
                 self._account(pid, a, roll, p.events[mask], source=source, count_kernels=False)
             if n < len(p.events):
                 rest = p.events[~mask]
@@ -371,6 +369,23 @@ class RequestTracker:
             complete=r.complete, port=r.lport, cost=cost, gpu_source=source,
         )
         return Answered(pid, r, record, mode, dict(acc.kernels) if acc else {})
+
+
+def _gpu_rollup(a: attr.Attribution, gpu_ns: npt.NDArray[np.float64],
+                residual_ns: float) -> attr.Rollup:
+    """attribution.rollup of GPU time alone (the other costs are zero), widened to every cost
+    field: one column summed, not all of them."""
+    one = attr.rollup(a, gpu_ns[:, None])
+
+    def wide(column: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        out = np.zeros((*column.shape[:-1], _N))
+        out[..., _GPU] = column[..., 0]
+        return out
+
+    unattributed, total = wide(one.unattributed), wide(one.total)
+    unattributed[_GPU] += residual_ns
+    total[_GPU] += residual_ns
+    return attr.Rollup(one.request_ids, wide(one.exact), wide(one.shared), unattributed, total)
 
 
 def _no_gpu(n: int) -> attr.GpuTime:
