@@ -126,6 +126,8 @@ class RequestTracker:
         self._windows: dict[int, list[UtilWindow]] = {}
         self._covered_ns = 0
         self._pending: dict[int, list[_Pending]] = {}
+        #: Per pid, its first event seen: NVML's windows before it are not ours to explain.
+        self._first_ns: dict[int, int] = {}
         self.gpu_sources = GpuSources()
 
     # -- HTTP --------------------------------------------------------------
@@ -146,6 +148,7 @@ class RequestTracker:
 
     def forget_pid(self, pid: int) -> None:
         """A process exited: its open requests end as incomplete."""
+        self._first_ns.pop(pid, None)
         for request in self.parser.forget_pid(pid):
             self._answered.setdefault(request.pid, []).append(request)
 
@@ -177,6 +180,7 @@ class RequestTracker:
             # on, has reported past them): `settle`.
             costs = attr.event_costs(part, _no_gpu(len(part)))
             ends = part["ts_ns"].astype(np.int64) + part["duration_ns"].astype(np.int64)
+            self._first_ns.setdefault(pid, int(part["ts_ns"].min()))
             self._pending.setdefault(pid, []).append(_Pending(
                 part, a, int(part["ts_ns"].min()), int(ends.max()), time.monotonic(),
                 bool(attr.drains(part).any())))
@@ -284,7 +288,10 @@ class RequestTracker:
             keep = events["ts_ns"] <= events["ts_ns"][drain].max()
         done = events[keep]
         end = int((done["ts_ns"].astype(np.int64) + done["duration_ns"].astype(np.int64)).max())
-        windows = self._windows.get(pid, [])
+        # NVML's windows up to the end of these events (not before the process was first
+        # seen: that GPU time was before the capture watched it).
+        first = self._first_ns.get(pid, 0)
+        windows = [w for w in self._windows.get(pid, []) if w.end_ns > first]
         used = [w for w in windows if w.start_ns < end]
         if used and end <= self._covered_ns:
             self._windows[pid] = [w for w in windows if w.start_ns >= end]
