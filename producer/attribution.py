@@ -161,6 +161,11 @@ class Attribution:
     segment_offsets: I64
     segment_members: I64
 
+    def take(self, mask: npt.NDArray[np.bool_]) -> Attribution:
+        """The attribution of the events where `mask` is true."""
+        return Attribution(self.table, self.mode[mask], self.request[mask], self.segment[mask],
+                           self.segment_offsets, self.segment_members)
+
     def request_ids(self) -> npt.NDArray[np.uint64]:
         """Per event: the request id of an exact event, else 0 (the wire's `request_id`)."""
         out = np.zeros(len(self.mode), dtype=np.uint64)
@@ -258,6 +263,11 @@ def _is_drain(events: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
     return drain
 
 
+def drains(events: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+    """Events after whose return the process's queued work is done (a busy span ends)."""
+    return _is_drain(events)
+
+
 @dataclass(frozen=True)
 class GpuTime:
     """GPU time per event, and what no event explains (unattributed as a whole)."""
@@ -323,18 +333,24 @@ def busy_gpu_ns(events: npt.NDArray[np.void]) -> GpuTime:
 
 def nvml_gpu_ns(
     events: npt.NDArray[np.void], sample_ts_ns: npt.ArrayLike, sm_util_percent: npt.ArrayLike,
-    first_interval_ns: int | None = None,
+    first_interval_ns: int | None = None, sample_start_ns: npt.ArrayLike | None = None,
 ) -> GpuTime:
     """GPU time from NVML's per-process utilisation samples of this process.
 
     Sample i covers (ts[i-1], ts[i]] (the first, `first_interval_ns` before it, or nothing) at
-    sm_util[i] percent. Its GPU time goes to the busy spans it overlaps, by overlap, then
-    equally to the work in each span; a sample overlapping no span stays unattributed."""
+    sm_util[i] percent; or, given `sample_start_ns`, (start[i], ts[i]] (NVML gives a sample
+    only for a period the process was busy in: the periods come from the device's samples, and
+    samples of several GPUs may overlap). Its GPU time goes to the busy spans it overlaps, by
+    overlap, then equally to the work in each span; a sample overlapping no span stays
+    unattributed."""
     ts = np.asarray(sample_ts_ns, dtype=np.int64)
     util = np.clip(np.asarray(sm_util_percent, dtype=np.float64), 0, 100) / 100.0
     order_s = np.argsort(ts, kind="stable")
     ts, util = ts[order_s], util[order_s]
-    lo = np.concatenate([[ts[0] - (first_interval_ns or 0)], ts[:-1]]) if len(ts) else ts
+    if sample_start_ns is not None:
+        lo = np.minimum(np.asarray(sample_start_ns, dtype=np.int64)[order_s], ts)
+    else:
+        lo = np.concatenate([[ts[0] - (first_interval_ns or 0)], ts[:-1]]) if len(ts) else ts
     sample_ns = util * (ts - lo)
     if len(events) == 0:
         return GpuTime(np.zeros(0), float(sample_ns.sum()), np.zeros((0, 2), dtype=np.int64))

@@ -25,6 +25,7 @@ from producer import httprecords as hr
 from producer.decode import Enricher
 from producer.environment import ensure_tracefs
 from producer.errors import SetupError
+from producer.nvml import UtilizationFeed
 from producer.probes import DropCounts, HttpProbes, Probes
 from producer.records import EVENT_DTYPE
 from producer.requesttrack import RequestTracker
@@ -105,6 +106,9 @@ class Capture:
         #: The processes to watch for HTTP once the capture is up (settings.http_on_listen).
         self._http_wanted: set[int] = set()
         self._http_tried = False
+        #: NVML's per-process utilisation for request cost (trace and the producer set it):
+        #: read on the sampler's own thread, taken here each turn; read once more at the end.
+        self.utilization: UtilizationFeed | None = None
         if settings.http:
             # From the start, so that what is made before a lazy HTTP capture is up (no request
             # can be in flight then) is counted as work outside requests.
@@ -301,6 +305,8 @@ class Capture:
             # yet, and waits (`_held`) for a later turn's HTTP records.
             cut = time.monotonic_ns() - HTTP_SETTLE_NS + self.enricher.clock_offset_ns
             requests.feed(self.http_probes.drain())
+        if requests is not None and self.utilization is not None:
+            self._feed_utilization(requests, self.utilization)
         while True:
             drained = self.probes.ring.drain(BATCH_EVENTS)
             # After the events: each launch drained was committed after its name.
@@ -319,8 +325,19 @@ class Capture:
                 break
         self.stats.events += total
         if requests is not None:
+            requests.settle()
             self._hand_on_requests(requests, cut)
         return total
+
+    @staticmethod
+    def _feed_utilization(requests: RequestTracker, feed: UtilizationFeed) -> None:
+        try:
+            report = feed.take()
+        except Exception as exc:  # NVML is an extra: requests go on with queued time
+            log.warning("NVML utilisation not read (%s): GPU time is queued time", exc)
+            return
+        covered = min(report.covered_ns.values()) if report.covered_ns else 0
+        requests.feed_utilization(report.windows, covered)
 
     def _hold_back(self, events: npt.NDArray[np.void], cut: int) -> npt.NDArray[np.void]:
         """The held events and these, made before `cut`; the rest are held."""
@@ -381,7 +398,14 @@ class Capture:
             self.stats.events += len(held)
         if not self._finished:
             self._finished = True
+            if self.utilization is not None:  # NVML's word on the last batches, if it has it
+                try:
+                    self.utilization.last()
+                except Exception as exc:
+                    log.warning("the last NVML sample failed (%s)", exc)
+                self._feed_utilization(self.requests, self.utilization)
             self.requests.close()
+            self.requests.settle(force=True)
             self._hand_on_requests(self.requests)
 
     def close(self) -> DropCounts:

@@ -175,6 +175,7 @@ def request_event(pid: int, r: RequestRecord) -> Event:
         "duration_ns": r.duration_ns, "bytes_in": r.bytes_in, "bytes_out": r.bytes_out,
         "trace_id": r.trace_id, "parent_span_id": r.parent_span_id, "complete": r.complete,
         "port": r.port, "cost": {k: v for k, v in r.cost.items() if v},
+        "gpu_source": r.gpu_source,
     }
 
 

@@ -11,7 +11,6 @@ import logging
 import queue
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -21,6 +20,7 @@ from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import check_can_probe
 from producer.errors import UsageError
+from producer.nvml import NvmlSampler, UtilizationFeed
 from producer.probes import read_pinned_tally
 from producer.publish import KafkaSettings, KafkaSink
 from producer.settings import CaptureSettings
@@ -64,21 +64,16 @@ def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float,
     )
 
 
-def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]], stop: threading.Event) -> None:
+def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]] | None) -> UtilizationFeed | None:
+    """NVML on its own thread: GPU samples (into `samples`, with Kafka) and per-process
+    utilisation for request cost; None (logged) without NVML."""
     try:
-        from producer import nvml
-
-        sampler = nvml.NvmlSampler()
+        sampler = NvmlSampler()
     except Exception as exc:  # NvmlUnavailable and anything the library throws
-        log.info("NVML: %s; GPU samples are off, capture goes on", exc)
-        return
-    thread = threading.Thread(
-        target=nvml.run_sampler,
-        args=(sampler, samples.put, NVML_INTERVAL_S, stop),
-        name="nvml",
-        daemon=True,
-    )
-    thread.start()
+        log.info("NVML: %s; GPU samples are off, request GPU time is queued time, capture "
+                 "goes on", exc)
+        return None
+    return UtilizationFeed(sampler, NVML_INTERVAL_S, samples.put if samples is not None else None)
 
 
 def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None = None,
@@ -117,9 +112,11 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     status = StatusFile(status_file) if status_file is not None else None
     started = time.monotonic()
     samples: queue.SimpleQueue[list[wire.GpuSample]] = queue.SimpleQueue()
-    nvml_stop = threading.Event()
-    if kafka_sink is not None:
-        _start_nvml(samples, nvml_stop)
+    feed = None
+    if kafka_sink is not None or capture.requests is not None:
+        feed = _start_nvml(samples if kafka_sink is not None else None)
+        if capture.requests is not None:
+            capture.utilization = feed
     scope = "every process" if settings.pids is None else f"pids {sorted(settings.pids)}"
     destinations = ", ".join(
         ([str(output)] if output else []) + ([f"Kafka {kafka.bootstrap}"] if kafka else [])
@@ -149,10 +146,13 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
                 next_report += interval
             _status(status, capture, STATE_READY)
     finally:
-        nvml_stop.set()
+        if feed is not None and capture.utilization is None:
+            feed.stop()
         if ledger is not None:
             ledger.freeze()
-        capture.finish()  # everything, held-back events included, before the last metrics
+        # Everything, held-back events included, before the last metrics (with requests, NVML
+        # is read once more for the last batches, and stopped).
+        capture.finish()
         if kafka_sink is not None and kafka is not None:
             # The last metrics say what was delivered, so deliver first.
             deadline = time.monotonic() + kafka.close_timeout_s
@@ -164,6 +164,9 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
         if ledger is not None:
             ledger.close()
         drops = capture.close()
+        if feed is not None:
+            feed.stop()
+            feed.sampler.close()
     log.info(
         "stopped: captured %d events, dropped %d in the kernel%s%s",
         capture.stats.events,

@@ -16,6 +16,14 @@ NVML is found by the name libnvidia-ml.so.1, as pynvml does, unless a file is na
 `library_path` argument or GPUFLIGHT_NVML_LIB. pynvml keeps one library per process, so the first
 sampler's choice holds for the process; asking for another file afterwards is NvmlUnavailable.
 
+Per-process utilisation for request cost: each `sample()` also turns NVML's per-process samples
+(nvmlDeviceGetProcessUtilization: one per process that kept the SMs busy in a driver sample
+period, `timeStamp` the period's end in CPU µs since the epoch, `smUtil` percent of it) into
+`UtilWindow`s, the period each covers taken from the driver's own device samples
+(nvmlDeviceGetSamples, NVML_GPU_UTILIZATION_SAMPLES: one per period, busy or not). The newest
+device sample read before the process samples says up to when NVML has told everything
+(`UtilReport.covered_ns`). `take_utilization()` hands them on (thread-safe).
+
 Costs: NVML's PCIe throughput counter is read over a 20 ms window per call, two calls per GPU,
 so a sample of an 8-GPU node takes about a third of a second; sample from its own thread
 (`start_sampler`), never from the capture loop.
@@ -23,14 +31,16 @@ so a sample of an 8-GPU node takes about a third of a second; sample from its ow
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import importlib
+import itertools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Final, TypeVar
 
@@ -61,6 +71,37 @@ class _Device:
     name: str | None
     #: NVML CPU timestamp (µs) of the newest process-utilization sample seen; 0: none yet.
     last_util_us: int = 0
+    #: The newest device utilization samples' timestamps (µs): the driver's sample periods.
+    ticks: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UtilWindow:
+    """NVML's word on one process on one GPU over one driver sample period: its SMs were busy
+    `sm_util_pct` percent of (start_ns, end_ns] (wall clock ns)."""
+
+    gpu: int
+    pid: int
+    start_ns: int
+    end_ns: int
+    sm_util_pct: int
+
+    @property
+    def gpu_ns(self) -> float:
+        return self.sm_util_pct / 100 * (self.end_ns - self.start_ns)
+
+
+@dataclass(frozen=True)
+class UtilReport:
+    """What `take_utilization()` hands on: the windows, and per GPU the time (wall ns) up to
+    which NVML has reported every process (a process with no window there used no SM time)."""
+
+    windows: tuple[UtilWindow, ...]
+    covered_ns: dict[int, int]
+
+
+#: Device sample timestamps kept per GPU (to find the period a process sample covers).
+_TICKS_KEPT: Final = 4096
 
 
 class NvmlSampler:
@@ -86,6 +127,9 @@ class NvmlSampler:
         self._init()
         self._closed = False
         self._unsupported: set[tuple[int, str]] = set()
+        self._util_lock = threading.Lock()
+        self._windows: list[UtilWindow] = []
+        self._covered: dict[int, int] = {}
         try:
             self.devices = self._enumerate()
         except BaseException:
@@ -195,13 +239,66 @@ class NvmlSampler:
             processes=self._processes(dev),
         )
 
+    def take_utilization(self) -> UtilReport:
+        """The per-process utilisation windows read since the last call (thread-safe)."""
+        with self._util_lock:
+            windows, self._windows = self._windows, []
+            return UtilReport(tuple(windows), dict(self._covered))
+
+    def covered_ns(self) -> int | None:
+        """The time (wall ns) up to which every GPU's NVML has reported every process."""
+        with self._util_lock:
+            return min(self._covered.values()) if self._covered else None
+
+    def _ticks(self, dev: _Device) -> int | None:
+        """Read the device's new utilization samples (their times are the driver's sample
+        periods); the newest, in µs, or None when NVML gives none."""
+        nv = self._nvml
+        since = dev.ticks[-1] if dev.ticks else 0
+        try:
+            _kind, samples = nv.nvmlDeviceGetSamples(dev.handle, nv.NVML_GPU_UTILIZATION_SAMPLES,
+                                                     since)
+        except nv.NVMLError_NotFound:
+            return since or None
+        new = sorted({int(s.timeStamp) for s in samples if int(s.timeStamp) > since})
+        dev.ticks.extend(new)
+        del dev.ticks[:-_TICKS_KEPT]
+        return dev.ticks[-1] if dev.ticks else None
+
+    def _windows_of(self, dev: _Device, utils: list[Any]) -> list[UtilWindow]:
+        """Each process sample as the period it covers: from the device sample before it (the
+        driver samples every process at the same ticks) to its own time."""
+        ticks = dev.ticks
+        gaps = sorted(b - a for a, b in itertools.pairwise(ticks) if b > a)
+        period = gaps[len(gaps) // 2] if gaps else None
+        out = []
+        for s in utils:
+            end = int(s.timeStamp)
+            k = bisect.bisect_left(ticks, end)
+            if k > 0 and (period is None or end - ticks[k - 1] <= 2 * period):
+                start = ticks[k - 1]
+            elif period is not None:
+                start = end - period
+            else:
+                continue  # no period known yet: this sample cannot be placed
+            out.append(UtilWindow(dev.index, int(s.pid), start * 1000, end * 1000,
+                                  min(100, int(s.smUtil))))
+        return out
+
     def _processes(self, dev: _Device) -> tuple[GpuProcessSample, ...] | None:
         nv = self._nvml
         h = dev.handle
+        # Device samples first: every process sample up to the newest is there to be read.
+        covered = self._read(dev.index, "utilization_samples", lambda: self._ticks(dev))
         running = self._read(
             dev.index, "processes", lambda: list(nv.nvmlDeviceGetComputeRunningProcesses(h))
         )
         utils = self._read(dev.index, "process_utilization", lambda: self._utilization(dev))
+        if covered is not None and utils is not None:
+            windows = self._windows_of(dev, utils)
+            with self._util_lock:
+                self._windows.extend(windows)
+                self._covered[dev.index] = covered * 1000
         if running is None and utils is None:
             return None
         memory: dict[int, int | None] = {}
@@ -332,3 +429,41 @@ def start_sampler(
     )
     thread.start()
     return thread
+
+
+class UtilizationFeed:
+    """NVML for request cost: a sampler on its own thread (never the capture loop's), whose
+    per-process windows the capture takes (`take`) each turn; `publish` gets each sample too
+    (the node's nvml topic). `last` stops the thread and reads NVML until it has reported up to
+    `until_ns` (wall clock; at most `wait_s`), so the end of a trace has its GPU time too."""
+
+    def __init__(self, sampler: NvmlSampler, interval_s: float,
+                 publish: Callable[[list[GpuSample]], None] | None = None) -> None:
+        self.sampler = sampler
+        self._stop = threading.Event()
+        self._thread = start_sampler(sampler, publish or (lambda _samples: None), interval_s,
+                                     self._stop)
+
+    def take(self) -> UtilReport:
+        return self.sampler.take_utilization()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def last(self, until_ns: int | None = None, wait_s: float = 2.0) -> None:
+        self.stop()
+        if self._thread.is_alive():
+            return  # a sample still running after 10 s: NVML is stuck, read no more
+        until = time.time_ns() if until_ns is None else until_ns
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.sampler.sample()
+            except Exception as exc:
+                log.debug("the last NVML sample failed: %s", exc)
+                return
+            covered = self.sampler.covered_ns()
+            if covered is None or covered >= until or time.monotonic() >= deadline:
+                return
+            self._stop.wait(0.05)

@@ -47,6 +47,8 @@ class RequestSpan:
     cost_usd: float | None = None
     #: "exact", "shared", "mixed" or "none": how its GPU work came to it.
     attribution: str = "none"
+    #: Where its GPU time came from: "nvml", "queued", "mixed", or None.
+    gpu_source: str | None = None
 
 
 class OtlpExporter:
@@ -150,6 +152,8 @@ def span_attributes(item: RequestSpan) -> dict[str, Any]:
             attrs[f"gpuflight.gpu.{name}"] = float(item.costs[name])
     if "gpu_ns" in item.costs:
         attrs["gpuflight.gpu.seconds"] = float(item.costs["gpu_ns"]) / 1e9
+    if item.gpu_source:
+        attrs["gpuflight.gpu.seconds_source"] = item.gpu_source
     if item.cost_usd is not None:
         attrs["gpuflight.cost_usd"] = item.cost_usd
     if item.top_kernels:
@@ -210,7 +214,7 @@ class SpanSink:
             if self._prices is not None and self._gpu_name:
                 usd = self._prices.cost(a.record.cost_of("gpu_ns") / 1e9, self._gpu_name)
             self._exporter.export(RequestSpan(a.request, dict(a.record.cost), named, usd,
-                                              a.mode))
+                                              a.mode, a.record.gpu_source))
 
     def tick(self) -> None:
         pass

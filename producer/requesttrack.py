@@ -10,8 +10,16 @@ been attributed by the time the request is handed on with its cost.
 Times: the HTTP records are CLOCK_MONOTONIC, enriched events wall clock; requests are turned
 to wall clock with the enricher's offset, once.
 
-GPU time comes from the busy spans of each batch (attribution.busy_gpu_ns): a span still open
-at a batch's end is cut there, and its rest counted in the next batch.
+GPU time, per process, comes from NVML's per-process utilisation where NVML has it
+(attribution.nvml_gpu_ns: each sample period's SM time spread over the busy spans it overlaps),
+else from the time the process had work queued (attribution.busy_gpu_ns). Busy spans are kept
+whole: a batch's GPU time is given (`settle`) up to the process's last drain (sync, synchronous
+copy) in it, and the events after it wait for the next drain (at most GPU_WAIT_S); the requests
+they may belong to wait too. With NVML on (`feed_utilization`), GPU time also waits until NVML
+has reported past those events; then NVML's windows of that process that began before they
+ended are spread over them, or, when NVML has none for the process in that time (no
+per-process figures for its GPU, work too short to show), its queued time is used. Each request
+says which source its GPU time came from (`gpu_source`).
 """
 
 from __future__ import annotations
@@ -27,11 +35,18 @@ import numpy.typing as npt
 from producer import attribution as attr
 from producer.http import HttpParser, Notice, OpenRequest, ProcessStats, Request
 from producer.httprecords import HttpRecord
-from producer.wire import EventAttribution, RequestRecord
+from producer.nvml import UtilWindow
+from producer.wire import EventAttribution, GpuSource, RequestRecord
 
 log = logging.getLogger(__name__)
 
 _N: int = len(attr.COST_FIELDS)
+_GPU: int = attr.FIELD["gpu_ns"]
+#: How long a batch's GPU time waits for the drain that closes its busy spans (and NVML to
+#: report past it) before it is counted as it is (a span cut at its end; queued time).
+GPU_WAIT_S: float = 5.0
+#: NVML windows of a process with no CUDA batch left to take them are dropped after this long.
+WINDOW_KEEP_NS: int = 60_000_000_000
 _NOTICES = {
     Notice.HTTP2: "HTTP/2 (not parsed: HTTP/1.1 only)",
     Notice.TLS: "TLS (encrypted: not parsed)",
@@ -60,6 +75,33 @@ class _Open:
     exact: bool = False
     shared: bool = False
     kernels: dict[int, float] = field(default_factory=dict)
+    #: Where its GPU time came from: NVML per-process utilisation, queued time.
+    nvml: bool = False
+    queued: bool = False
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A batch of one process whose GPU time waits: for the drain that closes its busy spans,
+    and, with NVML on, for NVML to report past it."""
+
+    events: npt.NDArray[np.void]
+    attribution: attr.Attribution
+    start_ns: int  # its first event (wall clock)
+    end_ns: int  # the end of its last
+    added: float  # time.monotonic()
+    #: It has a drain (a busy span ends in it): without one nothing in it can be given yet.
+    drains: bool
+
+
+@dataclass
+class GpuSources:
+    """Batches (per process) whose GPU time came from NVML, from queued time, and NVML GPU time
+    no event explains (unattributed)."""
+
+    nvml_batches: int = 0
+    queued_batches: int = 0
+    nvml_unexplained_ns: float = 0.0
 
 
 class RequestTracker:
@@ -78,6 +120,15 @@ class RequestTracker:
         self.events_unattributed = 0
         self._next_expire = 0.0
         self._latest_ns = 0
+        #: NVML per-process utilisation (feed_utilization): on once fed; windows per pid; the
+        #: time NVML has reported up to; batches waiting for it.
+        self.nvml = False
+        self._windows: dict[int, list[UtilWindow]] = {}
+        self._covered_ns = 0
+        self._pending: dict[int, list[_Pending]] = {}
+        #: Per pid, its first event seen: NVML's windows before it are not ours to explain.
+        self._first_ns: dict[int, int] = {}
+        self.gpu_sources = GpuSources()
 
     # -- HTTP --------------------------------------------------------------
 
@@ -97,6 +148,7 @@ class RequestTracker:
 
     def forget_pid(self, pid: int) -> None:
         """A process exited: its open requests end as incomplete."""
+        self._first_ns.pop(pid, None)
         for request in self.parser.forget_pid(pid):
             self._answered.setdefault(request.pid, []).append(request)
 
@@ -124,7 +176,14 @@ class RequestTracker:
             part = events if len(unique) == 1 else events[index]
             table = self._table(pid)
             a = attr.attribute(table, part)
-            costs = attr.event_costs(part)
+            # Everything now; GPU time once the batch's busy spans are closed (and NVML, when
+            # on, has reported past them): `settle`.
+            costs = attr.event_costs(part, _no_gpu(len(part)))
+            ends = part["ts_ns"].astype(np.int64) + part["duration_ns"].astype(np.int64)
+            self._first_ns.setdefault(pid, int(part["ts_ns"].min()))
+            self._pending.setdefault(pid, []).append(_Pending(
+                part, a, int(part["ts_ns"].min()), int(ends.max()), time.monotonic(),
+                bool(attr.drains(part).any())))
             roll = attr.rollup(a, costs)
             self._account(pid, a, roll, part)
             request_id[index] = a.request_ids()
@@ -153,7 +212,10 @@ class RequestTracker:
         return attr.RequestTable(table.request_id, start, end, table.tid)
 
     def _account(self, pid: int, a: attr.Attribution, roll: attr.Rollup,
-                 events: npt.NDArray[np.void]) -> None:
+                 events: npt.NDArray[np.void], *, source: str | None = None,
+                 count_kernels: bool = True) -> None:
+        """Add a batch's cost to its requests; `source`: where the GPU time in it came from
+        (None: it has none yet)."""
         per = roll.per_request
         touched = np.flatnonzero(per.any(axis=1))
         for i in touched.tolist():
@@ -164,13 +226,103 @@ class RequestTracker:
             acc.cost += per[i]
             acc.exact |= bool(roll.exact[i].any())
             acc.shared |= bool(roll.shared[i].any())
+            if per[i, _GPU] > 0:
+                acc.nvml |= source == "nvml"
+                acc.queued |= source == "queued"
         if roll.unattributed.any():
             self._unattributed[pid] = self._unattributed.get(pid, np.zeros(_N)) + roll.unattributed
-        if self.count_kernels:
+        if self.count_kernels and count_kernels:
             for rid, top in attr.kernel_launches(a, events).items():
                 acc = self._open.setdefault(rid, _Open(np.zeros(_N)))
                 for handle, count in top.items():
                     acc.kernels[handle] = acc.kernels.get(handle, 0.0) + count
+
+    # -- NVML ------------------------------------------------------------------
+
+    def feed_utilization(self, windows: Iterable[UtilWindow], covered_ns: int) -> None:
+        """NVML's per-process windows read since the last call, and the time (wall clock) up
+        to which NVML has reported every process. From the first call on, batches' GPU time
+        waits for NVML (`settle`). NVML that reports no time (no device samples) is not used."""
+        if covered_ns <= 0:
+            return
+        self.nvml = True
+        for w in windows:
+            self._windows.setdefault(w.pid, []).append(w)
+        self._covered_ns = max(self._covered_ns, covered_ns)
+
+    def settle(self, force: bool = False) -> None:
+        """Give GPU time to the batches (with NVML on: those NVML has reported past), up to the
+        process's last drain in them: a busy span is never cut, the events after it wait for
+        the next drain. All of them with `force` (at the end), or when one waited longer than
+        GPU_WAIT_S (then, if NVML has not reported that far, queued time)."""
+        now = time.monotonic()
+        for pid, waiting in list(self._pending.items()):
+            k = 0
+            while k < len(waiting) and (force or not self.nvml
+                                        or waiting[k].end_ns <= self._covered_ns
+                                        or now - waiting[k].added > GPU_WAIT_S):
+                k += 1
+            pending = waiting
+            if k:
+                late = force or any(now - p.added > GPU_WAIT_S for p in waiting[:k])
+                pending = self._settle(pid, waiting[:k], whole=late) + waiting[k:]
+            if pending:
+                self._pending[pid] = pending
+            else:
+                del self._pending[pid]
+        horizon = self._covered_ns - WINDOW_KEEP_NS
+        for pid, windows in list(self._windows.items()):
+            if pid not in self._pending:
+                windows[:] = [w for w in windows if w.end_ns > horizon]
+                if not windows:
+                    del self._windows[pid]
+
+    def _settle(self, pid: int, ready: list[_Pending], whole: bool) -> list[_Pending]:
+        """GPU time for `ready` (up to its last drain unless `whole`); what is left."""
+        if not whole and not any(p.drains for p in ready):
+            return ready  # every span in it is still open
+        events = np.concatenate([p.events for p in ready])
+        keep = np.ones(len(events), dtype=bool)
+        if not whole:
+            drain = attr.drains(events)
+            keep = events["ts_ns"] <= events["ts_ns"][drain].max()
+        done = events[keep]
+        end = int((done["ts_ns"].astype(np.int64) + done["duration_ns"].astype(np.int64)).max())
+        # NVML's windows up to the end of these events (not before the process was first
+        # seen: that GPU time was before the capture watched it).
+        first = self._first_ns.get(pid, 0)
+        windows = [w for w in self._windows.get(pid, []) if w.end_ns > first]
+        used = [w for w in windows if w.start_ns < end]
+        if used and end <= self._covered_ns:
+            self._windows[pid] = [w for w in windows if w.start_ns >= end]
+            gpu = attr.nvml_gpu_ns(done, [w.end_ns for w in used], [w.sm_util_pct for w in used],
+                                   sample_start_ns=[w.start_ns for w in used])
+            source = "nvml"
+            self.gpu_sources.nvml_batches += 1
+            self.gpu_sources.nvml_unexplained_ns += gpu.residual_ns
+        else:
+            gpu = attr.busy_gpu_ns(done)
+            source = "queued"
+            self.gpu_sources.queued_batches += 1
+        left: list[_Pending] = []
+        at = given = 0
+        residual = gpu.residual_ns
+        for p in ready:
+            mask = keep[at:at + len(p.events)]
+            at += len(p.events)
+            n = int(mask.sum())
+            if n:
+                a = p.attribution.take(mask)
+                roll = _gpu_rollup(a, gpu.per_event[given:given + n], residual)
+                given += n
+                residual = 0.0
+                self._account(pid, a, roll, p.events[mask], source=source, count_kernels=False)
+            if n < len(p.events):
+                rest = p.events[~mask]
+                ends = rest["ts_ns"].astype(np.int64) + rest["duration_ns"].astype(np.int64)
+                left.append(_Pending(rest, p.attribution.take(~mask), int(rest["ts_ns"].min()),
+                                     int(ends.max()), p.added, False))
+        return left
 
     # -- handing on ------------------------------------------------------------
 
@@ -181,11 +333,18 @@ class RequestTracker:
         no request explains in the events attributed since then. With `before_ns` (wall
         clock), only the requests that ended before it: the events of the others may still be
         held back, and they wait for the next call."""
+        self.settle()
         out: dict[int, tuple[list[Answered], dict[str, float]]] = {}
         answered, self._answered = self._answered, {}
-        if before_ns is not None:
-            limit = before_ns - self._offset
+        if before_ns is not None or self._pending:
             for pid, requests in list(answered.items()):
+                # A request whose GPU time may still come (a batch of its process waits for
+                # its GPU time) waits too.
+                limits = [before_ns] if before_ns is not None else []
+                limits += [p.start_ns for p in self._pending.get(pid, ())[:1]]
+                if not limits:
+                    continue
+                limit = min(limits) - self._offset
                 later = [r for r in requests if r.end_ns >= limit]
                 if later:
                     self._answered[pid] = later
@@ -205,15 +364,40 @@ class RequestTracker:
         mode = "none"
         if acc is not None and (acc.exact or acc.shared):
             mode = "mixed" if acc.exact and acc.shared else "exact" if acc.exact else "shared"
+        source: GpuSource | None = None
+        if acc is not None and (acc.nvml or acc.queued):
+            source = "mixed" if acc.nvml and acc.queued else "nvml" if acc.nvml else "queued"
         record = RequestRecord(
             request_id=r.request_id, tid=r.tid, method=r.method, path=r.path[:16_384],
             route=r.route, status=r.status, start_ns=r.start_ns + self._offset,
             end_ns=r.end_ns + self._offset, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
             trace_id=r.trace.trace_id if r.trace else None,
             parent_span_id=r.trace.parent_id if r.trace else None,
-            complete=r.complete, port=r.lport, cost=cost,
+            complete=r.complete, port=r.lport, cost=cost, gpu_source=source,
         )
         return Answered(pid, r, record, mode, dict(acc.kernels) if acc else {})
+
+
+def _gpu_rollup(a: attr.Attribution, gpu_ns: npt.NDArray[np.float64],
+                residual_ns: float) -> attr.Rollup:
+    """attribution.rollup of GPU time alone (the other costs are zero), widened to every cost
+    field: one column summed, not all of them."""
+    one = attr.rollup(a, gpu_ns[:, None])
+
+    def wide(column: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        out = np.zeros((*column.shape[:-1], _N))
+        out[..., _GPU] = column[..., 0]
+        return out
+
+    unattributed, total = wide(one.unattributed), wide(one.total)
+    unattributed[_GPU] += residual_ns
+    total[_GPU] += residual_ns
+    return attr.Rollup(one.request_ids, wide(one.exact), wide(one.shared), unattributed, total)
+
+
+def _no_gpu(n: int) -> attr.GpuTime:
+    """No GPU time for n events (`settle` gives it)."""
+    return attr.GpuTime(np.zeros(n), 0.0, np.zeros((0, 2), dtype=np.int64))
 
 
 def _costs(values: npt.NDArray[np.float64]) -> dict[str, float]:

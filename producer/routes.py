@@ -35,6 +35,8 @@ class RouteRow:
     bytes_out: float
     exact: bool  # every request's GPU work was its own (no shared calls)
     cost_per_1k: float | None  # USD per 1,000 requests
+    #: Where its GPU time came from: "nvml", "queued", "mixed", or "" (none).
+    gpu_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class RouteTable:
     unattributed_launches: float
     gpu_model: str | None
     usd_per_gpu_hour: float | None
+    #: NVML's per-process utilisation was read during the trace.
+    nvml: bool = False
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -55,9 +59,10 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def route_table(
     requests: Iterable[RequestRecord], unattributed: Mapping[str, float],
     prices: PriceBook | None = None, gpu_name: str | None = None,
-    shared: Iterable[int] = (),
+    shared: Iterable[int] = (), *, nvml: bool = False,
 ) -> RouteTable:
-    """`shared`: the ids of requests some of whose GPU work was shared with others."""
+    """`shared`: the ids of requests some of whose GPU work was shared with others; `nvml`:
+    NVML's per-process utilisation was read."""
     by: dict[tuple[str, str], list[RequestRecord]] = {}
     for r in requests:
         by.setdefault((r.method, r.route), []).append(r)
@@ -79,11 +84,23 @@ def route_table(
             bytes_out=sum(r.bytes_out for r in items) / n,
             exact=not any(r.request_id in shared_ids for r in items),
             cost_per_1k=None if per_hour is None else gpu_s / n * per_hour / 3600 * 1000,
+            gpu_source=_source(r.gpu_source for r in items),
         ))
     rows.sort(key=lambda r: (-(r.gpu_s * r.requests), r.route, r.method))
     model = prices.model_of(gpu_name) if prices is not None and gpu_name else None
     return RouteTable(tuple(rows), unattributed.get("gpu_ns", 0.0) / 1e9,
-                      unattributed.get("launches", 0.0), model, per_hour)
+                      unattributed.get("launches", 0.0), model, per_hour, nvml)
+
+
+def _source(sources: Iterable[str | None]) -> str:
+    found = {s for s in sources if s}
+    if "mixed" in found or len(found) > 1:
+        return "mixed"
+    return found.pop() if found else ""
+
+
+#: The route table's words for where GPU time came from.
+SOURCE_WORDS = {"nvml": "NVML", "queued": "queued", "mixed": "NVML+queued", "": "-"}
 
 
 def _size(n: float) -> str:
@@ -110,15 +127,17 @@ def render(table: RouteTable, gpu_name: str | None = None) -> str:
         f"{r.p50_ms:,.2f}", f"{r.p99_ms:,.2f}", f"{r.launches:,.1f}",
         f"{r.gpu_s * 1e3:,.3f}", _size(r.copied_bytes), _size(r.bytes_in + r.bytes_out),
         "-" if r.cost_per_1k is None else _usd(r.cost_per_1k),
-        "exact" if r.exact else "shared",
+        "exact" if r.exact else "shared", SOURCE_WORDS[r.gpu_source],
     ] for r in table.rows]
     headers = ["route", "requests", "errors", "p50 ms", "p99 ms", "launches/req",
-               "GPU ms/req", "copied/req", "HTTP bytes/req", "USD/1k req", "attribution"]
+               "GPU ms/req", "copied/req", "HTTP bytes/req", "USD/1k req", "attribution",
+               "GPU time"]
     text = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
-                    colalign=("left", *["right"] * 9, "left"))
+                    colalign=("left", *["right"] * 9, "left", "left"))
     lines = [" requests by route", " " + text.replace("\n", "\n ")]
     lines.append(f" not explained by any request: {table.unattributed_gpu_s * 1e3:,.3f} GPU ms,"
                  f" {table.unattributed_launches:,.0f} launches (start-up, background work)")
+    lines.append(_source_line(table))
     if table.usd_per_gpu_hour is not None:
         lines.append(f" cost: GPU time at ${table.usd_per_gpu_hour:,.2f}/GPU-hour "
                      f"({table.gpu_model}; price book)")
@@ -127,6 +146,23 @@ def render(table: RouteTable, gpu_name: str | None = None) -> str:
     else:
         lines.append(" cost: no GPU model known (NVML gave none): --gpu-model NAME prices it")
     return "\n".join(lines)
+
+
+def _source_line(table: RouteTable) -> str:
+    found = {r.gpu_source for r in table.rows} - {""}
+    nvml = " GPU time: NVML per-process utilisation (SM time per sample period, spread over " \
+        "the spans the process had work queued)"
+    queued = " GPU time: queued time (first launch after idle to the sync or copy that " \
+        "drained it)"
+    if found == {"nvml"}:
+        return nvml
+    if found and "nvml" not in found and "mixed" not in found:
+        why = ("NVML had no per-process figures for these processes" if table.nvml
+               else "no NVML on this machine")
+        return f"{queued}: {why}"
+    if found:
+        return f"{nvml}; queued time where NVML had none for a batch (NVML+queued)"
+    return " GPU time: none"
 
 
 def render_http(stats: Mapping[int, ProcessStats]) -> str:

@@ -23,6 +23,7 @@ from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import TRACE_CAPABILITIES, check_can_probe
 from producer.errors import UsageError
+from producer.nvml import NvmlSampler, UtilizationFeed
 from producer.pricing import PriceBook
 from producer.probes import CUDA_KINDS, DropCounts, Probes
 from producer.requesttrack import Answered
@@ -66,17 +67,29 @@ class RequestOptions:
     otlp_protocol: str = "http/protobuf"
 
 
-def gpu_name(explicit: str | None) -> str | None:
+#: How often trace reads NVML (per-process utilisation for request cost), in seconds.
+NVML_INTERVAL_S = 1.0
+
+
+def open_nvml() -> NvmlSampler | None:
+    """NVML, or None (logged: request GPU time is then the time work was queued)."""
+    try:
+        return NvmlSampler()
+    except Exception as exc:  # NvmlUnavailable, and anything the library throws
+        # Quiet: the route table says where GPU time came from ("no NVML on this machine").
+        log.debug("NVML: %s; request GPU time is the time work was queued", exc)
+        return None
+
+
+def gpu_name(explicit: str | None, nvml: NvmlSampler | None = None) -> str | None:
     """The GPU to price at: the one named, else NVML's first GPU, else None."""
     if explicit:
         return explicit
+    if nvml is not None:
+        return next((d.name for d in nvml.devices if d.name), None)
     try:
-        from producer.nvml import NvmlSampler
-
-        with NvmlSampler() as nvml:
-            for sample in nvml.sample():
-                if sample.name:
-                    return sample.name
+        with NvmlSampler() as sampler:
+            return gpu_name(None, sampler)
     except Exception as exc:  # no NVML, no GPU: no price
         log.debug("no GPU name from NVML: %s", exc)
     return None
@@ -212,7 +225,10 @@ def run(
     if output is not None:
         sinks.append(JsonLinesSink(output, enricher.kernels))
     options = requests or RequestOptions()
-    gpu = gpu_name(options.gpu_model) if settings.http else None
+    nvml = open_nvml() if settings.http else None
+    gpu = (options.gpu_model or gpu_name(None, nvml)) if nvml is not None else options.gpu_model
+    if not settings.http:
+        gpu = None
     if settings.http and options.otlp:
         from producer.otlp import OtlpExporter, SpanSink
 
@@ -222,6 +238,11 @@ def run(
     capture = Capture(settings, sinks, enricher)
     if capture.requests is not None and options.otlp:
         capture.requests.count_kernels = True
+    if nvml is not None:
+        if capture.requests is not None:  # its own thread: never the capture loop's
+            capture.utilization = UtilizationFeed(nvml, NVML_INTERVAL_S)
+        else:
+            nvml.close()
     pid, release = _spawn_held(argv)
     capture.probes.add_to_scope([pid])
     capture.watch_http([pid])
@@ -252,6 +273,9 @@ def run(
         if status is None:  # the loop broke: no probe may hold the command from here on
             _untrace(capture)
         drops = _close(capture)
+        if capture.utilization is not None:
+            capture.utilization.stop()
+            capture.utilization.sampler.close()
         if status is None:  # wait for the command, released from any hold
             _continue_tree(settings.proc_root, pid)
             status, ended = _wait(pid), time.monotonic()
@@ -277,7 +301,8 @@ def run(
         shared = [a.record.request_id for a in summary_sink.requests
                   if a.mode in ("shared", "mixed")]
         routes = route_table([a.record for a in summary_sink.requests],
-                             summary_sink.unattributed, options.prices, gpu, shared)
+                             summary_sink.unattributed, options.prices, gpu, shared,
+                             nvml=capture.utilization is not None)
     result = TraceResult(
         exit_code=exit_code,
         wall_s=wall_s,

@@ -59,7 +59,9 @@ process (producer/http.py), with what its CUDA calls cost:
    "parent_span_id": str|null,   # and the caller's span: 16 hex digits
    "complete": bool,             # false: the response was not seen whole
    "port": int,                  # the server's port (0: unknown)
-   "cost": {COST: number, ...}}  # what its CUDA calls cost: exact, plus its shares
+   "cost": {COST: number, ...},  # what its CUDA calls cost: exact, plus its shares
+   "gpu_source": str|null}       # gpu_ns from "nvml" (per-process utilisation), "queued"
+                                 # (time its process had work queued), "mixed"; null: none
 
 COST names are REQUEST_COST_FIELDS (producer/attribution.py's COST_FIELDS): launches, weight
 (blocks x threads), graph_launches, kernels, h2d_bytes, d2h_bytes, d2d_bytes,
@@ -138,7 +140,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, NamedTuple, TypeVar
+from typing import Annotated, Any, Final, Literal, NamedTuple, TypeVar
 
 import msgspec
 import numpy as np
@@ -227,6 +229,8 @@ class EventBatch:
         return min((r.end_ns for r in self.requests), default=0)
 
 
+#: Where a request's GPU time came from (RequestRecord.gpu_source).
+GpuSource = Literal["nvml", "queued", "mixed"]
 RequestId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 Share = Annotated[float, msgspec.Meta(gt=0, le=1)]
 _COST_NAMES = "|".join(REQUEST_COST_FIELDS)
@@ -263,6 +267,9 @@ class RequestRecord:
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)]
     #: What its CUDA calls cost (REQUEST_COST_FIELDS): exact, plus its shares of shared calls.
     cost: Costs
+    #: Where its gpu_ns came from: NVML per-process utilisation, the time its process had work
+    #: queued, both (batches of each), or None (no GPU time).
+    gpu_source: GpuSource | None = None
 
     @property
     def duration_ns(self) -> int:

@@ -224,14 +224,18 @@ def _case(draw: st.DrawFn) -> tuple[RequestTable, npt.NDArray[np.void]]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(case=_case(), nvml=st.booleans())
+@given(case=_case(), nvml=st.sampled_from(["", "consecutive", "windows"]))
 def test_attributed_plus_unattributed_is_always_the_total(
-    case: tuple[RequestTable, npt.NDArray[np.void]], nvml: bool
+    case: tuple[RequestTable, npt.NDArray[np.void]], nvml: str
 ) -> None:
     reqs, evs = case
     attr = attribute(reqs, evs)
-    if nvml:
+    if nvml == "consecutive":
         gpu = nvml_gpu_ns(evs, [100, 250, 500], [40, 90, 10], first_interval_ns=100)
+    elif nvml == "windows":  # driver sample periods, two GPUs' overlapping, gaps between
+        gpu = nvml_gpu_ns(evs, [100, 250, 120, 500], [40, 90, 55, 10],
+                          sample_start_ns=[0, 200, 20, 450])
+        assert gpu.total_ns == pytest.approx(40 + 45 + 55 + 5)
     else:
         gpu = busy_gpu_ns(evs)
     costs = event_costs(evs, gpu)
@@ -239,7 +243,7 @@ def test_attributed_plus_unattributed_is_always_the_total(
     assert np.allclose(r.per_request.sum(axis=0) + r.unattributed, r.total, rtol=1e-12, atol=1e-6)
     assert np.allclose(r.total, costs.sum(axis=0) + np.eye(len(COST_FIELDS))[-1]
                        * gpu.residual_ns)
-    if nvml:
+    if nvml == "consecutive":
         assert gpu.total_ns == pytest.approx(0.4 * 100 + 0.9 * 150 + 0.1 * 250)
     # The rule itself, by brute force.
     for i, e in enumerate(evs):

@@ -23,6 +23,8 @@ from producer.nvml import (
     LIBRARY_ENV,
     NvmlSampler,
     NvmlUnavailable,
+    UtilReport,
+    UtilWindow,
     run_sampler,
     start_sampler,
 )
@@ -147,6 +149,12 @@ class FakeNvml:
             ],
         }
 
+        #: Device utilization samples of GPU 0: one per driver sample period (100 ms).
+        self.ticks: dict[int, list[int]] = {
+            0: [1_699_999_999_900_000, 1_700_000_000_000_000, 1_700_000_000_100_000,
+                1_700_000_000_200_000],
+        }
+
     def module(self) -> Any:
         fake: Any = ModuleType("pynvml")
         for name in dir(pynvml):
@@ -227,6 +235,16 @@ class FakeNvml:
             ),
         ]
 
+    def nvmlDeviceGetSamples(self, handle: int, kind: int, last_seen: int) -> tuple[int, list[Any]]:
+        assert kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        if handle != 1000:
+            raise self._not_supported()
+        newer = [pynvml.c_nvmlSample_t(ts, pynvml.c_nvmlValue_t(uiVal=50))
+                 for ts in self.ticks.get(handle - 1000, []) if ts > last_seen]
+        if not newer:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, newer
+
     def nvmlDeviceGetProcessUtilization(self, handle: int, last_seen: int) -> list[Any]:
         self.util_calls.append((handle, last_seen))
         if handle != 1000:
@@ -300,6 +318,50 @@ def test_process_utilization_covers_the_time_since_the_last_sample() -> None:
     assert [ts for handle, ts in nvml.util_calls if handle == 1000] == [
         0, 1_700_000_000_200_000, 1_700_000_000_200_000,
     ]
+
+
+def test_process_samples_become_windows_of_the_driver_sample_period() -> None:
+    """Each process sample covers the device sample period it ends (NVML gives none for a
+    period a process was idle in); the device samples say up to when NVML has reported."""
+    nvml = FakeNvml()
+    sampler = NvmlSampler(nvml=nvml.module())
+    sampler.sample()
+    report = sampler.take_utilization()
+    us = 1_000  # ns
+    assert report.windows == (
+        UtilWindow(0, 4242, 1_699_999_999_900_000 * us, 1_700_000_000_000_000 * us, 50),
+        UtilWindow(0, 5151, 1_700_000_000_000_000 * us, 1_700_000_000_100_000 * us, 3),
+        UtilWindow(0, 4242, 1_700_000_000_100_000 * us, 1_700_000_000_200_000 * us, 91),
+    )
+    assert report.covered_ns == {0: 1_700_000_000_200_000 * us}  # the T4 gives no samples
+    assert report.windows[0].gpu_ns == 0.5 * 100_000_000
+    assert sampler.take_utilization().windows == ()  # taken once
+    # 800 ms later, a period no device sample was read for yet: one period (the median gap).
+    nvml.samples[0].append(
+        pynvml.c_nvmlProcessUtilizationSample_t(4343, 1_700_000_001_000_000, 12, 5, 0, 0))
+    nvml.ticks[0].append(1_700_000_001_000_000)
+    sampler.sample()
+    (window,) = sampler.take_utilization().windows
+    assert (window.start_ns, window.end_ns) == (1_700_000_000_900_000 * us,
+                                                1_700_000_001_000_000 * us)
+    assert sampler.covered_ns() == 1_700_000_001_000_000 * us
+
+
+def test_no_device_samples_no_windows() -> None:
+    """Without device samples the period of a process sample is unknown: no windows, and
+    nothing covered (request GPU time stays queued time)."""
+    nvml = FakeNvml(count=1)
+    fake = nvml.module()
+
+    def not_supported(*_args: object) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    fake.nvmlDeviceGetSamples = not_supported
+    sampler = NvmlSampler(nvml=fake)
+    (sample,) = sampler.sample()
+    assert sample.processes is not None and sample.processes[0].sm_util_pct == 91
+    assert sampler.take_utilization() == UtilReport((), {})
+    assert sampler.covered_ns() is None
 
 
 def test_zero_process_samples_reported_as_success() -> None:

@@ -43,7 +43,7 @@ def spans() -> list[RequestSpan]:
     return [
         RequestSpan(request(11, TraceContext(TRACE, PARENT, 1)), COSTS,
                     [("gemm_kernel", 10.0), ("softmax", 2.0)], cost_usd=0.0002,
-                    attribution="exact"),
+                    attribution="exact", gpu_source="nvml"),
         RequestSpan(request(12), {"launches": 0.5, "gpu_ns": 1e6}, attribution="shared"),
         RequestSpan(request(13, TraceContext(TRACE, PARENT, 0))),  # not sampled by its caller
         RequestSpan(request(14, status=503), attribution="none"),
@@ -66,6 +66,8 @@ def test_span_attributes() -> None:
     assert attrs["gpuflight.gpu.top_kernels"] == ["gemm_kernel", "softmax"]
     assert attrs["gpuflight.cost_usd"] == 0.0002 and attrs["gpuflight.attribution"] == "exact"
     assert "gpuflight.cost_usd" not in span_attributes(spans()[1])
+    assert attrs["gpuflight.gpu.seconds_source"] == "nvml"
+    assert "gpuflight.gpu.seconds_source" not in span_attributes(spans()[1])
 
 
 def test_bad_endpoints_are_usage_errors() -> None:

@@ -155,6 +155,10 @@ class TestThreadPerRequest:
                 assert not span.get("parentSpanId")
             if r["route"] == "/v1/big/{id}":
                 assert attrs["gpuflight.attribution"] == "exact"
+                # Queued time, or none: a request's work can fall in a span another thread's
+                # drain closed before it was queued (concurrent requests).
+                assert attrs.get("gpuflight.gpu.seconds_source") == r["gpu_source"]
+                assert r["gpu_source"] in ("queued", None)
                 assert attrs["gpuflight.gpu.top_kernel_launches"] == [5.0]
                 assert int(span["endTimeUnixNano"]) == r["end_ns"]
 
@@ -358,7 +362,7 @@ def test_producer_publishes_requests_and_replay_carries_them(tmp_path: Path) -> 
 # -- the tracker, on records built by hand ---------------------------------------------------
 
 def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> None:
-    from producer.records import EventType
+    from producer.records import F_HAS_RESULT, EventType
     from producer.requesttrack import RequestTracker
     from tests.support.httpsim import Wire, response
     from tests.test_attribution import events as make_events
@@ -381,8 +385,10 @@ def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> Non
         return {"ts_ns": ts, "tid": tid, "type": EventType.LAUNCH, "pid": 4242,
                 "dim": dim or [0] * 6}
 
+    sync = {"ts_ns": wall + 40, "tid": 99, "type": EventType.SYNC, "pid": 4242,
+            "flags": F_HAS_RESULT, "duration_ns": 10}
     batch = make_events(launch(wall + 10, 11, [2, 1, 1, 4, 1, 1]),
-                        launch(wall + 20, 12, [1] * 6), launch(wall + 30, 99, [1] * 6))
+                        launch(wall + 20, 12, [1] * 6), launch(wall + 30, 99, [1] * 6), sync)
     attr = tracker.attribute(batch)
     rid_a, rid_b = int(attr.request_id[0]), int(attr.request_id[1])
     assert rid_a and rid_b and rid_a != rid_b
@@ -396,10 +402,12 @@ def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> Non
     (done,), _ = first[4242]
     assert done.record.request_id == rid_a and done.record.route == "/v1/x/{id}"
     assert done.record.trace_id == TRACE_ID and done.record.parent_span_id == "00f067aa0ba902b7"
-    # GPU time: one busy span of 20 ns (first launch to the batch's last call), a third a
-    # launch: a's own, and half of the shared one.
+    # GPU time: one busy span of 40 ns (first launch to the sync's return), a third a launch:
+    # a's own, and half of the shared one; half the shared sync.
     assert done.record.cost == pytest.approx(
-        {"launches": 1.5, "weight": 8.5, "kernels": 1.5, "gpu_ns": 10.0})
+        {"launches": 1.5, "weight": 8.5, "kernels": 1.5, "syncs": 0.5, "blocked_ns": 5.0,
+         "gpu_ns": 20.0})
+    assert done.record.gpu_source == "queued"
     assert done.record.start_ns - offset < done.record.end_ns - offset == a.now
     assert done.mode == "mixed"
     (later,), _ = tracker.take_answered()[4242]
@@ -409,3 +417,131 @@ def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> Non
     none = tracker.attribute(make_events(launch(wall + 10**9, 11)))
     assert none.of(0) == {}
     assert tracker.take_answered()[4242] == ([], {"launches": 1.0, "kernels": 1.0})
+
+
+def _two_requests_one_after_the_other(offset: int) -> tuple[Any, Any, int]:
+    """A tracker that has read two requests on two threads (11 then 12) and the wall time at
+    which the first was read; their responses are fed by `_answer`."""
+    from producer.requesttrack import RequestTracker
+    from tests.support.httpsim import Wire
+
+    a = Wire(tid=11, conn_id=1, fd=7, step=10)
+    b = Wire(tid=12, conn_id=2, fd=8, step=10, now=a.now + 3000)
+    tracker = RequestTracker(offset)
+    a.accept()
+    a.read(b"POST /v1/big/1 HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    b.accept()
+    b.read(b"POST /v1/small/2 HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    tracker.feed(a.records + b.records)
+    return tracker, (a, b), a.now + offset
+
+
+def _answer(tracker: Any, wires: Any, at: tuple[int, int]) -> None:
+    from tests.support.httpsim import response
+
+    for wire_, now in zip(wires, at, strict=True):
+        wire_.records.clear()
+        wire_.now = now
+        wire_.write(response(200, b"ok"))
+        tracker.feed(wire_.records)
+
+
+def _work(wall: int) -> Any:
+    """Request a (thread 11): a launch, 900 ns of CPU, a sync (span [w+100, w+1100]); request
+    b (thread 12): a launch and a sync at once (span [w+3500, w+3550])."""
+    from tests.test_attribution import S, ev
+    from tests.test_attribution import events as make_events
+
+    return make_events(ev(wall + 100, 11, pid=4242), ev(wall + 1000, 11, S, duration_ns=100,
+                                                          pid=4242),
+                       ev(wall + 3500, 12, pid=4242), ev(wall + 3520, 12, S, duration_ns=30,
+                                                          pid=4242))
+
+
+def test_tracker_gpu_time_from_nvml_waits_for_nvml_and_says_so() -> None:
+    from producer.nvml import UtilWindow
+
+    offset = 1_000_000
+    tracker, wires, wall = _two_requests_one_after_the_other(offset)
+    # Before the process's first event (the capture did not watch it yet): not explained here.
+    early = UtilWindow(0, 4242, wall - 5000, wall - 3000, 50)
+    tracker.feed_utilization([early, UtilWindow(0, 4242, wall, wall + 2000, 10)], wall + 2000)
+    tracker.attribute(_work(wall))
+    _answer(tracker, wires, (wall - offset + 1200, wall - offset + 3600))
+    tracker.settle()
+    # NVML has reported up to w+2000 only: the batch (to w+3550) waits, and its requests.
+    assert tracker.take_answered() == {}
+    # (w+2000, w+4000] at 5 %: 100 ns, all in b's span; a had (w, w+2000] at 10 %: 200 ns.
+    tracker.feed_utilization([UtilWindow(0, 4242, wall + 2000, wall + 4000, 5)], wall + 4000)
+    tracker.settle()
+    answered, unattributed = tracker.take_answered()[4242]
+    got = {r.record.route: (r.record.cost["gpu_ns"], r.record.gpu_source) for r in answered}
+    assert got == {"/v1/big/{id}": (pytest.approx(200.0), "nvml"),
+                   "/v1/small/{id}": (pytest.approx(100.0), "nvml")}
+    assert answered[0].record.cost["launches"] == 1 and answered[0].record.cost["syncs"] == 1
+    assert unattributed == {}
+    assert tracker.gpu_sources.nvml_batches == 1 and tracker.gpu_sources.queued_batches == 0
+
+
+def test_tracker_keeps_a_busy_span_whole_across_batches_for_nvml() -> None:
+    """a's launch and its sync come in two batches: the first waits for the drain, so NVML's
+    (w, w+2000] still lands on a's whole span [w+100, w+1100]."""
+    from producer.nvml import UtilWindow
+
+    offset = 1_000_000
+    tracker, wires, wall = _two_requests_one_after_the_other(offset)
+    work = _work(wall)
+    tracker.feed_utilization([UtilWindow(0, 4242, wall, wall + 2000, 10)], wall + 2000)
+    tracker.attribute(work[:1])
+    tracker.settle()
+    assert tracker.gpu_sources.nvml_batches == 0  # no drain yet: the span is open
+    tracker.attribute(work[1:])
+    _answer(tracker, wires, (wall - offset + 1200, wall - offset + 3600))
+    tracker.feed_utilization([UtilWindow(0, 4242, wall + 2000, wall + 4000, 5)], wall + 4000)
+    tracker.settle()
+    answered, unattributed = tracker.take_answered()[4242]
+    got = {r.record.route: r.record.cost["gpu_ns"] for r in answered}
+    assert got == {"/v1/big/{id}": pytest.approx(200.0), "/v1/small/{id}": pytest.approx(100.0)}
+    assert unattributed == {}
+
+
+def test_tracker_without_nvml_figures_for_a_process_uses_queued_time() -> None:
+    offset = 1_000_000
+    tracker, wires, wall = _two_requests_one_after_the_other(offset)
+    tracker.feed_utilization([], wall + 10_000)  # NVML reports, but nothing of this process
+    tracker.attribute(_work(wall))
+    _answer(tracker, wires, (wall - offset + 1200, wall - offset + 3600))
+    tracker.settle()
+    answered, _ = tracker.take_answered()[4242]
+    got = {r.record.route: (r.record.cost["gpu_ns"], r.record.gpu_source) for r in answered}
+    # Queued time: a's launch to its sync's return, b's likewise.
+    assert got == {"/v1/big/{id}": (pytest.approx(1000.0), "queued"),
+                   "/v1/small/{id}": (pytest.approx(50.0), "queued")}
+
+
+def test_tracker_nvml_that_reports_no_time_is_not_used() -> None:
+    offset = 1_000_000
+    tracker, wires, wall = _two_requests_one_after_the_other(offset)
+    tracker.feed_utilization([], 0)
+    assert not tracker.nvml
+    tracker.attribute(_work(wall))
+    _answer(tracker, wires, (wall - offset + 1200, wall - offset + 3600))
+    answered, _ = tracker.take_answered()[4242]
+    assert {r.record.gpu_source for r in answered} == {"queued"}
+
+
+def test_route_table_says_where_gpu_time_came_from() -> None:
+    def rec(rid: int, route: str, source: str | None) -> wire.RequestRecord:
+        return wire.RequestRecord(rid, 1, "POST", route, route, 200, 0, 10**6, 1, 1, None, None,
+                                  True, 80, {"gpu_ns": 1e6}, source)  # type: ignore[arg-type]
+
+    nvml = route_table([rec(1, "/a", "nvml"), rec(2, "/b", "nvml")], {}, nvml=True)
+    assert [r.gpu_source for r in nvml.rows] == ["nvml", "nvml"]
+    text = render(nvml)
+    assert "GPU time: NVML per-process utilisation" in text and " NVML\n" in text + "\n"
+    queued = render(route_table([rec(1, "/a", "queued")], {}))
+    assert "GPU time: queued time (first launch after idle" in queued
+    assert "drained it): no NVML on this machine\n" in queued
+    mixed = route_table([rec(1, "/a", "nvml"), rec(2, "/a", "queued")], {}, nvml=True)
+    assert mixed.rows[0].gpu_source == "mixed"
+    assert "NVML+queued" in render(mixed)

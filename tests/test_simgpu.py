@@ -12,6 +12,7 @@ import ctypes
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -351,3 +352,46 @@ def test_timing_model_runs_the_fusion_demo(sim: SimGpu, tmp_path: Path) -> None:
     assert unfused["utilization"] < 0.8
     assert fused["utilization"] > 0.85
     assert fused["utilization"] > unfused["utilization"] + 0.15
+
+
+def test_simulated_nvml_reports_the_drivers_timeline(sim: SimGpu, tmp_path: Path) -> None:
+    """Our libnvidia-ml.so.1 through pynvml and gpuflight's sampler: a process's per-process
+    utilisation is the device time of its kernels on the simulated driver's real-time timeline
+    (20 kernels of 3 ms), within the rounding of smUtil to a whole percent (P/200 a sample)."""
+    period_us = 10_000
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GF_SIM_NS_PER_THREAD": "1",
+           "GF_SIM_NVML_PERIOD_US": str(period_us), "GF_SIM_NVML_DIR": str(tmp_path),
+           "GPUFLIGHT_NVML_LIB": str(sim.nvml)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.workloads.nvml_server", "nvml",
+         "--runtime", str(sim.runtime(12))],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["truth_ns"] == pytest.approx(20 * 3.0e6, rel=1e-3)
+    assert abs(got["nvml_ns"] - got["truth_ns"]) <= got["windows"] * period_us * 1000 / 200
+    assert got["periods_ns"] == [period_us * 1000]
+    # The windows are where the work was: CLOCK_REALTIME µs, as NVML's timestamps are.
+    assert got["started_ns"] - period_us * 1000 <= got["first_start_ns"]
+    assert got["last_end_ns"] <= got["ended_ns"] + period_us * 1000
+    assert (got["name"], got["uuid"]) == ("NVIDIA H100 80GB HBM3",
+                                          "GPU-5e1f0000-0000-4000-8000-000000000000")
+    assert got["memory_total_bytes"] == 80 * 10**9
+    assert got["power_w"] is None and got["temperature_c"] is None  # not supported
+    assert got["processes"] == [got["pid"]]
+    assert (tmp_path / f"activity.{got['pid']}").is_file()
+
+
+def test_simulated_nvml_without_activity_logs(sim: SimGpu, tmp_path: Path) -> None:
+    """No GF_SIM_NVML_DIR: the GPU is there, idle; nothing is logged in virtual-time mode."""
+    code = (
+        "import json; from producer.nvml import NvmlSampler\n"
+        "s = NvmlSampler(); (g,) = s.sample()\n"
+        "print(json.dumps([g.name, g.utilization_gpu_pct, g.processes]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GPUFLIGHT_NVML_LIB": str(sim.nvml)}
+    env.pop("GF_SIM_NVML_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == ["NVIDIA H100 80GB HBM3", 0, []]

@@ -31,10 +31,12 @@ from typing import Any
 
 SIMGPU_DIR = Path(__file__).resolve().parent
 COMPAT_DIR = SIMGPU_DIR / "compat"
-DRIVER_SOURCES = ("driver.c", "driver_api.inc", "simgpu.h", "timing.h")
+DRIVER_SOURCES = ("driver.c", "driver_api.inc", "simgpu.h", "timing.h", "activity.h")
+NVML_SOURCES = ("nvml.c", "activity.h")
 RUNTIME_SOURCES = ("runtime.c", "compat/crt/host_defines.h")
 
 DRIVER_SONAME = "libcuda.so.1"
+NVML_SONAME = "libnvidia-ml.so.1"
 RUNTIME_SONAMES = {13: "libcudart.so.13", 12: "libcudart.so.12"}
 
 CFLAGS: tuple[str, ...] = (
@@ -408,6 +410,24 @@ def _build_driver(outdir: Path, inc13: Path) -> None:
             link.symlink_to(DRIVER_SONAME)
 
 
+def _build_nvml(outdir: Path) -> None:
+    """libnvidia-ml.so.1: NVML over the driver's activity logs (nvml.c; no CUDA headers)."""
+    _compile(
+        [
+            _cc(),
+            *CFLAGS,
+            "-shared",
+            f"-Wl,-soname,{NVML_SONAME}",
+            "-Wl,-z,defs",
+            f"-I{SIMGPU_DIR}",
+            str(SIMGPU_DIR / "nvml.c"),
+            "-lpthread",
+        ],
+        outdir / NVML_SONAME,
+        "compiling nvml.c",
+    )
+
+
 def _build_runtime(outdir: Path, major: int, include: Path) -> None:
     soname = RUNTIME_SONAMES[major]
     work = outdir / "gen"
@@ -465,6 +485,11 @@ class SimGpu:
         """Our libcuda.so.1."""
         return self.lib_dir / DRIVER_SONAME
 
+    @property
+    def nvml(self) -> Path:
+        """Our libnvidia-ml.so.1 (GPUFLIGHT_NVML_LIB names it to gpuflight)."""
+        return self.lib_dir / NVML_SONAME
+
     def runtime(self, major: int = 13) -> Path:
         """Our libcudart.so.<major> (13 or 12)."""
         return self.lib_dir / RUNTIME_SONAMES[major]
@@ -475,10 +500,13 @@ class SimGpu:
         counts: Path | str | None = None,
         runtime: int = 13,
         base: Mapping[str, str] | None = None,
+        nvml_dir: Path | str | None = None,
     ) -> dict[str, str]:
         """The environment (a copy of `base`, default os.environ) that runs a command on
         the simulated GPU: LD_PRELOAD of our runtime and driver (torch's RPATH would
-        otherwise win), TRITON_LIBCUDA_PATH, GF_SIM_DEVICES and GF_SIM_COUNTS."""
+        otherwise win), TRITON_LIBCUDA_PATH, GF_SIM_DEVICES and GF_SIM_COUNTS; with
+        `nvml_dir`, GF_SIM_NVML_DIR (the activity logs our NVML reads: real-time mode only)
+        and GPUFLIGHT_NVML_LIB (our NVML, for gpuflight run in this environment)."""
         env = dict(os.environ if base is None else base)
         preload = [str(self.runtime(runtime)), str(self.driver)]
         if env.get("LD_PRELOAD"):
@@ -491,6 +519,9 @@ class SimGpu:
         else:
             env.pop("GF_SIM_COUNTS", None)
         env.pop("CUDA_VISIBLE_DEVICES", None)
+        if nvml_dir is not None:
+            env["GF_SIM_NVML_DIR"] = str(nvml_dir)
+            env["GPUFLIGHT_NVML_LIB"] = str(self.nvml)
         return env
 
 
@@ -500,19 +531,22 @@ def build(outdir: Path | str, runtimes: Sequence[int] = (13, 12)) -> SimGpu:
     outdir.mkdir(parents=True, exist_ok=True)
     inc13 = find_cuda_include(13)
     incs = {m: (inc13 if m == 13 else find_cuda_include(m)) for m in runtimes}
-    sources = [(SIMGPU_DIR / s).read_bytes() for s in (*DRIVER_SOURCES, *RUNTIME_SOURCES)]
+    sources = [(SIMGPU_DIR / s).read_bytes()
+               for s in (*DRIVER_SOURCES, *RUNTIME_SOURCES, *NVML_SOURCES)]
     parts: list[str | bytes] = [*CFLAGS, Path(__file__).read_bytes(), *sources, _cc()]
     for m in sorted(incs):
         parts += [str(m), *_header_bytes(incs[m])]
     digest = _digest(parts)
     stamp = outdir / "simgpu.digest"
-    outputs = [outdir / DRIVER_SONAME] + [outdir / RUNTIME_SONAMES[m] for m in incs]
+    outputs = [outdir / DRIVER_SONAME, outdir / NVML_SONAME] + [
+        outdir / RUNTIME_SONAMES[m] for m in incs]
     try:
         if stamp.read_text() == digest and all(p.is_file() for p in outputs):
             return SimGpu(outdir)
     except OSError:
         pass
     _build_driver(outdir, inc13)
+    _build_nvml(outdir)
     for m in sorted(incs, reverse=True):
         _build_runtime(outdir, m, incs[m])
     _write_text(stamp, digest)

@@ -44,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "activity.h"
 #include "simgpu.h"
 #include "timing.h"
 
@@ -515,6 +516,8 @@ static void sim_atfork_child(void)
 	/* A forked child starts with no GPU activity of its own. */
 	size_t i;
 
+	activity_open();
+
 	memset(&g_cnt, 0, sizeof(g_cnt));
 	for (i = 0; i < 1024; i++) {
 		struct kstat *k;
@@ -567,7 +570,7 @@ static void __attribute__((constructor)) sim_init(void)
 		dv->legacy.ctx = &dv->primary;
 		dv->pool.magic = M_POOL;
 		dv->pool.device = d;
-		timeline_init(&dv->tl);
+		timeline_init(&dv->tl, d);
 	}
 	pthread_atfork(NULL, NULL, sim_atfork_child);
 	atexit(sim_atexit);
@@ -758,6 +761,14 @@ static void counts_write(void)
 API void gfsim_flush_counts(void)
 {
 	counts_write();
+}
+
+/* The device time of the kernels the calling thread has enqueued, ns (real-time mode: what
+ * they keep the device busy; virtual mode: their modeled durations). A workload reads it
+ * before and after a request to know that request's GPU time. */
+API double gfsim_thread_kernel_ns(void)
+{
+	return tm_thread_kernel_ns;
 }
 
 /* Start the timelines' account afresh (GF_SIM_REPORT covers the work from here on): a

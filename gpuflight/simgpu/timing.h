@@ -25,6 +25,7 @@
 
 struct timeline {
 	pthread_mutex_t lock;
+	int device;
 	double busy_until; /* end of the last enqueued work, ns (wall or virtual) */
 	double first_start;
 	double busy_ns;
@@ -33,6 +34,11 @@ struct timeline {
 };
 
 static int tm_real;
+/* The activity log for the simulated NVML (activity.h), or NULL; and the kernel time this
+ * thread has enqueued (gfsim_thread_kernel_ns: a workload's ground truth per request). */
+static struct act_log *tm_act;
+static __thread double tm_thread_kernel_ns;
+static void activity_open(void);
 static double tm_launch_ns = 4000, tm_kernel_base_ns = 600, tm_ns_per_thread = 0.04;
 static double tm_bw[SIM_DIR_COUNT] = {12.0, 12.0, 600.0, 20.0, 600.0};
 static char tm_report[4096];
@@ -84,14 +90,69 @@ static void timing_configure(void)
 	tm_real = set;
 	if (!tm_real)
 		tm_launch_ns = 0;
+	activity_open();
 	if (tm_report[0])
 		atexit(timing_report);
 }
 
-static void timeline_init(struct timeline *t)
+static void timeline_init(struct timeline *t, int device)
 {
 	memset(t, 0, sizeof(*t));
 	pthread_mutex_init(&t->lock, NULL);
+	t->device = device;
+}
+
+/* Map GF_SIM_NVML_DIR/activity.<pid> (real-time mode only: virtual time is no device time). A
+ * forked child calls it again for its own file. Any failure leaves the log off. */
+static void activity_open(void)
+{
+	const char *dir = getenv("GF_SIM_NVML_DIR");
+	char path[4096];
+	struct act_log *log;
+	int fd;
+
+	if (tm_act) {
+		munmap(tm_act, sizeof(*tm_act));
+		tm_act = NULL;
+	}
+	if (!tm_real || !dir || !*dir)
+		return;
+	if (snprintf(path, sizeof(path), "%s/" ACT_NAME "%d", dir, (int)getpid()) >=
+	    (int)sizeof(path))
+		return;
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return;
+	if (ftruncate(fd, sizeof(*log)) != 0) {
+		close(fd);
+		return;
+	}
+	log = mmap(NULL, sizeof(*log), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (log == MAP_FAILED)
+		return;
+	log->pid = (uint32_t)getpid();
+	__atomic_store_n(&log->magic, ACT_MAGIC, __ATOMIC_RELEASE);
+	tm_act = log;
+}
+
+/* Log a kernel's slot on the device (called with the timeline's lock held). */
+static void activity_kernel(const struct timeline *t, double start, double end)
+{
+	struct act_log *log = tm_act;
+	uint64_t n;
+
+	if (!log)
+		return;
+	n = log->count;
+	if (n >= ACT_CAP) {
+		log->dropped++;
+		return;
+	}
+	log->rec[n].device = (uint32_t)t->device;
+	log->rec[n].start_ns = (uint64_t)start;
+	log->rec[n].end_ns = (uint64_t)end;
+	__atomic_store_n(&log->count, n + 1, __ATOMIC_RELEASE);
 }
 
 static inline void cpu_relax(void)
@@ -136,8 +197,12 @@ static void tl_enqueue(struct timeline *t, double at, double dur, int is_kernel,
 	}
 	t->busy_until = s + dur;
 	t->busy_ns += dur;
-	if (is_kernel)
+	if (is_kernel) {
 		t->kernels++;
+		tm_thread_kernel_ns += dur;
+		if (tm_real)
+			activity_kernel(t, s, s + dur);
+	}
 	pthread_mutex_unlock(&t->lock);
 	if (start)
 		*start = s;
