@@ -105,7 +105,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     if kafka_sink is not None:
         capture.process_observers.append(kafka_sink.observe)
         if tally_dir is not None:
-            ledger = tally.Ledger(capture.probes, tally_dir, proc_root=settings.proc_root)
+            ledger = tally.Ledger(capture.probes, tally_dir)  # agents: the real /proc
             kafka_sink.on_delivered = ledger.delivered
             ledger.collect_dead(read_pinned_tally)
     capture.start()
@@ -199,9 +199,10 @@ def _status(status: StatusFile | None, capture: Capture, state: str, force: bool
 
 
 def _tally_dir(settings: CaptureSettings) -> Path | None:
-    """This agent's tally directory, or None (logged once: a SIGKILL's losses go uncounted)."""
+    """This agent's tally directory, or None (logged once: a SIGKILL's losses go uncounted).
+    Agents are this host's processes: the real /proc, whatever `settings.proc_root` says."""
     try:
-        return tally.prepare(proc_root=settings.proc_root)
+        return tally.prepare()
     except tally.TallyUnavailable as exc:
         log.warning("tally: %s; events a killed agent never published will not be counted",
                     exc)
