@@ -97,7 +97,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     )
     if kafka_sink is not None:
         sinks.append(kafka_sink)
-    tally_dir = _tally_dir(settings) if kafka_sink is not None else None
+    tally_dir = _tally_dir() if kafka_sink is not None else None
     if tally_dir is not None:
         settings = dataclasses.replace(settings, tally_dir=tally_dir)
     capture = Capture(settings, sinks, enricher)
@@ -198,9 +198,9 @@ def _status(status: StatusFile | None, capture: Capture, state: str, force: bool
     )
 
 
-def _tally_dir(settings: CaptureSettings) -> Path | None:
+def _tally_dir() -> Path | None:
     """This agent's tally directory, or None (logged once: a SIGKILL's losses go uncounted).
-    Agents are this host's processes: the real /proc, whatever `settings.proc_root` says."""
+    Agents are this host's processes: the real /proc, whatever a `--proc` tree says."""
     try:
         return tally.prepare()
     except tally.TallyUnavailable as exc:
