@@ -392,3 +392,25 @@ def test_uprobes_refused_for_privilege_are_one_line_and_exit_3(
     # The start-up check (producer.environment) refuses before any attach; without it, the
     # kernel's refusal of the first uprobe would be the same one line (test_probes: the seam).
     assert lines[0].startswith("gpuflight: error: gpuflight lacks CAP_SYS_ADMIN"), lines[0]
+
+
+@pytest.mark.parametrize("multi", [True, False], ids=["uprobe_multi", "perf PMU"])
+def test_each_row_s_cookie_reaches_its_family_s_program_either_way_of_attaching(
+        bindir: Path, tmp_path: Path, multi: bool) -> None:
+    """One program serves each family of the probe table; the row's api id and constant
+    (copy direction, allocation kind, memset width, sync scope) reach it in the attach
+    cookie, through uprobe_multi links and through perf links (forced) alike: every call of
+    every API is recorded once, exactly as made."""
+    binary = build.build_capture(bindir, "cu12")
+    out = tmp_path / "out.jsonl"
+    force = ("import functools, producer.probes as p; "
+             f"p.UprobeLinks = functools.partial(p.UprobeLinks, multi={multi}); ")
+    proc = subprocess.run(
+        [sys.executable, "-c", force + "from gpuflight.cli import main; raise SystemExit(main())",
+         "trace", "--output", str(out), "--", str(binary), "--threads", "2", "--iters", "20",
+         "--all-apis"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    missing, unexpected = expected.diff(expected.capture_events(2, 20, all_apis=True),
+                                        read_events(out))
+    assert not missing and not unexpected, (missing[:3], unexpected[:3])
