@@ -414,3 +414,24 @@ def test_each_row_s_cookie_reaches_its_family_s_program_either_way_of_attaching(
     missing, unexpected = expected.diff(expected.capture_events(2, 20, all_apis=True),
                                         read_events(out))
     assert not missing and not unexpected, (missing[:3], unexpected[:3])
+
+
+def test_before_attach_cookies_each_row_has_programs_the_kernel_verifies() -> None:
+    """Kernels before 5.15 read no cookies: there each row of the table has programs of its
+    own (GF_ATTACH_COOKIE 0). They compile and the kernel verifies every one."""
+    from bcc import BPF
+
+    from producer.records import PROBES
+
+    settings = CaptureSettings()
+    flags = [f for f in settings.cflags() if not f.startswith("-DGF_ATTACH_COOKIE=")]
+    bpf = BPF(src_file=str(settings.bpf_dir / "cudart.bpf.c").encode(),
+              cflags=[*flags, "-DGF_ATTACH_COOKIE=0"])
+    try:
+        names = [p.program(half, cookies=False) for p in PROBES
+                 for half in ("entry", "return") if half == "entry" or p.returns]
+        assert len(names) > 150
+        for name in names:
+            assert bpf.load_func(name.encode(), BPF.KPROBE).fd >= 0, name
+    finally:
+        bpf.cleanup()
