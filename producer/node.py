@@ -100,6 +100,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     capture = Capture(settings, sinks, enricher)
     if kafka_sink is not None:
         capture.process_observers.append(kafka_sink.observe)
+        capture.exit_observers.append(kafka_sink.forget_processes)
     capture.start()
     status = StatusFile(status_file) if status_file is not None else None
     started = time.monotonic()

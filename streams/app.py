@@ -391,8 +391,8 @@ class Worker:
             changed = False
             for token in self._acked.pop(key, ()):
                 changed |= state.acknowledge(token[1], token[2], token[3])
-            writes, closed = state.due(self._host_now(state, now), settings, self.gpu.mean,
-                                       self.price)
+            host_now = self._host_now(state, now)
+            writes, closed = state.due(host_now, settings, self.gpu.mean, self.price)
             changed |= bool(closed.memory_bound)
             for write in writes:
                 token = (key, write.window_start_ns, write.version, write.final)
@@ -406,10 +406,18 @@ class Worker:
                     await self._alert(state.host, "memory_bound", {
                         **asdict(verdict), "evidence": asdict(verdict.evidence)})
             idle_ns = now - self._clocks.get(state.host, (state.max_ts_ns, now))[1]
-            if state.idle and idle_ns > self.settings.forget_idle_s * 1e9:
+            if state.idle and (idle_ns > self.settings.forget_idle_s * 1e9
+                               or self._ended(state, host_now)):
                 self._forget(key, state)
             elif changed:
                 self._save(key, state)
+
+    def _ended(self, state: JobState, host_now: int) -> bool:
+        """Whether the state is of a job that was one process, which exited long enough ago
+        (in its host's time) for its last events to be in (settings.forget_ended_after_s)."""
+        exited = self.directory.ended(state.host, state.job)
+        return exited is not None and host_now >= exited + round(
+            self.settings.forget_ended_after_s * 1e9)
 
     def _host_now(self, state: JobState, now: int) -> int:
         # A state recovered from a changelog written before events ahead of the clock were
@@ -448,7 +456,9 @@ class Worker:
     def _forget(self, key: bytes, state: JobState) -> None:
         del self.table[key]
         self._states.pop(key, None)
+        self._acked.pop(key, None)
         self._by_partition[state.partition].discard(key)
+        self.directory.forget_job(state.host, state.job)
 
     def _index(self, key: bytes, state: JobState) -> None:
         self._states[key] = state
