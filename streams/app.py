@@ -135,6 +135,11 @@ class GpuUtilization:
         return None
 
 
+    def forget(self, host: str, job: str) -> None:
+        """A job forgotten by the worker: its samples and GPU go too."""
+        self._job.pop((host, job), None)
+        self._job_gpu.pop((host, job), None)
+
     def gpu_name(self, host: str, job: str) -> str | None:
         """The NVML name of the job's GPU: one NVML saw its processes on, else the host's
         when all its GPUs are one model."""
@@ -459,6 +464,11 @@ class Worker:
         self._acked.pop(key, None)
         self._by_partition[state.partition].discard(key)
         self.directory.forget_job(state.host, state.job)
+        self.gpu.forget(state.host, state.job)
+        if self._fallback_jobs:  # the processes that waited in vain for an identity
+            for process in [p for p, job in self._fallback_jobs.items()
+                            if job == state.job and p[0] == state.host]:
+                del self._fallback_jobs[process]
 
     def _index(self, key: bytes, state: JobState) -> None:
         self._states[key] = state

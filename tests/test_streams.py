@@ -746,3 +746,24 @@ def test_a_job_that_was_one_process_is_forgotten_once_it_exited(
     wait_for(lambda: counts() == {"short:901": 5, "long:902": 4}, 90,
              "every launch written", worker)
     assert state_key(host, "long:902") not in tombstones()
+
+
+def test_a_forgotten_job_leaves_no_gpu_samples() -> None:
+    """NVML samples are kept per job for its verdicts and cost: a job the worker forgets
+    (an ended one-process job, or one idle an hour) takes its samples and GPU with it."""
+    from streams.app import GpuUtilization
+    from streams.identities import Directory
+
+    directory = Directory()
+    gpu = GpuUtilization()
+    for pid in range(1, 501):
+        directory.add(wire.ProcessRecord("h", pid, 1, None, "c", (), None, None, None, None,
+                                         None, None, f"c:{pid}"))
+        sample = wire.GpuSample(0, None, "NVIDIA H100", 50, None, None, None, None, None, None,
+                                None, None, (wire.GpuProcessSample(pid, 30, None, None),))
+        gpu.add(wire.NvmlRecord("h", 10 + pid, (sample,)), directory)
+    assert gpu.mean("h", "c:7", 0, 1000) == 30 and gpu.gpu_name("h", "c:7") == "NVIDIA H100"
+    for pid in range(1, 500):
+        gpu.forget("h", f"c:{pid}")
+    assert len(gpu._job) == len(gpu._job_gpu) == 1  # only c:500's
+    assert gpu.mean("h", "c:7", 0, 1000) == 50  # the host's mean, as for any unknown job
