@@ -60,6 +60,8 @@ class Sampler:
 
     name: str
     samples: list[tuple[float, float, int]] = field(default_factory=list)
+    #: The pid of each sample (the worker is restarted: two processes, each with its warm-up).
+    pids: list[int] = field(default_factory=list)
 
     def sample(self, pid: int | None, t: float) -> None:
         if pid is None:
@@ -72,6 +74,18 @@ class Sampler:
         except (OSError, StopIteration):
             return
         self.samples.append((t, rss_kib / 1024, fds))
+        self.pids.append(pid)
+
+    def by_process(self, warmup_s: float) -> list[dict[str, float]]:
+        """The summary of each process sampled, after its own warm-up (a restarted worker
+        recovers its state from the changelog: a step, not a slope)."""
+        out = []
+        for pid in dict.fromkeys(self.pids):
+            mine = [s for s, p in zip(self.samples, self.pids, strict=True) if p == pid]
+            start = mine[0][0]
+            part = Sampler(self.name, [(t - start, rss, fds) for t, rss, fds in mine])
+            out.append({"pid": pid, "from_s": round(start), **part.summary(warmup_s)})
+        return out
 
     def summary(self, warmup_s: float) -> dict[str, float]:
         kept = [s for s in self.samples if s[0] >= warmup_s]
@@ -345,6 +359,7 @@ def main() -> int:
                                    "tracefs_uprobes_left": uprobes_of([killed.pid])}
         print(f"soak: after SIGKILL {report['after_sigkill']}", file=sys.stderr)
         report["samples"] = {name: s.summary(60.0) for name, s in samplers.items()}
+        report["samples_by_process"] = {name: s.by_process(60.0) for name, s in samplers.items()}
         report["events"] = events
         report["worker_exit"] = worker.stop()
     finally:
@@ -362,6 +377,9 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     table = [[k, v] for k, v in report["accounting"].items()]
     table += [[f"{name} {k}", v] for name, s in report["samples"].items() for k, v in s.items()]
+    table += [[f"{name} pid {p['pid']} (from {p['from_s']} s) rss_mib_per_hour",
+               p.get("rss_mib_per_hour")]
+              for name, parts in report["samples_by_process"].items() for p in parts]
     table += [[f"after SIGTERM: {k}", v] for k, v in report["after_sigterm"].items()]
     table += [[f"after SIGKILL: {k}", v] for k, v in report["after_sigkill"].items()]
     print(tabulate(table, tablefmt="plain"), file=sys.stderr)

@@ -497,6 +497,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
+    if args.command in ("producer", "streams"):
+        from gpuflight import memdebug
+
+        memdebug.start_from_environment(args.command)  # opt-in: GPUFLIGHT_MEMDEBUG=DIR
     try:
         return _dispatch(args)
     except GpuflightError as exc:

@@ -47,6 +47,12 @@ BATCH_EVENTS = 65536
 #: How often a long capture (the node agent) writes what it learned of new library files.
 VERDICTS_SAVE_INTERVAL_S = 60.0
 
+#: Node-wide: what is kept of a process (its allocations' sizes, graphs, kernel names and maps,
+#: its identity in the Kafka sink) is dropped this long after a rescan found it gone: its last
+#: events have been drained, enriched, named and handed to the sinks by then (each step drains
+#: the ring; the Kafka sink sends a process's pending events before it forgets it).
+FORGET_EXITED_AFTER_S = 5.0
+
 
 @dataclass
 class CaptureStats:
@@ -79,6 +85,13 @@ class Capture:
         #: (identity is read then: a short-lived process may be gone at publish time).
         self.process_observers: list[Callable[[int], None]] = []
         self._observed: set[int] = set()
+        #: Called with the pids of processes gone (node-wide), FORGET_EXITED_AFTER_S after a
+        #: rescan found them gone: sinks drop what they keep of them.
+        self.exit_observers: list[Callable[[set[int]], None]] = []
+        #: Node-wide: processes something is kept of (scanned, or seen in events or name
+        #: records), and those gone, with when a rescan found them gone.
+        self._known: set[int] = set()
+        self._gone_since: dict[int, float] = {}
         self.enricher = enricher or Enricher()
         #: What each library file defines, kept across runs (settings.verdict_cache_dir).
         self.verdicts = discover.open_verdict_store(settings.verdict_cache_dir)
@@ -167,6 +180,7 @@ class Capture:
         attached = self.probes.attached
         for pid, keys in snapshot.libraries_by_pid.items():
             self._scanned.add(pid)
+            self._known.add(pid)
             self._keys_by_pid[pid] = keys
             kinds = {attached[k].library.kind for k in keys if k in attached}
             self._register_text(pid, keys, snapshot)
@@ -231,8 +245,33 @@ class Capture:
                 self.requests.forget_pid(gone)
         todo = (live - self._scanned) | (live - self._loader_covered)
         self.scan(todo)
+        self._forget_exited(live)
         self._detach_unmapped()
         self.verdicts.save_if_dirty(min_interval_s=VERDICTS_SAVE_INTERVAL_S)
+
+    def _forget_exited(self, live: set[int]) -> None:
+        """Node-wide, after a rescan: drop what is kept of the processes gone for
+        FORGET_EXITED_AFTER_S (a pid live again by then is kept: another process has it).
+        Under trace (a scope) everything is kept to the end, for the summary."""
+        if self.settings.filter_pids:
+            return
+        now = time.monotonic()
+        for pid in self._known - live:
+            self._gone_since.setdefault(pid, now)
+        self._known &= live
+        due = {pid for pid, since in self._gone_since.items()
+               if now - since >= FORGET_EXITED_AFTER_S}
+        if not due:
+            return
+        for pid in due:
+            del self._gone_since[pid]
+        due -= live
+        if not due:
+            return
+        self.enricher.forget(due)
+        for observer in self.exit_observers:
+            observer(due)
+        log.debug("forgot %d exited process(es)", len(due))
 
     def _detach_unmapped(self) -> None:
         """Node-wide, after a rescan (every live process scanned): detach the files no process
@@ -310,7 +349,13 @@ class Capture:
         while True:
             drained = self.probes.ring.drain(BATCH_EVENTS)
             # After the events: each launch drained was committed after its name.
-            self.enricher.kernels.add(self.probes.drain_names())
+            names = self.probes.drain_names()
+            self.enricher.kernels.add(names)
+            if not self.settings.filter_pids:
+                if len(drained):
+                    self._known.update(np.unique(drained["pid"]).tolist())
+                if len(names):
+                    self._known.update(np.unique(names["pid"]).tolist())
             if len(drained) == 0 and len(self._held) == 0:
                 break
             self.enricher.enrich(drained)

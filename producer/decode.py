@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +57,26 @@ class AllocationSizes:
     """Bytes of each live allocation, per process, from successful allocations."""
 
     def __init__(self) -> None:
-        self._sizes: dict[tuple[int, int], int] = {}
+        self._sizes: dict[int, dict[int, int]] = {}
 
     def allocated(self, pid: int, ptr: int, nbytes: int) -> None:
         if ptr:
-            self._sizes[(pid, ptr)] = nbytes
+            self._sizes.setdefault(pid, {})[ptr] = nbytes
 
     def freed(self, pid: int, ptr: int) -> int | None:
-        return self._sizes.pop((pid, ptr), None)
+        mine = self._sizes.get(pid)
+        return None if mine is None else mine.pop(ptr, None)
+
+    def forget(self, pids: Collection[int]) -> None:
+        """Processes gone: what they never freed is nobody's any more."""
+        for pid in pids:
+            self._sizes.pop(pid, None)
+
+    def __len__(self) -> int:
+        return sum(len(mine) for mine in self._sizes.values())
+
+    def pids(self) -> set[int]:
+        return set(self._sizes)
 
 
 class _Bounded(OrderedDict[tuple[int, int], int]):
@@ -92,6 +105,15 @@ class GraphNodes:
             relevant |= types == EventType.LAUNCH
         for i in np.flatnonzero(relevant).tolist():
             self._one(events[i])
+
+    def pids(self) -> set[int]:
+        return {key[0] for table in (self.capturing, self.graphs, self.execs) for key in table}
+
+    def forget(self, pids: Collection[int]) -> None:
+        """Processes gone: their streams, graphs and graph execs."""
+        for table in (self.capturing, self.graphs, self.execs):
+            for key in [k for k in table if k[0] in pids]:
+                del table[key]
 
     def _one(self, event: np.void) -> None:
         etype, pid = int(event["type"]), int(event["pid"])
@@ -141,6 +163,17 @@ class Enricher:
         self.allocations = AllocationSizes()
         self.graphs = GraphNodes()
         self.kernels = KernelNames(proc_root)
+
+    def forget(self, pids: Collection[int]) -> None:
+        """Drop what is kept of processes that are gone (their last events enriched, named
+        and handed on): allocation sizes, graphs, kernel names and maps."""
+        self.allocations.forget(pids)
+        self.graphs.forget(pids)
+        self.kernels.forget(pids)
+
+    def pids(self) -> set[int]:
+        """The processes something is kept of."""
+        return self.allocations.pids() | self.graphs.pids() | self.kernels.pids()
 
     def enrich(self, events: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
         """Enrich a drained batch in place (it is ours) and return it."""

@@ -29,7 +29,7 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -312,6 +312,19 @@ class KernelNames:
             state = self._process(pid)
             state.statics.update(self._read_handle_statics(pid))
             state.statics_read_at = time.monotonic()
+
+    def forget(self, pids: Iterable[int]) -> None:
+        """Processes gone, their launches named: their names and maps are not needed again."""
+        for pid in pids:
+            self._processes.pop(pid, None)
+            self._maps.pop(pid, None)
+
+    def __len__(self) -> int:
+        """Processes something is kept of."""
+        return len(self.pids())
+
+    def pids(self) -> set[int]:
+        return self._processes.keys() | self._maps.keys()
 
     def _process(self, pid: int) -> _Process:
         state = self._processes.get(pid)

@@ -104,6 +104,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     ledger = None
     if kafka_sink is not None:
         capture.process_observers.append(kafka_sink.observe)
+        capture.exit_observers.append(kafka_sink.forget_processes)
         if tally_dir is not None:
             ledger = tally.Ledger(capture.probes, tally_dir)  # agents: the real /proc
             kafka_sink.on_delivered = ledger.delivered

@@ -14,8 +14,8 @@ import logging
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +299,30 @@ class KafkaSink:
     def observe(self, pid: int) -> None:
         """Learn (and publish) a process's identity while it is alive."""
         self._identity(pid)
+
+    def forget_processes(self, pids: Collection[int]) -> None:
+        """Processes gone (capture.Capture.exit_observers): what is pending of theirs goes out
+        first, then their records again with "exited_ns" (the worker forgets a job that was
+        one process once its windows are closed), and their identities are dropped (a pid
+        used again is another process)."""
+        if any(p in self._pending or p in self._pending_requests
+               or p in self._pending_unattributed for p in pids):
+            self.flush_pending()
+        now = time.time_ns()
+        for pid in pids:
+            who = self._identities.pop(pid, None)
+            if who is None:
+                continue
+            self._produce(
+                self._topics.processes,
+                key=wire.process_key(self.host, pid, who.start_time),
+                value=wire.encode_process(replace(who, exited_ns=now)),
+            )
+
+    @property
+    def identities(self) -> int:
+        """Processes whose identity is kept."""
+        return len(self._identities)
 
     def _identity(self, pid: int) -> wire.ProcessRecord:
         who = self._identities.get(pid)

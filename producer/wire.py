@@ -86,7 +86,9 @@ Like every column it is left out when all zeros, so a message of an older produc
 never wrote it) decodes as device 0 — the default device, all a producer before it could see —
 and an older reader, which ignores columns it does not know, reads a newer message as before.
 
-A processes message (`ProcessRecord`), published once per process while it is alive:
+A processes message (`ProcessRecord`), published once per process while it is alive, and
+once more under the same key, with "exited_ns", once the node agent has found it gone and
+published its last events (the compacted topic keeps that one):
 
   {"schema": "gpuflight.process", "v": 1,
    "host": str, "pid": int, "start_time": int,   # the key: host/pid/start_time
@@ -95,7 +97,9 @@ A processes message (`ProcessRecord`), published once per process while it is al
    "container_id": str|null, "pod_uid": str|null, "pod": str|null, "namespace": str|null,
    "slurm_job_id": str|null,
    "job": str,          # k8s:NAMESPACE/POD, slurm:ID or COMM:PID (producer/identity.py)
-   "team": str|null}    # $GPUFLIGHT_TEAM (a pod label through the downward API); absent: null
+   "team": str|null,    # $GPUFLIGHT_TEAM (a pod label through the downward API); absent: null
+   "exited_ns": int|null}  # wall clock when the agent found it gone, its events all sent;
+                           # absent (an older producer, or the process lives): null
 
 A metrics message (`MetricsRecord`), every metrics interval; counters since the producer
 started (a restart begins again at 0):
@@ -544,6 +548,14 @@ class ProcessRecord:
     job: Annotated[str, msgspec.Meta(min_length=1, max_length=2 * MAX_TEXT + 16)]
     #: The team its cost is rolled up under ($GPUFLIGHT_TEAM), additive: absent is None.
     team: Text | None = None
+    #: Wall clock (ns) when the node agent found the process gone, after publishing its last
+    #: events (additive: absent, from an older producer or while it lives, is None).
+    exited_ns: Count | None = None
+
+    @property
+    def own_job(self) -> bool:
+        """Whether the job is this process alone (COMM:PID): it ends when the process does."""
+        return not self.pod and not self.slurm_job_id  # as identity.job_of has it
 
 
 @dataclass(frozen=True)
@@ -638,6 +650,8 @@ def _encode_record(schema: str, record: ProcessRecord | MetricsRecord | NvmlReco
     # "schema" and "v" first, then the fields in their order (nested dataclasses as objects,
     # pid keys as strings): byte for byte what the v1 producer has always written.
     fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    if fields.get("exited_ns", 0) is None:  # additive: a live process's record is as before
+        del fields["exited_ns"]
     return orjson.dumps({"schema": schema, "v": VERSION, **fields},
                         option=orjson.OPT_NON_STR_KEYS)
 

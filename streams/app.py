@@ -135,6 +135,11 @@ class GpuUtilization:
         return None
 
 
+    def forget(self, host: str, job: str) -> None:
+        """A job forgotten by the worker: its samples and GPU go too."""
+        self._job.pop((host, job), None)
+        self._job_gpu.pop((host, job), None)
+
     def gpu_name(self, host: str, job: str) -> str | None:
         """The NVML name of the job's GPU: one NVML saw its processes on, else the host's
         when all its GPUs are one model."""
@@ -392,8 +397,8 @@ class Worker:
             changed = False
             for token in self._acked.pop(key, ()):
                 changed |= state.acknowledge(token[1], token[2], token[3])
-            writes, closed = state.due(self._host_now(state, now), settings, self.gpu.mean,
-                                       self.price)
+            host_now = self._host_now(state, now)
+            writes, closed = state.due(host_now, settings, self.gpu.mean, self.price)
             changed |= bool(closed.memory_bound)
             for write in writes:
                 token = (key, write.window_start_ns, write.version, write.final)
@@ -407,10 +412,18 @@ class Worker:
                     await self._alert(state.host, "memory_bound", {
                         **asdict(verdict), "evidence": asdict(verdict.evidence)})
             idle_ns = now - self._clocks.get(state.host, (state.max_ts_ns, now))[1]
-            if state.idle and idle_ns > self.settings.forget_idle_s * 1e9:
+            if state.idle and (idle_ns > self.settings.forget_idle_s * 1e9
+                               or self._ended(state, host_now)):
                 self._forget(key, state)
             elif changed:
                 self._save(key, state)
+
+    def _ended(self, state: JobState, host_now: int) -> bool:
+        """Whether the state is of a job that was one process, which exited long enough ago
+        (in its host's time) for its last events to be in (settings.forget_ended_after_s)."""
+        exited = self.directory.ended(state.host, state.job)
+        return exited is not None and host_now >= exited + round(
+            self.settings.forget_ended_after_s * 1e9)
 
     def _host_now(self, state: JobState, now: int) -> int:
         # A state recovered from a changelog written before events ahead of the clock were
@@ -449,7 +462,14 @@ class Worker:
     def _forget(self, key: bytes, state: JobState) -> None:
         del self.table[key]
         self._states.pop(key, None)
+        self._acked.pop(key, None)
         self._by_partition[state.partition].discard(key)
+        self.directory.forget_job(state.host, state.job)
+        self.gpu.forget(state.host, state.job)
+        if self._fallback_jobs:  # the processes that waited in vain for an identity
+            for process in [p for p, job in self._fallback_jobs.items()
+                            if job == state.job and p[0] == state.host]:
+                del self._fallback_jobs[process]
 
     def _index(self, key: bytes, state: JobState) -> None:
         self._states[key] = state

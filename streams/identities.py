@@ -21,13 +21,21 @@ UNKNOWN_JOB_FORMAT: Final = "unknown:{pid}"
 
 class Directory:
     """(host, pid, start_time) → job, filled from processes.v1 records (`malformed` counts the
-    messages that were not valid ones)."""
+    messages that were not valid ones).
+
+    A job that was one process (COMM:PID) ends with it: the agent publishes the process's
+    record again with its exit, and once the worker has closed and forgotten the job's state
+    (`forget_job`), the process is forgotten here too, so thousands of short-lived processes
+    an hour do not pile up. Processes of pods and SLURM jobs stay (fewer, and a job outlives
+    its processes)."""
 
     def __init__(self) -> None:
         self._jobs: dict[tuple[str, int, int], str] = {}
         self._latest: dict[tuple[str, int], str] = {}
         self._namespaces: dict[tuple[str, int, int], str] = {}
         self._teams: dict[tuple[str, int, int], str] = {}
+        #: (host, job) of a job that was one process, gone → (pid, start_time, exited_ns).
+        self._ended: dict[tuple[str, str], tuple[int, int, int]] = {}
         self._lock = threading.Lock()
         self.records = 0
         self.malformed = 0
@@ -41,7 +49,35 @@ class Directory:
                 self._namespaces[key] = record.namespace
             if record.team:
                 self._teams[key] = record.team
+            if record.own_job:
+                job_key = (record.host, record.job)
+                if record.exited_ns is not None:
+                    self._ended[job_key] = (record.pid, record.start_time, record.exited_ns)
+                elif self._ended.get(job_key, (0, record.start_time))[1] != record.start_time:
+                    del self._ended[job_key]  # the pid again, the same command: the job again
             self.records += 1
+
+    def ended(self, host: str, job: str) -> int | None:
+        """When the one process of a COMM:PID job exited (wall clock, ns), if it did."""
+        found = self._ended.get((host, job))
+        return None if found is None else found[2]
+
+    def forget_job(self, host: str, job: str) -> None:
+        """The state of an ended one-process job is gone: its process is not looked up again."""
+        with self._lock:
+            found = self._ended.pop((host, job), None)
+            if found is None:
+                return
+            pid, start_time, _ = found
+            key = (host, pid, start_time)
+            for table in (self._jobs, self._namespaces, self._teams):
+                table.pop(key, None)
+            if self._latest.get((host, pid)) == job:
+                del self._latest[host, pid]
+
+    def __len__(self) -> int:
+        """Processes known."""
+        return len(self._jobs)
 
     def job(self, host: str, pid: int, start_time: int) -> str | None:
         return self._jobs.get((host, pid, start_time))

@@ -109,6 +109,10 @@ class StreamSettings:
     identity_wait_s: float = 5.0
     #: Jobs with nothing open are forgotten (their baselines too) after this long.
     forget_idle_s: float = 3600.0
+    #: A job that was one process (COMM:PID) is forgotten once nothing of it is open and its
+    #: host's time is this far past the process's exit (the agent publishes it): its last
+    #: events are in by then, and their offsets committed (a redelivery finds its state).
+    forget_ended_after_s: float = 60.0
     #: Worker self-metrics every this many seconds.
     metrics_s: float = 5.0
     #: Consume from the start of the topics the first time the group runs (a replay).

@@ -349,3 +349,59 @@ def test_the_node_agent_detaches_a_file_no_process_maps_any_more(
         capture.close()
     assert_exact(expected.capture_events(1, 5),
                  [e for e in sink.events if e["pid"] == second.pid])
+
+
+def test_the_node_agent_forgets_a_process_once_it_is_gone(
+    bindir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node-wide, what is kept of a process (its allocations' sizes, graphs, kernel names and
+    maps; the Kafka sink's identity, through exit_observers) is dropped once a rescan found it
+    gone, FORGET_EXITED_AFTER_S later — after its events were drained, named and handed on.
+    Thousands of short-lived processes an hour then leave nothing behind (the soak's agent
+    grew 130 MiB an hour keeping them up to the caches' 4,096 processes, identities without
+    bound); one that lives on keeps its state."""
+    from producer import capture as capture_module
+    from producer.capture import Capture
+    from producer.decode import Enricher
+    from producer.settings import CaptureSettings
+    from producer.sinks import MemorySink
+
+    monkeypatch.setattr(capture_module, "FORGET_EXITED_AFTER_S", 0.5)
+    binary = build.build_capture(bindir, "stub")
+    enricher = Enricher()
+    sink = MemorySink(enricher.kernels)
+    capture = Capture(CaptureSettings(), [sink], enricher)
+    forgotten: set[int] = set()
+    capture.exit_observers.append(forgotten.update)
+
+    def step_until(done: Any, what: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < deadline, what
+            capture.step()
+
+    holder = subprocess.Popen([str(binary), "--iters", "0", "--start-delay-ms", "600000"])
+    short: list[subprocess.Popen[bytes]] = []
+    try:
+        capture.start()
+        step_until(lambda: holder.pid in enricher.pids(), "the holder was never scanned")
+        for _ in range(4):
+            short.append(subprocess.Popen([str(binary), "--iters", "3"]))
+        step_until(lambda: all(p.poll() is not None for p in short), "the jobs did not end")
+        pids = {p.pid for p in short}
+        step_until(lambda: pids <= forgotten, "the exited processes were never forgotten")
+        assert not pids & enricher.pids()
+        assert holder.pid in enricher.pids() and holder.pid not in forgotten
+        holder.kill()
+        holder.wait()
+        step_until(lambda: holder.pid in forgotten, "the holder was never forgotten")
+        assert holder.pid not in enricher.pids()
+    finally:
+        holder.kill()
+        capture.close()
+    for p in short:
+        assert p.returncode == 0
+        mine = [e for e in sink.events if e["pid"] == p.pid]
+        assert_exact(expected.capture_events(1, 3), mine)
+        # Named while the process was still known: forgetting came after.
+        assert all(e["kernel"] for e in mine if e["type"] == "launch"), mine[:3]

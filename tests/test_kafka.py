@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -354,3 +355,45 @@ def test_a_killed_agent_s_unpublished_events_are_counted_by_the_next(
     assert events[delivered.pid] == want
     assert not first_tally.exists()  # reported, then removed
     assert not list(tallies.glob(f"agent-{second.proc.pid}-*"))  # everything delivered
+
+
+def test_an_exited_process_is_forgotten_after_its_events_are_sent(
+        broker: stack.KafkaHandle, tmp_path: Path) -> None:
+    """The node agent forgets a process once it is gone (capture.Capture.exit_observers):
+    the Kafka sink sends what is pending of it first, under the identity it had, then its
+    record again with its exit (for the worker), and drops that identity, so thousands of
+    short-lived processes an hour keep nothing (the soak's agent grew) and a later process
+    given the same pid is published as itself, not as the one before."""
+    from producer.publish import KafkaSettings, KafkaSink
+    from producer.records import EVENT_DTYPE, EventType
+    from tests.support.fakeproc import write_proc
+
+    prefix = f"forget{uuid.uuid4().hex[:8]}"
+    proc_root = tmp_path / "proc"
+    write_proc(proc_root, 4242, "0::/user.slice\n", {})
+    sink = KafkaSink(KafkaSettings(bootstrap=broker.bootstrap, topic_prefix=prefix,
+                                   flush_interval_s=3600), proc_root=proc_root, host="node-a")
+    events = np.zeros(10, dtype=EVENT_DTYPE)
+    events["pid"] = 4242
+    events["type"] = EventType.LAUNCH
+    events["ts_ns"] = time.time_ns() + np.arange(10)
+    sink.observe(4242)
+    sink.write(events[:6])
+    assert sink.identities == 1
+    # The first process exits; the pid's next holder starts (another start time, command).
+    stat = proc_root / "4242" / "stat"
+    first_stat = stat.read_text()
+    stat.write_text(first_stat.replace("(python3 train)", "(other)").replace(" 123456 ", " 777 "))
+    sink.forget_processes({4242})
+    assert sink.identities == 0
+    sink.write(events[6:])
+    sink.flush_pending()
+    assert sink.flush(30) == 0
+    batches = [wire.decode_events(v) for v in consume_all(broker.bootstrap, f"{prefix}.events.v1")]
+    assert sorted((b.start_time, len(b.events)) for b in batches) == [(777, 4), (123456, 6)]
+    processes = [wire.decode_process(v)
+                 for v in consume_all(broker.bootstrap, f"{prefix}.processes.v1")]
+    # The first process's record twice (alive, then with its exit), the second's once.
+    assert sorted((p.start_time, p.comm, p.exited_ns is not None) for p in processes) == [
+        (777, "other", False), (123456, "python3 train", False),
+        (123456, "python3 train", True)]

@@ -733,3 +733,97 @@ def test_influxdb_away_then_back_loses_nothing(kafka_bootstrap: str, names: str,
     finally:
         worker.stop()
         stack.influx_down(tmp_path / "influx")
+
+
+def test_the_directory_forgets_an_ended_one_process_job_only() -> None:
+    """A COMM:PID job ends with its process (the agent's exit record); once the worker forgot
+    its state, its process goes from the directory too. A pod's process does not end its job,
+    and the pid used again by the same command is the job again, not ended."""
+    from streams.identities import Directory
+
+    def record(pid: int, start: int, job: str, exited: int | None = None,
+               pod: str | None = None) -> wire.ProcessRecord:
+        return wire.ProcessRecord("h", pid, start, None, "c", (), None, None, None, pod,
+                                  "ns" if pod else None, None, job, exited_ns=exited)
+
+    directory = Directory()
+    for pid in range(1, 1001):
+        directory.add(record(pid, 10, f"c:{pid}"))
+        directory.add(record(pid, 10, f"c:{pid}", exited=5_000 + pid))
+    directory.add(record(5000, 10, "k8s:ns/pod", pod="pod"))
+    directory.add(record(5000, 10, "k8s:ns/pod", exited=7_000, pod="pod"))
+    assert len(directory) == 1001 and directory.ended("h", "c:7") == 5_007
+    assert directory.ended("h", "k8s:ns/pod") is None
+    for pid in range(1, 1000):
+        directory.forget_job("h", f"c:{pid}")
+    directory.forget_job("h", "k8s:ns/pod")  # not an ended one-process job: kept
+    assert len(directory) == 2
+    assert directory.job("h", 7, 10) is None and directory.latest_job("h", 7) is None
+    assert directory.job("h", 1000, 10) == "c:1000"
+    assert directory.job("h", 5000, 10) == "k8s:ns/pod"
+    # pid 1000 used again by the same command: its job lives again.
+    directory.add(record(1000, 99, "c:1000"))
+    assert directory.ended("h", "c:1000") is None
+    directory.forget_job("h", "c:1000")
+    assert directory.job("h", 1000, 99) == "c:1000"
+
+
+def test_a_job_that_was_one_process_is_forgotten_once_it_exited(
+        kafka_bootstrap: str, influx_url: str, names: str, worker: StreamWorker) -> None:
+    """Short-lived processes are as many COMM:PID jobs: once the agent says a process exited
+    (its record again, with exited_ns) and its host's time is settings.forget_ended_after_s
+    past that, its state is forgotten (a tombstone on the table's changelog) — after its
+    windows are written. Kept for forget_idle_s (an hour) before, the soak's worker grew 96 MiB
+    an hour with 3 processes a second. A process that lives on keeps its state."""
+    from streams.app import TABLE
+    from streams.windows import state_key
+
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-x"
+    t0 = past_window(300)
+    feed.process(host, 901, 1, "short:901")
+    feed.process(host, 902, 1, "long:902")
+    feed.events(host, 901, 1, launches([t0 + i for i in range(5)], 901, 8, 32))
+    feed.events(host, 902, 1, launches([t0 + i for i in range(3)], 902, 8, 32))
+    feed.exited(host, 901, 1, "short:901", t0 + W)
+    # The host's time goes on (the process that lives): past the exit by more than 60 s.
+    feed.events(host, 902, 1, launches([t0 + 62 * W], 902, 8, 32))
+    feed.flush()
+    worker.start()
+    changelog = f"{names}-app-{TABLE}-changelog"
+
+    def tombstones() -> set[bytes]:
+        return {msg.key() for msg in read_topic(kafka_bootstrap, changelog, timeout_s=2)
+                if msg.value() is None}
+
+    wait_for(lambda: state_key(host, "short:901") in tombstones(), 90,
+             "the ended job's state forgotten", worker)
+
+    def counts() -> dict[str, int]:
+        return {r["job"]: r["n"] for r in rows(
+            influx_url, f"SELECT sum(count) AS n FROM launches WHERE host = '{host}' GROUP BY job")}
+
+    wait_for(lambda: counts() == {"short:901": 5, "long:902": 4}, 90,
+             "every launch written", worker)
+    assert state_key(host, "long:902") not in tombstones()
+
+
+def test_a_forgotten_job_leaves_no_gpu_samples() -> None:
+    """NVML samples are kept per job for its verdicts and cost: a job the worker forgets
+    (an ended one-process job, or one idle an hour) takes its samples and GPU with it."""
+    from streams.app import GpuUtilization
+    from streams.identities import Directory
+
+    directory = Directory()
+    gpu = GpuUtilization()
+    for pid in range(1, 501):
+        directory.add(wire.ProcessRecord("h", pid, 1, None, "c", (), None, None, None, None,
+                                         None, None, f"c:{pid}"))
+        sample = wire.GpuSample(0, None, "NVIDIA H100", 50, None, None, None, None, None, None,
+                                None, None, (wire.GpuProcessSample(pid, 30, None, None),))
+        gpu.add(wire.NvmlRecord("h", 10 + pid, (sample,)), directory)
+    assert gpu.mean("h", "c:7", 0, 1000) == 30 and gpu.gpu_name("h", "c:7") == "NVIDIA H100"
+    for pid in range(1, 500):
+        gpu.forget("h", f"c:{pid}")
+    assert len(gpu._job) == len(gpu._job_gpu) == 1  # only c:500's
+    assert gpu.mean("h", "c:7", 0, 1000) == 50  # the host's mean, as for any unknown job

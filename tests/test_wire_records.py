@@ -281,3 +281,15 @@ def test_a_process_message_from_before_team_decodes_with_none() -> None:
     older = PROCESS_V1.replace(b',"team":"search"', b"")
     assert older != PROCESS_V1
     assert wire.decode_process(older) == dataclasses.replace(PROCESS, team=None)
+
+
+def test_an_exited_process_message_adds_only_its_exit() -> None:
+    """The agent publishes a process's record again, under the same key, once it is gone:
+    the v1 message plus "exited_ns" (an older reader ignores it; a live one's is unchanged)."""
+    exited = dataclasses.replace(PROCESS, exited_ns=1_796_000_000_000_000_000)
+    encoded = wire.encode_process(exited)
+    assert encoded == PROCESS_V1[:-1] + b',"exited_ns":1796000000000000000}'
+    assert wire.decode_process(encoded) == exited
+    assert wire.decode_process(PROCESS_V1).exited_ns is None
+    assert not PROCESS.own_job and wire.decode_process(encoded).job == PROCESS.job
+    assert dataclasses.replace(PROCESS, pod=None, job="python3 train:77").own_job

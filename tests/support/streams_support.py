@@ -87,6 +87,14 @@ class Feed:
         self._producer.produce(self.topics.processes, key=wire.process_key(host, pid, start_time),
                                value=wire.encode_process(record))
 
+    def exited(self, host: str, pid: int, start_time: int, job: str, exited_ns: int) -> None:
+        """The process's record again, with its exit (as the agent sends it once it is gone)."""
+        record = wire.ProcessRecord(host, pid, start_time, None, job.split(":", maxsplit=1)[0],
+                                    (), None, None, None, None, None, None, job,
+                                    exited_ns=exited_ns)
+        self._producer.produce(self.topics.processes, key=wire.process_key(host, pid, start_time),
+                               value=wire.encode_process(record))
+
     def events(self, host: str, pid: int, start_time: int, events: Events,
                kernels: dict[int, wire.KernelName] | None = None) -> None:
         batch = wire.EventBatch(host, pid, start_time, events, kernels or {})
