@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from producer import tally, wire
+from producer import heap, tally, wire
 from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import check_can_probe
@@ -133,6 +133,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     _status(status, capture, STATE_READY, force=True)
     interval = kafka.metrics_interval_s if kafka else LOG_INTERVAL_S
     next_report = time.monotonic() + interval
+    trimmer = heap.Trimmer()
     try:
         while not stopping:
             capture.step()
@@ -145,6 +146,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
                 if ledger is not None:
                     ledger.sweep(lambda pid: (settings.proc_root / str(pid)).exists())
                 next_report += interval
+                trimmer.maybe()
             _status(status, capture, STATE_READY)
     finally:
         if feed is not None and capture.utilization is None:

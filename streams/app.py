@@ -46,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from producer import wire
+from producer import heap, wire
 from producer.kafkaconf import ClientSecurity
 from producer.wire import ensure_topics, topic_configs
 from streams import measurements as m
@@ -720,9 +720,12 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
     async def tick() -> None:
         await worker.send_ticks(partitions)
 
+    trimmer = heap.Trimmer()
+
     @app.timer(settings.metrics_s)  # type: ignore[untyped-decorator]
     async def metrics() -> None:
         await worker.sink.put(Batch([worker.metrics_point()]))
+        trimmer.maybe()  # what a peak (an outage's backlog) freed goes back to the system
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def revoked(sender: Any, revoked: Any, **_: Any) -> None:
