@@ -157,9 +157,9 @@ static __always_inline void gf_fill(struct gf_event *ev, u64 id, u16 api, u8 typ
  *
  * Every family below is written once, with the layer (the probe table's third column) as
  * a parameter (a constant per row, or from the api id with attach cookies): GF_LAYER_RUNTIME
- * for libcudart, api ids below GF_DRIVER_API_BASE (200), and GF_LAYER_DRIVER for libcuda. The one difference between the layers'
- * records is the driver's check below; where the layers' signatures differ (launches), the
- * family decodes both.
+ * for libcudart, api ids below GF_DRIVER_API_BASE (200), and GF_LAYER_DRIVER for libcuda.
+ * The one difference between the layers' records is the driver's check below; where the
+ * layers' signatures differ (launches), the family decodes both.
  *
  * No double counting: the runtime implements its calls with the driver, by exported
  * symbol or through pointers from cuGetProcAddress. Either way the call instruction lies
@@ -910,7 +910,10 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 #define GF_PROBE_MEMSET_3D(name, layer, arg) \
 	GF_ENTRY(name) { return gf_memset_3d(ctx, GF_LAYER_OF(layer), GF_API_OF(name), 0, 0); }
 #define GF_PROBE_MEMSET_3D_ASYNC(name, layer, arg) \
-	GF_ENTRY(name) { return gf_memset_3d(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM2(ctx), 1); }
+	GF_ENTRY(name) {                                                               \
+		return gf_memset_3d(ctx, GF_LAYER_OF(layer), GF_API_OF(name),          \
+				    PT_REGS_PARM2(ctx), 1);                            \
+	}
 
 /* cudaMalloc(ptr, size), cuMemAlloc_v2(out, bytes) and kin: `kind` is enum gf_alloc_kind */
 #define GF_PROBE_ALLOC(name, layer, kind) \
@@ -933,11 +936,15 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 
 /* cudaFree(ptr), cudaFreeHost(ptr) / cudaFreeAsync(ptr, stream), and the driver's */
 #define GF_PROBE_FREE(name, layer, arg) \
-	GF_ENTRY(name) { return gf_free(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx), 0, 0); } \
+	GF_ENTRY(name) {                                                               \
+		return gf_free(ctx, GF_LAYER_OF(layer), GF_API_OF(name),               \
+			       PT_REGS_PARM1(ctx), 0, 0);                              \
+	}                                                                              \
 	GF_RETURN(name)
 #define GF_PROBE_FREE_ASYNC(name, layer, arg) \
 	GF_ENTRY(name) {                                                               \
-		return gf_free(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 1); \
+		return gf_free(ctx, GF_LAYER_OF(layer), GF_API_OF(name),               \
+			       PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 1);             \
 	}                                                                              \
 	GF_RETURN(name)
 
@@ -956,7 +963,10 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 /* cudaStreamBeginCapture(stream, mode), cudaStreamEndCapture(stream, cudaGraph_t *),
  * cudaGraphInstantiate*(cudaGraphExec_t *, graph, ...); the driver's have the same shapes. */
 #define GF_PROBE_CAPTURE_BEGIN(name, layer, arg) \
-	GF_ENTRY(name) { return gf_capture_begin(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx)); }
+	GF_ENTRY(name) {                                                               \
+		return gf_capture_begin(ctx, GF_LAYER_OF(layer), GF_API_OF(name),      \
+					PT_REGS_PARM1(ctx));                           \
+	}
 #define GF_PROBE_CAPTURE_END(name, layer, arg)                                         \
 	GF_ENTRY(name) {                                                               \
 		return gf_capture_end(ctx, GF_LAYER_OF(layer), GF_API_OF(name), PT_REGS_PARM1(ctx),   \
