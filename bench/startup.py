@@ -12,10 +12,11 @@ $GF_FRAMEWORKS_PYTHON) on the simulated GPU (gpuflight/simgpu), two programs:
            Inductor and Triton caches each run)
 
 run alone and under `gpuflight trace`, alternating (which goes first alternates too), R
-rounds; the table gives the median of each and their ratio. The traced runs use a verdict
-cache of their own (GPUFLIGHT_CACHE_DIR), filled by one untimed traced run first, as every
-run after a machine's first finds it (`--verdict-cache off`: classify every file each run;
-`both`: the two side by side).
+rounds; the table gives the median of each and their ratio. The traced runs use a cache
+folder of their own (GPUFLIGHT_CACHE_DIR: the library verdicts and the compiled BPF program),
+filled by one untimed traced run first, as every run after a machine's first finds it
+(`--verdict-cache off`: classify every file and compile the program each run; `both`: the
+two side by side).
 
 Per new library file: the CPU time (this thread's) that classifying a file the agent has not
 seen costs — what discovery reads (the runtime and driver functions it defines, and, for a
@@ -136,6 +137,9 @@ def wall_times(
 
     sim = build(tmp / "simgpu")
     env = {**os.environ, **sim.env(devices=1, counts=tmp / "counts.json")}
+    # Python's compiled modules as an installed gpuflight has them (a shell that says
+    # PYTHONDONTWRITEBYTECODE would make each traced run compile gpuflight's sources again).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     envs = {"alone": env}
     for cache in caches:
         folder = str(tmp / "verdicts") if cache == "warm" else "off"

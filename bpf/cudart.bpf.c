@@ -54,16 +54,20 @@
 #define GF_ATTACH_COOKIE 0
 #endif
 
+/* 16 MiB: PyTorch registers ~25,000 kernels at import, a 552-byte record each (13.6 MB),
+ * in ~25 ms where the function's first instruction is emulated (NVIDIA's `push %rbp`):
+ * faster than any reader, so the ring holds a whole burst (producer/probes.py moves the
+ * records out on a thread of their own meanwhile). */
 #ifndef GF_NAMES_PAGES
-#define GF_NAMES_PAGES 256
+#define GF_NAMES_PAGES 4096
 #endif
 
 #define GF_SIGSTOP 19
 
 BPF_RINGBUF_OUTPUT(events, GF_RINGBUF_PAGES);
 BPF_RINGBUF_OUTPUT(loader_events, 64);
-/* Kernel names and handle aliases (struct gf_name_event): rare, and read before
- * the events ring is decoded. */
+/* Kernel names and handle aliases (struct gf_name_event): in bursts (registration at
+ * load), and read before the events ring is decoded. */
 BPF_RINGBUF_OUTPUT(names, GF_NAMES_PAGES);
 
 /* Counters by enum gf_drop_slot (events.h): what was lost, and driver calls left out. */

@@ -1,10 +1,11 @@
 """Load the BPF program, attach it to library files, and read what it reports.
 
-The only module that imports bcc. bcc compiles and loads the program and reads its maps; the
-uprobes are attached here, a BPF uprobe_multi link each (UprobeLinks: why not bcc's
-attach_uprobe, and why not the uprobe PMU where the kernel has those links, is told there).
-Attachment is once per library file (inode): a uprobe on a file covers every process that
-maps it, now or later.
+The only module that imports bcc, and only to compile: bcc turns bpf/cudart.bpf.c into an
+image (producer/bpfimage.py), kept in the cache folder so that the next start skips the ~1 s
+compile; producer/bpfload.py loads the image and reads its maps. The uprobes are attached
+here, a BPF uprobe_multi link each (UprobeLinks: why not bcc's attach_uprobe, and why not the
+uprobe PMU where the kernel has those links, is told there). Attachment is once per library
+file (inode): a uprobe on a file covers every process that maps it, now or later.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import fcntl
 import logging
 import os
 import resource
+import select
+import struct
+import sysconfig
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -26,7 +30,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from producer import elfsyms
+from producer import bpfimage, bpfload, elfsyms
+from producer.bpfsource import bundle
 from producer.discover import DRIVER_SYMBOLS, RUNTIME_SYMBOLS, LibraryFile
 from producer.errors import AttachError, SetupError
 from producer.records import (
@@ -108,37 +113,60 @@ class SkippedFile:
     errno: int | None = None
 
 
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+#: struct gf_http_conn_key (bpf/http.h): pid, fd.
+_CONN_KEY = struct.Struct("<Ii")
+_ONE_BYTE = b"\x01"
+#: The tally's maps (bpf/cudart.bpf.c: BPF_TABLE_PINNED), pinned in settings.tally_dir.
+TALLY_PINNED = ("committed", "settled")
+
+
 class Probes:
     """One compiled BPF program and the library files it is attached to."""
 
     def __init__(self, settings: CaptureSettings) -> None:
-        try:
-            from bcc import BPF  # the one bcc import
-        except ImportError as exc:
-            raise SetupError(
-                f"bcc cannot be imported ({exc}): apt-get install python3-bpfcc"
-            ) from exc
         self._settings = settings
         source = settings.bpf_dir / "cudart.bpf.c"
         if not source.is_file():
             raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
         self._uprobes: Uprobes = UprobeLinks()
-        try:
-            self._bpf: Any = BPF(src_file=str(source).encode(), cflags=settings.cflags())
-        except Exception as exc:
-            raise SetupError(f"the BPF program did not compile or load: {exc}") from exc
-        self._program_type: int = BPF.KPROBE
+        image, self.compiled = program_image(source, settings.cflags(), settings.verdict_cache_dir)
+        pinned = ({name: settings.tally_dir / name for name in TALLY_PINNED}
+                  if settings.tally_dir is not None else {})
+        self._bpf = bpfload.LoadedObject(image, pinned)
+        self._program_type: int = bpfload.BPF_PROG_TYPE_KPROBE
         self.attached: dict[tuple[int, int], AttachedFile] = {}
         self.failed: dict[tuple[int, int], SkippedFile] = {}
         #: The fds that hold each attached file's probes (closing them detaches).
         self._links: dict[tuple[int, int], list[int]] = {}
-        self._loader_events: list[LoaderEvent] = []
-        self._names: list[bytes] = []
-        self._bpf[b"loader_events"].open_ring_buffer(self._on_loader_event)
-        self._bpf[b"names"].open_ring_buffer(self._on_name)
-        self._runtime_text = self._bpf[b"runtime_text"]
-        self.ring = RingBufferReader(self._bpf[b"events"].map_fd, settings.ringbuf_bytes)
-        self._scope = self._bpf[b"scope_pids"]
+        maps = self._bpf.maps
+        self._loader_ring = RingBufferReader(maps["loader_events"].fd,
+                                             maps["loader_events"].spec.max_entries,
+                                             LOADER_EVENT_DTYPE)
+        self._names_ring = RingBufferReader(maps["names"].fd, maps["names"].spec.max_entries,
+                                            NAME_EVENT_DTYPE)
+        # Loader notifications wake the capture loop at once (a process is held).
+        self._wake = select.epoll()
+        self._wake.register(self._loader_ring.fileno(), select.EPOLLIN)
+        # Name records come in bursts: PyTorch registers ~25,000 kernels in ~25 ms at import,
+        # 13.6 MB of records (the ring holds 16 MiB: GF_NAMES_PAGES), faster than the capture
+        # loop turns them into names. A thread of their own moves them out of the ring as
+        # they come (numpy copies; the GIL lets it in every 5 ms at worst), so that the ring
+        # is empty again for the next burst; drain_names takes what it moved.
+        self._names_lock = threading.Lock()
+        self._names_moved: list[npt.NDArray[np.void]] = []
+        self._names_stop = threading.Event()
+        self._names_wake = select.epoll()
+        self._names_wake.register(self._names_ring.fileno(), select.EPOLLIN)
+        self._names_kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # close() wakes it
+        self._names_wake.register(self._names_kick, select.EPOLLIN)
+        self._names_thread: threading.Thread | None = threading.Thread(
+            target=self._move_names, name="gf-names", daemon=True)
+        self._names_thread.start()
+        self._runtime_text = maps["runtime_text"]
+        self.ring = RingBufferReader(maps["events"].fd, settings.ringbuf_bytes)
+        self._scope = maps["scope_pids"]
         self._load_programs()
 
     def _load_programs(self) -> None:
@@ -152,8 +180,7 @@ class Probes:
             if row.returns:
                 programs.add(row.program("return", cookies))
         try:
-            for program in sorted(programs):
-                self._program(program)
+            self._bpf.preload(sorted(programs), self._program_type, self._uprobes.attach_type)
             self._program("on_loader_change")
         except Exception as exc:
             raise SetupError(f"the BPF program did not load: {exc}") from exc
@@ -227,10 +254,9 @@ class Probes:
         log.warning("skipping %s: %s", library.path, skipped.reason)
 
     def _program(self, name: str) -> int:
-        """The fd of the loaded BPF program `name` (bcc loads each once), loaded for the
+        """The fd of the loaded BPF program `name` (each is loaded once), loaded for the
         way UprobeLinks attaches it."""
-        return int(self._bpf.load_func(name.encode(), self._program_type,
-                                       attach_type=self._uprobes.attach_type).fd)
+        return self._bpf.program(name, self._program_type, self._uprobes.attach_type)
 
     def _attach_function(
         self, library: LibraryFile, name: str, offset: int, fds: list[int]
@@ -365,61 +391,76 @@ class Probes:
         for i, (start, end) in enumerate(spans):
             value["start"][0][i] = start
             value["end"][0][i] = end
-        leaf = self._runtime_text.Leaf.from_buffer_copy(value.tobytes())
-        self._runtime_text[self._runtime_text.Key(pid)] = leaf
+        self._runtime_text.update(_U32.pack(pid), value.tobytes())
 
     def forget_pid(self, pid: int) -> None:
-        with contextlib.suppress(KeyError):
-            del self._runtime_text[self._runtime_text.Key(pid)]
+        self._runtime_text.delete(_U32.pack(pid))
 
     # -- scope ------------------------------------------------------------
 
     def add_to_scope(self, pids: Iterable[int]) -> None:
-        one = self._scope.Leaf(1)
         for pid in pids:
-            self._scope[self._scope.Key(pid)] = one
+            self._scope.update(_U32.pack(pid), _ONE_BYTE)
 
     def scope(self) -> set[int]:
-        return {int(k.value) for k in self._scope}
+        return {_U32.unpack(k)[0] for k in self._scope}
 
     def clear_scope(self) -> None:
-        """No process is in scope any more: the probes record nothing and hold no one."""
-        self._scope.clear()
+        """No process is in scope any more: the probes record nothing and hold no one.
+        Cleared until a pass finds nothing: a fork in flight as its parent left the scope
+        may add its child meanwhile."""
+        for _ in range(8):
+            if not self._scope.keys():
+                return
+            self._scope.clear()
 
     # -- reading ----------------------------------------------------------
 
     def poll_loader(self, timeout_s: float) -> list[LoaderEvent]:
         """Wait up to timeout_s for loader notifications (they wake us at once)."""
-        self._bpf.ring_buffer_poll(max(0, int(timeout_s * 1000)))
-        events, self._loader_events = self._loader_events, []
-        return events
-
-    def _on_loader_event(self, _ctx: Any, data: Any, size: int) -> None:
-        raw = np.frombuffer(ctypes.string_at(data, size), dtype=LOADER_EVENT_DTYPE)[0]
-        self._loader_events.append(LoaderEvent(
-            int(raw["pid"]), bool(raw["held"]), int(raw["ts_ns"]),
-            int(raw["reason"]) == LOADER_LISTEN))
-
-    def _on_name(self, _ctx: Any, data: Any, size: int) -> None:
-        self._names.append(ctypes.string_at(data, size))
+        if timeout_s > 0 and not self._loader_ring.pending_bytes():
+            with contextlib.suppress(InterruptedError):
+                self._wake.poll(timeout_s)
+        raw = self._loader_ring.drain()
+        return [LoaderEvent(int(r["pid"]), bool(r["held"]), int(r["ts_ns"]),
+                            int(r["reason"]) == LOADER_LISTEN) for r in raw]
 
     def drain_names(self) -> npt.NDArray[np.void]:
         """Every name record committed so far (NAME_EVENT_DTYPE), oldest first.
 
         Drain the events ring first, then this: a launch is committed after the name
         record of its handle, so every launch drained has its name here."""
-        self._bpf.ring_buffer_consume()
-        raw, self._names = self._names, []
-        size = NAME_EVENT_DTYPE.itemsize
-        good = [r[:size] for r in raw if len(r) >= size]
-        if not good:
+        self._take_names()
+        with self._names_lock:
+            moved, self._names_moved = self._names_moved, []
+        if not moved:
             return np.empty(0, dtype=NAME_EVENT_DTYPE)
-        return np.frombuffer(b"".join(good), dtype=NAME_EVENT_DTYPE).copy()
+        return moved[0] if len(moved) == 1 else np.concatenate(moved)
+
+    def _take_names(self) -> None:
+        """Move what the name ring holds out of it (either thread)."""
+        with self._names_lock:
+            if self._names_stop.is_set():
+                return
+            batch = self._names_ring.drain()
+            if len(batch):
+                self._names_moved.append(batch)
+
+    def _move_names(self) -> None:
+        """The name records' thread: waits for records, moves them out, until close."""
+        while not self._names_stop.is_set():
+            try:
+                self._names_wake.poll(1.0)
+                self._take_names()
+            except (OSError, ValueError):  # closed under us: close() is under way
+                return
 
     def drops(self) -> DropCounts:
-        table = self._bpf[b"drops"]
-        totals = [sum(int(v) for v in table[table.Key(slot)]) for slot in range(DROP_SLOTS)]
-        by_pid = {int(k.value): int(v.value) for k, v in self._bpf[b"drops_by_pid"].items()}
+        table = self._bpf.map("drops")
+        totals = [sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(slot)))
+                  for slot in range(DROP_SLOTS)]
+        by_pid = {_U32.unpack(k)[0]: _U64.unpack(v)[0]
+                  for k, v in self._bpf.map("drops_by_pid").items()}
         return DropCounts(
             events=totals[DROP_EVENTS],
             loader=totals[DROP_LOADER],
@@ -434,34 +475,34 @@ class Probes:
         """Events committed per pid so far (empty without a tally)."""
         if self._settings.tally_dir is None:
             return {}
-        return {int(k.value): int(v.value) for k, v in self._bpf[b"committed"].items()}
+        return {_U32.unpack(k)[0]: _U64.unpack(v)[0]
+                for k, v in self._bpf.map("committed").items()}
 
     def settle(self, pid: int, delivered: int, dropped: int) -> None:
         """Say what became of a pid's events: `delivered` acknowledged by Kafka, `dropped`
         counted lost in an acknowledged metrics record (totals). Never raises (logged)."""
         if self._settings.tally_dir is None:
             return
-        table = self._bpf[b"settled"]
         try:
-            table[table.Key(pid)] = table.Leaf(delivered, dropped)
-        except Exception as exc:  # the map full: the pid's events would count lost if killed
+            self._bpf.map("settled").update(_U32.pack(pid), _U64.pack(delivered)
+                                            + _U64.pack(dropped))
+        except OSError as exc:  # the map full: the pid's events would count lost if killed
             log.debug("tally: cannot settle pid %d: %s", pid, exc)
 
     def freeze_tally(self) -> None:
         """Stop counting: the agent is stopping, and reads nothing committed after this."""
         if self._settings.tally_dir is not None:
-            table = self._bpf[b"tally_frozen"]
-            table[table.Key(0)] = table.Leaf(1)
+            self._bpf.map("tally_frozen").update(_U32.pack(0), _U32.pack(1))
 
     def forget_tally(self, pids: Iterable[int]) -> None:
         """Drop finished pids (every event settled) from the tally, making room."""
         if self._settings.tally_dir is None:
             return
-        for name in (b"committed", b"settled"):
-            table = self._bpf[name]
+        pids = list(pids)
+        for name in TALLY_PINNED:
+            table = self._bpf.map(name)
             for pid in pids:
-                with contextlib.suppress(KeyError):
-                    del table[table.Key(pid)]
+                table.delete(_U32.pack(pid))
 
     def close(self, background: bool = True) -> None:
         """Detach everything; never raises (a failure to detach is logged: the kernel
@@ -469,22 +510,33 @@ class Probes:
         costs the kernel ~0.1 s (it waits for a grace period), one probe after another:
         with `background`, a detached grandchild that inherited the probes releases them,
         and we return at once."""
-        try:
-            self.ring.close()
-        except Exception as exc:
-            log.warning("closing the event ring failed: %s", exc)
+        with self._names_lock:
+            self._names_stop.set()
+        if self._names_thread is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._names_kick, 1)
+            self._names_thread.join(timeout=5)
+            with contextlib.suppress(OSError):
+                os.close(self._names_kick)
+        for ring in (self.ring, self._loader_ring, self._names_ring):
+            try:
+                ring.close()
+            except Exception as exc:
+                log.warning("closing a ring buffer failed: %s", exc)
+        for wake in (self._wake, self._names_wake):
+            with contextlib.suppress(OSError):
+                wake.close()
         fds = [fd for group in self._links.values() for fd in group]
         self._links.clear()
-        atexit.unregister(self._bpf.cleanup)
 
         def release() -> None:
             self._detach(fds)
             try:
-                self._cleanup_bcc()
-            except Exception as exc:  # bcc's own tracepoints, maps and programs
-                log.warning("bcc failed to clean up (%s): the kernel releases what is left "
-                            "when gpuflight exits", exc)
-                log.debug("the cleanup failure", exc_info=exc)
+                self._close_program()
+            except Exception as exc:  # its tracepoints, maps and programs
+                log.warning("the BPF program failed to close (%s): the kernel releases what "
+                            "is left when gpuflight exits", exc)
+                log.debug("the close failure", exc_info=exc)
 
         if background:
             _release_in_background(release)
@@ -492,9 +544,106 @@ class Probes:
             release()
 
 
-    def _cleanup_bcc(self) -> None:
-        """bcc's own: its tracepoints, maps and programs."""
-        self._bpf.cleanup()
+    def _close_program(self) -> None:
+        """The program's own: its tracepoints, maps and programs."""
+        failed = self._bpf.close()
+        if failed:
+            log.warning("%d of the BPF program's fds could not be closed: the kernel releases "
+                        "them when gpuflight exits", failed)
+
+
+# ---- the program: compiled by bcc, or read from the cache ------------------------------------
+
+
+def program_image(source: Path, cflags: list[str], cache_dir: Path | None,
+                  ) -> tuple[bpfimage.Image, bool]:
+    """The compiled `source` (with `cflags`): from the image cache in `cache_dir` where one
+    was kept for exactly this source, these cflags, this bcc and this kernel, else compiled
+    by bcc (~1 s) and kept there. Returns it and whether it was compiled now.
+
+    The tally's bpffs folder (GF_TALLY_DIR) names only where two maps are pinned, which the
+    loader is told apart (Probes): it is no part of the key, so that each agent (a folder of
+    its own) finds the image of the one before."""
+    text = bundle(source)
+    key = bpfimage.image_key(
+        text, [flag for flag in cflags if not flag.startswith("-DGF_TALLY_DIR=")],
+        bpfimage.environment_parts(_bcc_library(), _kernel_headers()))
+    cache = bpfimage.ImageCache(cache_dir)
+    image = cache.load(key)
+    if image is not None:
+        log.debug("compiled BPF program read from %s", cache.path(key))
+        return image, False
+    image = compile_image(text, cflags)
+    if cache.save(key, image):
+        log.debug("compiled BPF program kept in %s", cache.path(key))
+    return image, True
+
+
+def compile_image(text: str, cflags: list[str]) -> bpfimage.Image:
+    """bcc compiles `text`; the image of what it would load. The maps bcc creates meanwhile
+    are freed (those it pins stay pinned), and nothing is attached."""
+    try:
+        from bcc import BPF, libbcc  # the one bcc import
+    except ImportError as exc:
+        raise SetupError(
+            f"bcc cannot be imported ({exc}): apt-get install python3-bpfcc"
+        ) from exc
+
+    class CompileOnly(BPF):  # type: ignore[misc]
+        def _trace_autoload(self) -> None:
+            """bcc attaches tracepoint__ functions as it loads: the loader does (bpfload)."""
+
+    try:
+        compiled = CompileOnly(text=text.encode(), cflags=cflags)
+    except Exception as exc:
+        raise SetupError(f"the BPF program did not compile: {exc}") from exc
+    atexit.unregister(compiled.cleanup)
+    lib = libbcc.lib
+    lib.bpf_num_tables.restype = ctypes.c_size_t
+    lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
+    lib.bpf_table_name.restype = ctypes.c_char_p
+    lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.bpf_table_fd_id.restype = ctypes.c_int
+    lib.bpf_table_fd_id.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    module = compiled.module
+    try:
+        maps: list[bpfimage.MapSpec] = []
+        map_of_fd: dict[int, int] = {}
+        for i in range(lib.bpf_num_tables(module)):
+            fd = int(lib.bpf_table_fd_id(module, i))
+            map_of_fd[fd] = len(maps)
+            maps.append(bpfload.map_spec(fd, lib.bpf_table_name(module, i).decode()))
+        programs = []
+        for i in range(lib.bpf_num_functions(module)):
+            name = lib.bpf_function_name(module, i)
+            insns = ctypes.string_at(lib.bpf_function_start(module, name),
+                                     lib.bpf_function_size(module, name))
+            programs.append(bpfimage.ProgramSpec(name.decode(), insns,
+                                                 bpfimage.relocations(insns, map_of_fd)))
+        return bpfimage.Image(lib.bpf_module_license(module).decode(),
+                              int(lib.bpf_module_kern_version(module)),
+                              tuple(maps), tuple(programs))
+    except (OSError, ValueError) as exc:
+        raise SetupError(f"the compiled BPF program cannot be read back: {exc}") from exc
+    finally:
+        compiled.cleanup()
+
+
+def _bcc_library() -> Path | None:
+    """libbcc.so.0, the library that compiles (its Python side is upgraded with it)."""
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    for folder in (f"/usr/lib/{multiarch}", f"/lib/{multiarch}", "/usr/lib64", "/usr/lib",
+                   "/usr/local/lib"):
+        path = Path(folder) / "libbcc.so.0"
+        if path.exists():
+            return path
+    return None
+
+
+def _kernel_headers() -> Path | None:
+    """What bcc compiles against: the running kernel's build tree (its Makefile)."""
+    build = Path("/lib/modules") / os.uname().release / "build"
+    return build / "Makefile" if (build / "Makefile").exists() else None
 
 
 # ---- uprobes: one BPF link each --------------------------------------------------------------
@@ -516,15 +665,15 @@ class Probes:
 # the uprobe PMU, then a BPF link (5.15+) or PERF_EVENT_IOC_SET_BPF. One fd per probe; closing
 # it detaches.
 
-_NR_PERF_EVENT_OPEN = 298  # x86-64, the one machine the probes support (environment.py)
-_NR_BPF = 321
-_BPF_PROG_LOAD = 5
+_NR_PERF_EVENT_OPEN = bpfload.NR_PERF_EVENT_OPEN
+_NR_BPF = bpfload.NR_BPF
+_BPF_PROG_LOAD = bpfload.BPF_PROG_LOAD
 _BPF_LINK_CREATE = 28
 _BPF_PERF_EVENT = 41
 #: enum bpf_attach_type: a program loaded for it attaches only through uprobe_multi links.
 BPF_TRACE_UPROBE_MULTI = 48
 _BPF_F_UPROBE_MULTI_RETURN = 1
-_BPF_PROG_TYPE_KPROBE = 2
+_BPF_PROG_TYPE_KPROBE = bpfload.BPF_PROG_TYPE_KPROBE
 _PERF_FLAG_FD_CLOEXEC = 1 << 3
 _PERF_EVENT_IOC_ENABLE = 0x2400
 _PERF_EVENT_IOC_SET_BPF = 0x40042408
@@ -549,24 +698,6 @@ class Uprobes(Protocol):
     def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool,
                cookie: int = 0) -> int: ...
     def detach(self, fd: int) -> None: ...
-
-
-class _PerfEventAttr(ctypes.Structure):
-    """struct perf_event_attr as far as config2 (PERF_ATTR_SIZE_VER1)."""
-
-    _fields_ = [
-        ("type", ctypes.c_uint32),
-        ("size", ctypes.c_uint32),
-        ("config", ctypes.c_uint64),  # bit `retprobe`; ref_ctr_offset in bits 32-63
-        ("sample_period", ctypes.c_uint64),
-        ("sample_type", ctypes.c_uint64),
-        ("read_format", ctypes.c_uint64),
-        ("flags", ctypes.c_uint64),
-        ("wakeup_events", ctypes.c_uint32),
-        ("bp_type", ctypes.c_uint32),
-        ("config1", ctypes.c_uint64),  # uprobe_path
-        ("config2", ctypes.c_uint64),  # probe_offset
-    ]
 
 
 class _LinkCreate(ctypes.Structure):
@@ -600,32 +731,11 @@ class _UprobeMultiLink(ctypes.Structure):
     ]
 
 
-class _ProgLoad(ctypes.Structure):
-    """union bpf_attr as BPF_PROG_LOAD reads it, as far as expected_attach_type."""
-
-    _fields_ = [
-        ("prog_type", ctypes.c_uint32),
-        ("insn_cnt", ctypes.c_uint32),
-        ("insns", ctypes.c_uint64),
-        ("license", ctypes.c_uint64),
-        ("log_level", ctypes.c_uint32),
-        ("log_size", ctypes.c_uint32),
-        ("log_buf", ctypes.c_uint64),
-        ("kern_version", ctypes.c_uint32),
-        ("prog_flags", ctypes.c_uint32),
-        ("prog_name", ctypes.c_char * 16),
-        ("prog_ifindex", ctypes.c_uint32),
-        ("expected_attach_type", ctypes.c_uint32),
-    ]
-
-
 class UprobeLinks:
     """Attaches BPF programs to uprobes; the seam tests replace to make one fail."""
 
     def __init__(self, pmu: Path = UPROBE_PMU, multi: bool | None = None) -> None:
         """`multi`: whether to use uprobe_multi links (None: where the kernel has them)."""
-        self._syscall = ctypes.CDLL(None, use_errno=True).syscall
-        self._syscall.restype = ctypes.c_long
         self._links = True  # BPF links for perf events, until the kernel says it has none
         self.multi = self._has_uprobe_multi() if multi is None else multi
         self.attach_type = BPF_TRACE_UPROBE_MULTI if self.multi else -1
@@ -647,7 +757,7 @@ class UprobeLinks:
         regular file) where they exist, with EINVAL before."""
         insns = (ctypes.c_uint64 * 2)(0xB7, 0x95)  # r0 = 0; exit
         license = ctypes.create_string_buffer(b"GPL")
-        load = _ProgLoad(prog_type=_BPF_PROG_TYPE_KPROBE, insn_cnt=2,
+        load = bpfload.ProgLoad(prog_type=_BPF_PROG_TYPE_KPROBE, insn_cnt=2,
                          insns=ctypes.addressof(insns), license=ctypes.addressof(license),
                          expected_attach_type=BPF_TRACE_UPROBE_MULTI)
         try:
@@ -699,9 +809,9 @@ class UprobeLinks:
             )
             return self._call(_NR_BPF, _BPF_LINK_CREATE, ctypes.byref(multi),
                               ctypes.sizeof(multi))
-        attr = _PerfEventAttr(
+        attr = bpfload.PerfEventAttr(
             type=self._type,
-            size=ctypes.sizeof(_PerfEventAttr),
+            size=ctypes.sizeof(bpfload.PerfEventAttr),
             config=self._retprobe if retprobe else 0,  # ref_ctr_offset 0: not a USDT semaphore
             flags=_PERF_ATTR_DISABLED,
             config1=ctypes.addressof(name),
@@ -739,52 +849,42 @@ class UprobeLinks:
         os.close(fd)
 
     def _call(self, number: int, *args: Any) -> int:
-        result = int(self._syscall(ctypes.c_long(number), *(
-            ctypes.c_long(a) if isinstance(a, int) else a for a in args)))
-        if result < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        return result
+        return bpfload.syscall(number, *args)
 
 
 def read_pinned_tally(directory: Path) -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
     """A dead agent's pinned tally (producer/tally.py): events committed per pid, and per pid
     (delivered, dropped) as it settled them. OSError when the maps cannot be opened."""
-    from bcc import libbcc  # the one bcc import (this module)
 
-    lib = libbcc.lib
+    def open_map(name: str) -> bpfload.BpfMap:
+        try:
+            fd = bpfload.obj_get(directory / name)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{directory / name}: {exc.strerror}") from None
+        try:
+            return bpfload.BpfMap(fd, bpfload.map_spec(fd, name))
+        except BaseException:
+            os.close(fd)
+            raise
 
-    def open_map(name: str) -> int:
-        fd = int(lib.bpf_obj_get(str(directory / name).encode()))
-        if fd < 0:
-            err = ctypes.get_errno() or errno.ENOENT
-            raise OSError(err, f"{directory / name}: {os.strerror(err)}")
-        return fd
+    def entries(table: bpfload.BpfMap, dtype: np.dtype[Any]) -> dict[int, np.void]:
+        if table.spec.key_size != 4 or table.spec.value_size != dtype.itemsize:
+            raise OSError(errno.EINVAL, f"{directory / table.spec.name}: not a tally map "
+                          f"({table.spec.key_size}-byte keys, {table.spec.value_size}-byte values)")
+        return {_U32.unpack(k)[0]: np.frombuffer(v, dtype=dtype)[0] for k, v in table.items()}
 
-    def entries(fd: int, dtype: np.dtype[Any]) -> dict[int, np.void]:
-        out = {}
-        key, next_key = ctypes.c_uint32(), ctypes.c_uint32()
-        value = ctypes.create_string_buffer(dtype.itemsize)
-        start = None  # NULL: the first key
-        while lib.bpf_get_next_key(fd, start, ctypes.byref(next_key)) == 0:
-            key.value = next_key.value
-            start = ctypes.byref(key)
-            if lib.bpf_lookup_elem(fd, ctypes.byref(key), value) == 0:
-                out[key.value] = np.frombuffer(value.raw, dtype=dtype)[0]
-        return out
-
-    committed_fd = open_map("committed")
+    committed_map = open_map("committed")
     try:
-        settled_fd = open_map("settled")
+        settled_map = open_map("settled")
         try:
             committed = {pid: int(v) for pid, v in
-                         entries(committed_fd, np.dtype("<u8")).items()}
+                         entries(committed_map, np.dtype("<u8")).items()}
             settled = {pid: (int(v["delivered"]), int(v["dropped"]))
-                       for pid, v in entries(settled_fd, SETTLED_DTYPE).items()}
+                       for pid, v in entries(settled_map, SETTLED_DTYPE).items()}
         finally:
-            os.close(settled_fd)
+            os.close(settled_map.fd)
     finally:
-        os.close(committed_fd)
+        os.close(committed_map.fd)
     return committed, settled
 
 
@@ -819,7 +919,7 @@ def _raise_open_files_limit() -> bool:
     return True
 
 
-def _release_in_background(cleanup: Callable[[], None]) -> None:
+def _release_in_background(cleanup: Callable[[], object]) -> None:
     """Run `cleanup` (which closes this process's probes, tracepoints and programs) cheaply:
     a detached grandchild holds a copy of every fd meanwhile, so that what the kernel does to
     release each one (a grace period per probe, ~50-100 ms) happens there, after we go on."""
@@ -832,6 +932,7 @@ def _release_in_background(cleanup: Callable[[], None]) -> None:
                 # that the last (costly) release happens here, then exits.
                 with open("/proc/self/comm", "w") as comm:
                     comm.write(RELEASER_NAME)
+                _let_go_of_stdio()  # a pipe reading our output is not kept open meanwhile
                 os.close(write_end)
                 os.read(read_end, 1)
                 _close_all_at_once(keep=read_end)
@@ -843,6 +944,18 @@ def _release_in_background(cleanup: Callable[[], None]) -> None:
         cleanup()  # cheap now: the grandchild still holds each probe
     finally:
         os.close(write_end)
+
+
+def _let_go_of_stdio() -> None:
+    """Point stdin, stdout and stderr at /dev/null: whoever reads gpuflight's output through
+    a pipe (`gpuflight trace ... | tee`, a test's subprocess) would otherwise wait for the
+    releaser too (~0.6 s after a PyTorch start-up)."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        if null > 2:
+            os.close(null)
 
 
 def _close_all_at_once(keep: int) -> None:
@@ -876,15 +989,14 @@ def _together(fds: list[int], release: Callable[[int], bool]) -> int:
 
 class HttpProbes:
     """The HTTP capture (bpf/http_proto.bpf.c: syscall tracepoints on accepted TCP sockets),
-    a program of its own beside the CUDA probes. Its scope is the `http_pids` map, which the
-    capture fills with the processes it captures (`watch`); connections a process accepted
-    before it was watched are added from /proc, mid-stream (producer/httpconns.py)."""
+    a program of its own beside the CUDA probes, compiled and kept as theirs is (an image in
+    the cache folder: a server held at its first listen(2) waits ~0.1 s for it, not ~1.8 s).
+    Its scope is the `http_pids` map, which the capture fills with the processes it captures
+    (`watch`); connections a process accepted before it was watched are added from /proc,
+    mid-stream (producer/httpconns.py)."""
 
     def __init__(self, settings: CaptureSettings) -> None:
-        from bcc import BPF
-
         from producer import httpconns, httprecords
-        from producer.bpfsource import bundle
         from producer.btf import Btf, BtfError, socket_offsets
 
         self._settings = settings
@@ -897,37 +1009,32 @@ class HttpProbes:
                      exc)
             walk = []
         source = settings.bpf_dir / "http_proto.bpf.c"
+        if not source.is_file():
+            raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
         cflags = [f"-I{settings.bpf_dir}", "-DGF_FILTER_PIDS=0",
                   *httprecords.head_cflags(httprecords.DEFAULT_HEAD), *walk]
+        image, self.compiled = program_image(source, cflags, settings.verdict_cache_dir)
+        self._bpf = bpfload.LoadedObject(image)  # attaches its tracepoints
+        events = self._bpf.map("http_events")
         try:
-            self._bpf: Any = BPF(text=bundle(source).encode(), cflags=cflags)
-        except SetupError:
+            self._ring = RingBufferReader(events.fd, events.spec.max_entries)
+        except BaseException:
+            self._bpf.close()
             raise
-        except Exception as exc:
-            raise SetupError(f"the HTTP capture did not compile or load: {exc}") from exc
-        self._pending: list[Any] = []
         #: Records too short for their own header (never expected; counted).
         self.malformed = 0
-        self._bpf[b"http_events"].open_ring_buffer(self._on_record)
-        self._pids = self._bpf[b"http_pids"]
-        self._conns = self._bpf[b"http_conns"]
+        self._pids = self._bpf.map("http_pids")
+        self._conns = self._bpf.map("http_conns")
         self._watched: set[int] = set()
         self._seed_ids = 0
 
-    def _on_record(self, _ctx: Any, data: Any, size: int) -> None:
-        try:
-            self._pending.append(self._records.decode(ctypes.string_at(data, size)))
-        except self._records.RecordError:
-            self.malformed += 1
-
     def watch(self, pids: Iterable[int]) -> None:
         """Capture the HTTP requests these processes serve, from now on."""
-        one = self._pids.Leaf(1)
         for pid in pids:
             if pid in self._watched:
                 continue
             self._watched.add(pid)
-            self._pids[self._pids.Key(pid)] = one
+            self._pids.update(_U32.pack(pid), _ONE_BYTE)
             self._seed(pid)
 
     def _seed(self, pid: int) -> None:
@@ -935,20 +1042,18 @@ class HttpProbes:
             self._seed_ids += 1
             # Unique per host, never an accept's (those are monotonic ns since boot).
             conn_id = (1 << 63) | (pid << 24) | (self._seed_ids & 0xFFFFFF)
-            key = self._conns.Key(pid, conn.fd)
-            with contextlib.suppress(Exception):  # a full table: that connection goes unseen
-                if key not in self._conns:
-                    value = self._conns_mod.seed_value(conn, conn_id)
-                    self._conns[key] = self._conns.Leaf.from_buffer_copy(value)
+            key = _CONN_KEY.pack(pid, conn.fd)
+            with contextlib.suppress(OSError):  # a full table: that connection goes unseen
+                if self._conns.lookup(key) is None:
+                    self._conns.update(key, self._conns_mod.seed_value(conn, conn_id))
 
     def unwatch(self, pid: int) -> None:
         """A process gone (or out of scope): its connections go with it."""
         self._watched.discard(pid)
-        with contextlib.suppress(KeyError):
-            del self._pids[self._pids.Key(pid)]
-        for key in [k for k in self._conns if int(k.pid) == pid]:
-            with contextlib.suppress(KeyError):
-                del self._conns[key]
+        self._pids.delete(_U32.pack(pid))
+        for key in self._conns:
+            if _CONN_KEY.unpack(key)[0] == pid:
+                self._conns.delete(key)
 
     @property
     def watched(self) -> frozenset[int]:
@@ -956,22 +1061,27 @@ class HttpProbes:
 
     def drain(self) -> list[Any]:
         """Every HTTP record committed so far (httprecords.HttpRecord), oldest first."""
-        self._bpf.ring_buffer_consume()
-        records, self._pending = self._pending, []
+        records = []
+        for raw in self._ring.drain_bytes():
+            try:
+                records.append(self._records.decode(raw))
+            except self._records.RecordError:
+                self.malformed += 1
         return records
 
     def drops(self) -> list[int]:
         """The `http_drops` slots (httprecords.DROP_*), summed over CPUs."""
-        table = self._bpf[b"http_drops"]
-        return [sum(int(v) for v in table[table.Key(slot)])
+        table = self._bpf.map("http_drops")
+        return [sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(slot)))
                 for slot in range(self._records.SLOTS)]
 
     def close(self, background: bool = True) -> None:
         """Detach the tracepoints and free the program. Each tracepoint costs the kernel
         ~0.1 s to release (25 of them: 2.5 s): with `background`, a detached grandchild
         releases them (as for the probes) and we return at once."""
-        atexit.unregister(self._bpf.cleanup)
+        with contextlib.suppress(Exception):
+            self._ring.close()
         if background:
-            _release_in_background(self._bpf.cleanup)
+            _release_in_background(self._bpf.close)
         else:
-            self._bpf.cleanup()
+            self._bpf.close()

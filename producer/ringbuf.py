@@ -16,17 +16,30 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from producer.records import EVENT_DTYPE, RECORD_DTYPE
+from producer.records import EVENT_DTYPE, RINGBUF_HEADER_BYTES
 
 _BUSY_BIT: Final = 1 << 31
 _DISCARD_BIT: Final = 1 << 30
 _LEN_MASK: Final = ~(_BUSY_BIT | _DISCARD_BIT) & 0xFFFFFFFF
 
 
-class RingBufferReader:
-    """Drains a BPF_MAP_TYPE_RINGBUF holding only `struct gf_event` records."""
+def record_dtype(payload: np.dtype[np.void]) -> np.dtype[np.void]:
+    """A ring buffer record holding one `payload`: the kernel's 8-byte header, then the
+    payload, padded to 8 bytes as the kernel places records."""
+    return np.dtype({
+        "names": ["len", "pg_off", "event"],
+        "formats": ["<u4", "<u4", payload],
+        "offsets": [0, 4, RINGBUF_HEADER_BYTES],
+        "itemsize": (RINGBUF_HEADER_BYTES + payload.itemsize + 7) & ~7,
+    })
 
-    def __init__(self, map_fd: int, data_bytes: int) -> None:
+
+class RingBufferReader:
+    """Drains a BPF_MAP_TYPE_RINGBUF whose records are all one struct (`dtype`: by default
+    `struct gf_event`); a record of another size is skipped and counted."""
+
+    def __init__(self, map_fd: int, data_bytes: int,
+                 dtype: np.dtype[np.void] = EVENT_DTYPE) -> None:
         if data_bytes <= 0 or data_bytes & (data_bytes - 1):
             raise ValueError(f"ring buffer size must be a power of two, got {data_bytes}")
         page = mmap.PAGESIZE
@@ -41,8 +54,15 @@ class RingBufferReader:
         self._consumer_pos = np.frombuffer(self._consumer_map, dtype=np.uint64, count=1)
         self._producer_pos = np.frombuffer(self._producer_map, dtype=np.uint64, count=1)
         self._data = np.frombuffer(self._producer_map, dtype=np.uint8, offset=page)
-        self._record = RECORD_DTYPE.itemsize
+        self._fd = map_fd
+        self._dtype = dtype
+        self._record_dtype = record_dtype(dtype)
+        self._record = self._record_dtype.itemsize
         self.foreign_records = 0  # records of another size: skipped, counted
+
+    def fileno(self) -> int:
+        """The map's fd: readable (epoll) when a record was committed to an empty ring."""
+        return self._fd
 
     @property
     def capacity_events(self) -> int:
@@ -52,23 +72,24 @@ class RingBufferReader:
         return int(self._producer_pos[0]) - int(self._consumer_pos[0])
 
     def drain(self, max_events: int | None = None) -> npt.NDArray[np.void]:
-        """Return the committed events (EVENT_DTYPE), oldest first, and free their space."""
+        """Return the committed records (the reader's dtype), oldest first, and free their
+        space."""
         consumer = int(self._consumer_pos[0])
         producer = int(self._producer_pos[0])
         available = (producer - consumer) // self._record
         if max_events is not None:
             available = min(available, max_events)
         if available <= 0:
-            return np.empty(0, dtype=EVENT_DTYPE)
+            return np.empty(0, dtype=self._dtype)
         start = consumer & self._mask
-        span = self._data[start : start + available * self._record].view(RECORD_DTYPE)
+        span = self._data[start : start + available * self._record].view(self._record_dtype)
         lengths = span["len"]
         busy = (lengths & _BUSY_BIT) != 0
         committed = int(np.argmax(busy)) if busy.any() else available
         if committed == 0:
-            return np.empty(0, dtype=EVENT_DTYPE)
+            return np.empty(0, dtype=self._dtype)
         lengths = lengths[:committed]
-        if np.any((lengths & _LEN_MASK) != EVENT_DTYPE.itemsize):
+        if np.any((lengths & _LEN_MASK) != self._dtype.itemsize):
             return self._drain_walking(consumer, producer, max_events)
         keep = (lengths & _DISCARD_BIT) == 0
         events = span["event"][:committed]
@@ -89,16 +110,34 @@ class RingBufferReader:
                 break
             length = header & _LEN_MASK
             if not header & _DISCARD_BIT:
-                if length == EVENT_DTYPE.itemsize:
+                if length == self._dtype.itemsize:
                     body = self._data[offset + 8 : offset + 8 + length]
-                    out.append(body.view(EVENT_DTYPE).copy())
+                    out.append(body.view(self._dtype).copy())
                 else:
                     self.foreign_records += 1
             position += (8 + length + 7) & ~7
         self._consumer_pos[0] = position
         if not out:
-            return np.empty(0, dtype=EVENT_DTYPE)
+            return np.empty(0, dtype=self._dtype)
         return np.concatenate(out)
+
+    def drain_bytes(self) -> list[bytes]:
+        """Every committed record as bytes, whatever its size (a ring of records of many
+        sizes: the HTTP capture's), oldest first, and free their space."""
+        out: list[bytes] = []
+        position = int(self._consumer_pos[0])
+        producer = int(self._producer_pos[0])
+        while position < producer:
+            offset = position & self._mask
+            header = int(self._data[offset : offset + 4].view(np.uint32)[0])
+            if header & _BUSY_BIT:
+                break
+            length = header & _LEN_MASK
+            if not header & _DISCARD_BIT:
+                out.append(self._data[offset + 8 : offset + 8 + length].tobytes())
+            position += (8 + length + 7) & ~7
+        self._consumer_pos[0] = position
+        return out
 
     def close(self) -> None:
         # The numpy views keep the maps referenced; drop them first.

@@ -172,14 +172,21 @@ def _continue_tree(proc_root: Path, pid: int) -> None:
             os.kill(member, signal.SIGCONT)
 
 
-def _wait(pid: int) -> int:
+def _wait(pid: int, proc_root: Path) -> int:
+    """Wait for the command, untraced. A process of its tree that a probe stopped in the
+    moment the capture ended (a fork seen as the scope was cleared, then its exec) is
+    continued again every half second: nothing stays held by a capture that is over."""
     while True:
         try:
-            return os.waitpid(pid, 0)[1]
+            done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             return 0
         except InterruptedError:
             continue
+        if done:
+            return status
+        time.sleep(0.5)  # polling a child we cannot wait on otherwise without blocking
+        _continue_tree(proc_root, pid)
 
 
 def _exit_code(status: int) -> int:
@@ -278,7 +285,7 @@ def run(
             capture.utilization.sampler.close()
         if status is None:  # wait for the command, released from any hold
             _continue_tree(settings.proc_root, pid)
-            status, ended = _wait(pid), time.monotonic()
+            status, ended = _wait(pid, settings.proc_root), time.monotonic()
         wall_s = ended - started
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -334,4 +341,7 @@ def run(
             print(render_http(capture.requests.stats()) + "\n", file=sys.stderr)
     if drops.events:
         log.warning("%d events were dropped in the kernel (ring buffer full)", drops.events)
+    if drops.names:
+        log.warning("%d kernel-name records were dropped in the kernel (their ring was full): "
+                    "those kernels' launches are named by address", drops.names)
     return result

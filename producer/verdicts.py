@@ -31,18 +31,16 @@ another gpuflight may have written meanwhile. Not thread-safe, like the Classifi
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
-import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+
+from producer.cachefile import read_trusted, write_atomic
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
@@ -237,16 +235,7 @@ class VerdictStore:
                 "entries": [_row(i, v, used) for i, (v, used) in self._entries.items()],
             }
         )
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:  # mkstemp made it 0600
-                f.write(data)
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+        write_atomic(directory, FILE_NAME, data)
 
     def _read(self, path: Path, quiet: bool = False) -> dict[Identity, tuple[Stored, int]]:
         try:
@@ -339,44 +328,5 @@ def _names(value: object, known: dict[str, str]) -> frozenset[str]:
 
 def _read_trusted(path: Path) -> bytes | None:
     """The file's bytes if it is ours alone to write; None if there is none (raises
-    _InvalidError when there is one we must not trust)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:  # ELOOP: a symbolic link; EACCES: not ours
-        raise _InvalidError(f"cannot be opened safely ({exc.strerror})") from None
-    try:
-        _check_folder(path.parent)
-        return _read_file(fd)
-    finally:
-        os.close(fd)
-
-
-def _check_folder(folder: Path) -> None:
-    """Someone else who may replace files in the folder could swap in a file of ours (an
-    old one, a hard link): the folder must be ours (or root's), and if others may write to
-    it, sticky (/tmp: only a file's owner may rename it)."""
-    st = os.stat(folder)
-    if st.st_uid not in (os.geteuid(), 0):
-        raise _InvalidError(f"in a folder owned by uid {st.st_uid}")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        raise _InvalidError(f"in a folder others may write to (mode {stat.S_IMODE(st.st_mode):o})")
-
-
-def _read_file(fd: int) -> bytes:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise _InvalidError("not a regular file")
-    if st.st_uid != os.geteuid():
-        raise _InvalidError(f"owned by uid {st.st_uid}, not by us ({os.geteuid()})")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _InvalidError(f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
-    if st.st_size > _MAX_FILE_BYTES:
-        raise _InvalidError(f"{st.st_size} bytes, more than a verdict file holds")
-    chunks: list[bytes] = []
-    left = st.st_size + 1  # one more: a file that grew while read is seen to
-    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+    UntrustedError, a ValueError, when there is one we must not trust)."""
+    return read_trusted(path, _MAX_FILE_BYTES, "a verdict file")

@@ -257,8 +257,9 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`trace` saves what it learned of each library file (producer/verdicts.py) when it
-    closes; the next one classifies the same files from that alone, and captures as exactly."""
-    from producer import elfsyms
+    closes, and the compiled BPF program (producer/bpfimage.py) when it starts; the next one
+    classifies the same files from that alone, compiles nothing, and captures as exactly."""
+    from producer import elfsyms, probes
     from producer import trace as tracing
 
     binary = build.build_capture(bindir, "stub")
@@ -270,12 +271,17 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
                        print_summary=False).exit_code == 0
     assert_exact(want, read_events(first))
     assert (cache / "verdicts.json").is_file()
+    assert len(list(cache.glob("bpf-*.json"))) == 1
 
     def unread(path: str, wanted: frozenset[str]) -> frozenset[str]:
         raise AssertionError(f"{path} was read for its symbols again")
 
+    def uncompiled(text: str, cflags: list[str]) -> None:
+        raise AssertionError("the BPF program was compiled again")
+
     monkeypatch.setattr(elfsyms, "defined_functions", unread)
     monkeypatch.setattr(elfsyms, "referenced_functions", unread)
+    monkeypatch.setattr(probes, "compile_image", uncompiled)
     second = tmp_path / "second.jsonl"
     assert tracing.run([str(binary), "--iters", "5"], output=second,
                        print_summary=False).exit_code == 0

@@ -243,10 +243,10 @@ def test_a_failing_detach_costs_neither_summary_nor_output(
         real_detach(self, fd)
 
     def failing_cleanup(self: Probes) -> None:
-        raise Exception("Failed to detach BPF from uprobe")  # what bcc raises
+        raise OSError(errno.EBUSY, "Device or resource busy")
 
     monkeypatch.setattr(UprobeLinks, "detach", flaky_detach)
-    monkeypatch.setattr(Probes, "_cleanup_bcc", failing_cleanup)
+    monkeypatch.setattr(Probes, "_close_program", failing_cleanup)
     out = tmp_path / "out.jsonl"
     with caplog.at_level(logging.WARNING):
         result = trace.run([str(binary), "--iters", "10"], output=out, print_summary=False)
@@ -256,7 +256,7 @@ def test_a_failing_detach_costs_neither_summary_nor_output(
     assert failed and len(calls) > len(failed)  # the failures were real, and were survived
     messages = [r.getMessage() for r in caplog.records]
     assert any("could not be detached (Device or resource busy)" in m for m in messages)
-    assert any("bcc failed to clean up" in m for m in messages)
+    assert any("the BPF program failed to close" in m for m in messages)
 
 
 @pytest.fixture

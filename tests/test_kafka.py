@@ -312,11 +312,16 @@ def test_a_full_disk_under_output_leaves_kafka_whole(broker: stack.KafkaHandle, 
 
 
 def test_a_killed_agent_s_unpublished_events_are_counted_by_the_next(
-        broker: stack.KafkaHandle, bindir: Path, tmp_path: Path) -> None:
+        broker: stack.KafkaHandle, bindir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect: kill -9 of the agent lost what it held with nothing counted. The first agent
     holds a process's events (a flush interval of an hour) and is SIGKILLed: the next one
     reads the kernel's pinned tally and publishes exactly that many as `dropped_agent_died`
-    of that pid; it stops cleanly with everything delivered, so both tallies are removed."""
+    of that pid; it stops cleanly with everything delivered, so both tallies are removed.
+    The first compiles the program (bcc pins the tally's maps), the second loads the image
+    the first kept (producer/bpfload.py pins them itself)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GPUFLIGHT_CACHE_DIR", str(cache))
     prefix = f"killed{uuid.uuid4().hex[:8]}"
     binary = build.build_capture(bindir, "stub")
     want = len(expected.capture_events(1, 50))
@@ -332,6 +337,8 @@ def test_a_killed_agent_s_unpublished_events_are_counted_by_the_next(
         first.kill()
     tallies = Path("/sys/fs/bpf/gpuflight")
     [first_tally] = tallies.glob(f"agent-{first.proc.pid}-*")
+    [image] = cache.glob("bpf-*.json")
+    kept = image.stat().st_mtime_ns
     second = node_producer(broker.bootstrap, prefix, tmp_path / "second.jsonl")
     try:
         delivered = subprocess.Popen([str(binary), "--iters", "50", "--start-delay-ms", "1200"])
@@ -354,6 +361,7 @@ def test_a_killed_agent_s_unpublished_events_are_counted_by_the_next(
     assert events[held.pid] == 0  # the first agent never published them
     assert events[delivered.pid] == want
     assert not first_tally.exists()  # reported, then removed
+    assert [image] == list(cache.glob("bpf-*.json")) and image.stat().st_mtime_ns > kept  # used
     assert not list(tallies.glob(f"agent-{second.proc.pid}-*"))  # everything delivered
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import select
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,23 +54,20 @@ class FakeUprobes:
         self.detached.append(fd)
 
 
-class FakeFunction:
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-
-class FakeBPF:
-    """Programs by name, each with an fd of its own."""
+class FakeProgram:
+    """The loaded program (bpfload.LoadedObject): functions by name, each with an fd of its
+    own."""
 
     def __init__(self) -> None:
-        self.cleaned = False
+        self.closed = False
         self.loaded: dict[str, int] = {}
 
-    def load_func(self, name: bytes, _kind: int, attach_type: int = -1) -> FakeFunction:
-        return FakeFunction(self.loaded.setdefault(name.decode(), 100 + len(self.loaded)))
+    def program(self, name: str, _kind: int = 2, attach_type: int = -1) -> int:
+        return self.loaded.setdefault(name, 100 + len(self.loaded))
 
-    def cleanup(self) -> None:
-        self.cleaned = True
+    def close(self) -> int:
+        self.closed = True
+        return 0
 
 
 class FakeRing:
@@ -90,8 +89,11 @@ def make_probes(uprobes: FakeUprobes, cookies: bool = True) -> Probes:
     probes = Probes.__new__(Probes)  # no BPF program: only the attach bookkeeping is tested
     probes._settings = Settings(cookies)
     probes.attached, probes.failed, probes._links = {}, {}, {}
-    probes._bpf, probes._uprobes, probes._program_type = FakeBPF(), uprobes, 2
-    probes.ring = FakeRing()  # type: ignore[assignment]
+    probes._bpf, probes._uprobes, probes._program_type = FakeProgram(), uprobes, 2  # type: ignore[assignment]
+    probes.ring = probes._loader_ring = probes._names_ring = FakeRing()  # type: ignore[assignment]
+    probes._wake = probes._names_wake = select.epoll()
+    probes._names_lock, probes._names_stop = threading.Lock(), threading.Event()
+    probes._names_thread = None
     return probes
 
 
@@ -133,7 +135,7 @@ def test_each_row_runs_its_program_with_its_cookie(stub_runtime: Path, cookies: 
     uprobes = FakeUprobes()
     probes = make_probes(uprobes, cookies)
     assert probes.attach(runtime(stub_runtime)) is not None
-    loaded = {fd: name for name, fd in probes._bpf.loaded.items()}
+    loaded = {fd: name for name, fd in probes._bpf.loaded.items()}  # type: ignore[attr-defined]
     got = {(offset, ret): (loaded[prog], cookie)
            for fd, (prog, cookie) in uprobes.programs.items()
            for _path, offset, ret in [uprobes.held[fd]]}
@@ -268,7 +270,7 @@ def test_a_failing_detach_is_logged_and_the_rest_are_detached(
     assert len(uprobes.detached) == attached.probes - 1
     assert any("1 probe(s) could not be detached (Device or resource busy)" in r.getMessage()
                for r in caplog.records)
-    assert probes._bpf.cleaned  # bcc's own cleanup ran all the same
+    assert probes._bpf.closed  # type: ignore[attr-defined]  # the program closed all the same
 
 
 def test_without_a_uprobe_pmu_the_error_says_what_the_kernel_lacks(tmp_path: Path) -> None:

@@ -127,3 +127,50 @@ def test_foreign_record_sizes_are_skipped_and_counted(
 def test_rejects_a_size_that_is_not_a_power_of_two() -> None:
     with pytest.raises(ValueError, match="power of two"):
         RingBufferReader(-1, 3 * PAGE)
+
+
+def test_records_of_any_size_drain_as_bytes(ring: tuple[FakeRing, RingBufferReader]) -> None:
+    """The HTTP capture's ring holds records of many sizes: each comes back whole, in order,
+    across the wrap; a discarded one is skipped, and a busy one stops the drain there."""
+    fake, reader = ring
+    sizes = [5, 88, 300, 17, 1000, 64, 2000, 9]
+    for i, size in enumerate(sizes):
+        position = fake.producer
+        fake.push(0, length=size)
+        fake._write(position + 8, bytes([i]) * size)
+    out = reader.drain_bytes()
+    assert out == [bytes([i]) * size for i, size in enumerate(sizes)]
+    assert fake.consumer() == fake.producer
+    skipped = fake.push(0, DISCARD, length=40)
+    kept = fake.producer
+    fake.push(0, length=12)
+    fake._write(kept + 8, b"k" * 12)
+    busy = fake.push(0, BUSY, length=50)
+    fake.push(0, length=10)
+    assert reader.drain_bytes() == [b"k" * 12]
+    assert skipped < kept < busy and fake.consumer() == busy  # waits for the busy one
+    fake.set_header(busy, 50)
+    assert [len(r) for r in reader.drain_bytes()] == [50, 10]
+
+
+def test_a_ring_of_another_struct_uses_its_stride() -> None:
+    """Loader and name records (producer/probes.py) are read with their own dtype."""
+    from producer.records import LOADER_EVENT_DTYPE
+    from producer.ringbuf import record_dtype
+
+    assert record_dtype(EVENT_DTYPE) == RECORD_DTYPE
+    assert record_dtype(LOADER_EVENT_DTYPE).itemsize == 8 + LOADER_EVENT_DTYPE.itemsize
+    fake = FakeRing()
+    reader = RingBufferReader(fake.fd, SIZE, LOADER_EVENT_DTYPE)
+    try:
+        for pid in (7, 8, 9):
+            position = fake.producer
+            fake.push(0, length=LOADER_EVENT_DTYPE.itemsize)
+            record = np.zeros(1, dtype=LOADER_EVENT_DTYPE)
+            record["pid"] = pid
+            fake._write(position + 8, record.tobytes())
+        assert reader.drain()["pid"].tolist() == [7, 8, 9]
+    finally:
+        reader.close()
+        fake.map.close()
+        os.close(fake.fd)

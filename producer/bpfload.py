@@ -1,0 +1,454 @@
+"""Load a compiled BPF program (producer/bpfimage.py) into the kernel, and use its maps.
+
+What bcc would do after compiling, with the bpf(2) and perf_event_open(2) system calls:
+create each map (or open it where it is pinned), put the maps' fds into the instructions,
+load each function when it is first asked for (the kernel verifies it then), and attach the
+`tracepoint__<category>__<name>` functions to their tracepoints at once, as bcc does. Every
+start loads this way, whether the image was compiled a moment ago (producer/probes.py, with
+bcc) or read from the cache, so there is one path to trust.
+
+No bcc here: a start that finds its image in the cache never imports it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from producer.bpfimage import Image, MapSpec
+from producer.environment import TRACEFS
+from producer.errors import SetupError
+
+log = logging.getLogger(__name__)
+
+NR_PERF_EVENT_OPEN: Final = 298  # x86-64, the one machine the probes support (environment.py)
+NR_BPF: Final = 321
+BPF_MAP_CREATE: Final = 0
+BPF_MAP_LOOKUP_ELEM: Final = 1
+BPF_MAP_UPDATE_ELEM: Final = 2
+BPF_MAP_DELETE_ELEM: Final = 3
+BPF_MAP_GET_NEXT_KEY: Final = 4
+BPF_PROG_LOAD: Final = 5
+BPF_OBJ_PIN: Final = 6
+BPF_OBJ_GET: Final = 7
+BPF_OBJ_GET_INFO_BY_FD: Final = 15
+BPF_PROG_TYPE_KPROBE: Final = 2
+BPF_PROG_TYPE_TRACEPOINT: Final = 5
+#: enum bpf_map_type: the per-CPU kinds, whose lookups return a value per possible CPU.
+PERCPU_MAP_TYPES: Final = frozenset({5, 6, 10})  # percpu hash, percpu array, LRU percpu hash
+PERF_TYPE_TRACEPOINT: Final = 2
+PERF_FLAG_FD_CLOEXEC: Final = 1 << 3
+PERF_EVENT_IOC_ENABLE: Final = 0x2400
+PERF_EVENT_IOC_SET_BPF: Final = 0x40042408
+TRACEPOINT_PREFIX: Final = "tracepoint__"
+#: The verifier's log for a program it refuses (the message's last lines are kept).
+_LOG_BYTES: Final = 1 << 20
+
+
+class PerfEventAttr(ctypes.Structure):
+    """struct perf_event_attr as far as config2 (PERF_ATTR_SIZE_VER1)."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),  # uprobe: bit `retprobe`; ref_ctr_offset in bits 32-63
+        ("sample_period", ctypes.c_uint64),
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),  # uprobe_path
+        ("config2", ctypes.c_uint64),  # probe_offset
+    ]
+
+
+class ProgLoad(ctypes.Structure):
+    """union bpf_attr as BPF_PROG_LOAD reads it, as far as expected_attach_type."""
+
+    _fields_ = [
+        ("prog_type", ctypes.c_uint32),
+        ("insn_cnt", ctypes.c_uint32),
+        ("insns", ctypes.c_uint64),
+        ("license", ctypes.c_uint64),
+        ("log_level", ctypes.c_uint32),
+        ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_uint64),
+        ("kern_version", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32),
+        ("prog_name", ctypes.c_char * 16),
+        ("prog_ifindex", ctypes.c_uint32),
+        ("expected_attach_type", ctypes.c_uint32),
+    ]
+
+
+class _MapCreate(ctypes.Structure):
+    _fields_ = [
+        ("map_type", ctypes.c_uint32),
+        ("key_size", ctypes.c_uint32),
+        ("value_size", ctypes.c_uint32),
+        ("max_entries", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32),
+        ("inner_map_fd", ctypes.c_uint32),
+        ("numa_node", ctypes.c_uint32),
+        ("map_name", ctypes.c_char * 16),
+    ]
+
+
+class _MapElem(ctypes.Structure):
+    _fields_ = [
+        ("map_fd", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("key", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),  # next_key for BPF_MAP_GET_NEXT_KEY
+        ("flags", ctypes.c_uint64),
+    ]
+
+
+class _ObjPath(ctypes.Structure):
+    _fields_ = [
+        ("pathname", ctypes.c_uint64),
+        ("bpf_fd", ctypes.c_uint32),
+        ("file_flags", ctypes.c_uint32),
+    ]
+
+
+class _InfoByFd(ctypes.Structure):
+    _fields_ = [
+        ("bpf_fd", ctypes.c_uint32),
+        ("info_len", ctypes.c_uint32),
+        ("info", ctypes.c_uint64),
+    ]
+
+
+class _MapInfo(ctypes.Structure):
+    """struct bpf_map_info as far as the name."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("key_size", ctypes.c_uint32),
+        ("value_size", ctypes.c_uint32),
+        ("max_entries", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32),
+        ("name", ctypes.c_char * 16),
+    ]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def syscall(number: int, *args: Any) -> int:
+    """A raw system call; OSError with its errno when it fails."""
+    result = int(_libc.syscall(ctypes.c_long(number), *(
+        ctypes.c_long(a) if isinstance(a, int) else a for a in args)))
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def bpf(command: int, attr: ctypes.Structure) -> int:
+    return syscall(NR_BPF, command, ctypes.byref(attr), ctypes.sizeof(attr))
+
+
+def obj_get(path: Path) -> int:
+    """An fd for the BPF object pinned at `path`; OSError if none."""
+    name = ctypes.create_string_buffer(os.fsencode(path))
+    return bpf(BPF_OBJ_GET, _ObjPath(pathname=ctypes.addressof(name)))
+
+
+def obj_pin(fd: int, path: Path) -> None:
+    name = ctypes.create_string_buffer(os.fsencode(path))
+    bpf(BPF_OBJ_PIN, _ObjPath(pathname=ctypes.addressof(name), bpf_fd=fd))
+
+
+def map_spec(fd: int, name: str) -> MapSpec:
+    """The shape of the map behind `fd`, as the kernel has it."""
+    info = _MapInfo()
+    bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoByFd(bpf_fd=fd, info_len=ctypes.sizeof(info),
+                                          info=ctypes.addressof(info)))
+    return MapSpec(name, info.type, info.key_size, info.value_size, info.max_entries,
+                   info.map_flags)
+
+
+def possible_cpus(path: Path = Path("/sys/devices/system/cpu/possible")) -> int:
+    """How many values a per-CPU map holds per key ("0-3,5" -> 6; as the kernel counts
+    them, the highest possible CPU + 1)."""
+    highest = 0
+    for part in path.read_text().strip().split(","):
+        highest = max(highest, int(part.split("-")[-1]))
+    return highest + 1
+
+
+class BpfMap:
+    """One map, by its fd: keys and values as bytes of the map's sizes."""
+
+    def __init__(self, fd: int, spec: MapSpec) -> None:
+        self.fd = fd
+        self.spec = spec
+        self._value_bytes = spec.value_size
+        self.percpu = spec.map_type in PERCPU_MAP_TYPES
+        if self.percpu:
+            self._stride = (spec.value_size + 7) & ~7
+            self._value_bytes = self._stride * possible_cpus()
+
+    def _key(self, key: bytes) -> ctypes.Array[ctypes.c_char]:
+        if len(key) != self.spec.key_size:
+            raise ValueError(f"{self.spec.name}: a key of {len(key)} bytes, not "
+                             f"{self.spec.key_size}")
+        return ctypes.create_string_buffer(key, len(key))
+
+    def lookup(self, key: bytes) -> bytes | None:
+        """The value (per-CPU maps: every CPU's, one after another, 8-byte aligned), or None."""
+        k = self._key(key)
+        value = ctypes.create_string_buffer(self._value_bytes)
+        try:
+            bpf(BPF_MAP_LOOKUP_ELEM, _MapElem(map_fd=self.fd, key=ctypes.addressof(k),
+                                              value=ctypes.addressof(value)))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
+        return value.raw
+
+    def lookup_percpu(self, key: bytes) -> list[bytes]:
+        """A per-CPU map's value on each possible CPU (empty if the key is absent)."""
+        raw = self.lookup(key)
+        if raw is None:
+            return []
+        step = self._stride if self.percpu else len(raw)
+        return [raw[i:i + self.spec.value_size] for i in range(0, len(raw), step)]
+
+    def update(self, key: bytes, value: bytes) -> None:
+        """Set `key` to `value`; OSError (E2BIG: the map is full)."""
+        if len(value) != self.spec.value_size or self.percpu:
+            raise ValueError(f"{self.spec.name}: a value of {len(value)} bytes, not "
+                             f"{self.spec.value_size}")
+        k = self._key(key)
+        v = ctypes.create_string_buffer(value, len(value))
+        bpf(BPF_MAP_UPDATE_ELEM, _MapElem(map_fd=self.fd, key=ctypes.addressof(k),
+                                          value=ctypes.addressof(v)))
+
+    def delete(self, key: bytes) -> bool:
+        """Whether `key` was there."""
+        k = self._key(key)
+        try:
+            bpf(BPF_MAP_DELETE_ELEM, _MapElem(map_fd=self.fd, key=ctypes.addressof(k)))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    def keys(self) -> list[bytes]:
+        """Every key, as the map orders them (a snapshot: keys may come and go meanwhile)."""
+        out: list[bytes] = []
+        size = self.spec.key_size
+        current = ctypes.create_string_buffer(size)
+        following = ctypes.create_string_buffer(size)
+        attr = _MapElem(map_fd=self.fd, key=0, value=ctypes.addressof(following))
+        while len(out) <= self.spec.max_entries:
+            try:
+                bpf(BPF_MAP_GET_NEXT_KEY, attr)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    break
+                raise
+            out.append(following.raw)
+            ctypes.memmove(current, following, size)
+            attr.key = ctypes.addressof(current)
+        return out
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.keys())
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        for key in self.keys():
+            value = self.lookup(key)
+            if value is not None:
+                yield key, value
+
+    def clear(self) -> None:
+        for key in self.keys():
+            self.delete(key)
+
+
+class LoadedObject:
+    """An image's maps, created (or opened where `pinned` names a path), its tracepoint
+    functions attached, and its other functions loaded as they are asked for."""
+
+    def __init__(self, image: Image, pinned: Mapping[str, Path] | None = None,
+                 tracefs: Path = TRACEFS) -> None:
+        self.image = image
+        self._fds: list[int] = []  # everything we hold, closed by close()
+        self._programs: dict[tuple[str, int, int], int] = {}
+        self.maps: dict[str, BpfMap] = {}
+        self.tracepoints: dict[str, int] = {}
+        try:
+            map_fds = [self._map(spec, (pinned or {}).get(spec.name)) for spec in image.maps]
+            self._map_fds = map_fds
+            tracepoints = [spec.name for spec in image.programs
+                           if spec.name.startswith(TRACEPOINT_PREFIX)]
+            self.preload(tracepoints, BPF_PROG_TYPE_TRACEPOINT)
+            for name in tracepoints:
+                self._attach_tracepoint(name, tracefs)
+        except BaseException:
+            self.close()
+            raise
+
+    def _map(self, spec: MapSpec, pin: Path | None) -> int:
+        if pin is not None:
+            try:
+                fd = obj_get(pin)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise SetupError(f"the BPF map pinned at {pin} cannot be opened: "
+                                 f"{exc.strerror}") from exc
+            else:
+                self._fds.append(fd)
+                have = map_spec(fd, spec.name)
+                if (have.map_type, have.key_size, have.value_size, have.max_entries) != (
+                        spec.map_type, spec.key_size, spec.value_size, spec.max_entries):
+                    raise SetupError(f"the map pinned at {pin} is not the program's "
+                                     f"{spec.name}: {have}")
+                self.maps[spec.name] = BpfMap(fd, spec)
+                return fd
+        name = spec.name.encode()[:15]
+        try:
+            fd = bpf(BPF_MAP_CREATE, _MapCreate(
+                map_type=spec.map_type, key_size=spec.key_size, value_size=spec.value_size,
+                max_entries=spec.max_entries, map_flags=spec.flags, map_name=name))
+        except OSError as exc:
+            raise SetupError(f"the BPF map {spec.name} cannot be created: {exc.strerror}"
+                             ) from exc
+        self._fds.append(fd)
+        if pin is not None:
+            try:
+                obj_pin(fd, pin)
+            except OSError as exc:
+                raise SetupError(f"the BPF map {spec.name} cannot be pinned at {pin}: "
+                                 f"{exc.strerror}") from exc
+        self.maps[spec.name] = BpfMap(fd, spec)
+        return fd
+
+    def map(self, name: str) -> BpfMap:
+        return self.maps[name]
+
+    def preload(self, names: list[str], prog_type: int = BPF_PROG_TYPE_KPROBE,
+                attach_type: int = -1) -> None:
+        """Load these functions now, on as many threads as there are CPUs: the kernel
+        verifies each (the HTTP capture's: ~16 ms each, 23 of them), outside the GIL.
+        OSError as `program` says (whatever else loaded is kept, and freed by close)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        todo = [n for n in dict.fromkeys(names)
+                if (n, prog_type, attach_type) not in self._programs]
+        if len(todo) < 2:
+            for name in todo:
+                self.program(name, prog_type, attach_type)
+            return
+        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+            futures = [(n, pool.submit(self._load, n, prog_type, attach_type)) for n in todo]
+        failure: BaseException | None = None
+        for name, future in futures:
+            try:
+                fd = future.result()
+            except BaseException as exc:  # the first is raised, below
+                failure = failure or exc
+                continue
+            self._fds.append(fd)
+            self._programs[(name, prog_type, attach_type)] = fd
+        if failure is not None:
+            raise failure
+
+    def program(self, name: str, prog_type: int = BPF_PROG_TYPE_KPROBE,
+                attach_type: int = -1) -> int:
+        """The fd of function `name` loaded as `prog_type` for `attach_type` (-1: none),
+        loaded (and verified by the kernel) the first time it is asked for. OSError, with
+        the verifier's last words where it refused."""
+        known = self._programs.get((name, prog_type, attach_type))
+        if known is not None:
+            return known
+        fd = self._load(name, prog_type, attach_type)
+        self._fds.append(fd)
+        self._programs[(name, prog_type, attach_type)] = fd
+        return fd
+
+    def _load(self, name: str, prog_type: int, attach_type: int) -> int:
+        """Load one function; the caller keeps the fd."""
+        spec = self.image.program(name)
+        insns = ctypes.create_string_buffer(spec.with_fds(self._map_fds), len(spec.insns))
+        license = ctypes.create_string_buffer(self.image.license.encode())
+        attr = ProgLoad(prog_type=prog_type, insn_cnt=len(spec.insns) // 8,
+                        insns=ctypes.addressof(insns), license=ctypes.addressof(license),
+                        kern_version=self.image.kern_version,
+                        prog_name=name.encode()[:15],
+                        expected_attach_type=max(attach_type, 0))
+        try:
+            fd = bpf(BPF_PROG_LOAD, attr)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.EACCES, errno.E2BIG):
+                raise
+            raise OSError(exc.errno, f"{exc.strerror}: {self._verifier_says(attr)}") from None
+        return fd
+
+    @staticmethod
+    def _verifier_says(attr: ProgLoad) -> str:
+        """The verifier's reason for refusing the program in `attr` (its last lines)."""
+        log_buf = ctypes.create_string_buffer(_LOG_BYTES)
+        attr.log_level, attr.log_size, attr.log_buf = 1, _LOG_BYTES, ctypes.addressof(log_buf)
+        try:
+            os.close(bpf(BPF_PROG_LOAD, attr))  # not expected: it was refused a moment ago
+            return "refused once, then loaded"
+        except OSError:
+            pass
+        lines = log_buf.value.decode(errors="replace").strip().splitlines()
+        return " / ".join(lines[-3:]) or "the verifier said nothing"
+
+    def _attach_tracepoint(self, function: str, tracefs: Path) -> None:
+        category, _, event = function[len(TRACEPOINT_PREFIX):].partition("__")
+        try:
+            tp_id = int((tracefs / "events" / category / event / "id").read_text())
+        except (OSError, ValueError) as exc:
+            raise SetupError(f"the tracepoint {category}:{event} is not there ({exc})") from exc
+        prog = self.program(function, BPF_PROG_TYPE_TRACEPOINT)
+        attr = PerfEventAttr(type=PERF_TYPE_TRACEPOINT, size=ctypes.sizeof(PerfEventAttr),
+                             config=tp_id, sample_period=1, wakeup_events=1)
+        try:
+            fd = syscall(NR_PERF_EVENT_OPEN, ctypes.byref(attr), -1, 0, -1, PERF_FLAG_FD_CLOEXEC)
+        except OSError as exc:
+            raise SetupError(f"the tracepoint {category}:{event} cannot be opened: "
+                             f"{exc.strerror}") from exc
+        self._fds.append(fd)
+        try:
+            fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog)
+            fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
+        except OSError as exc:
+            raise SetupError(f"the tracepoint {category}:{event} cannot run the program: "
+                             f"{exc.strerror}") from exc
+        self.tracepoints[f"{category}:{event}"] = fd
+
+    def fds(self) -> list[int]:
+        return list(self._fds)
+
+    def close(self) -> int:
+        """Close every fd (tracepoints, programs, maps: the kernel frees what nothing else
+        holds); how many failed (never raises)."""
+        failed = 0
+        fds, self._fds = self._fds, []
+        for fd in reversed(fds):
+            try:
+                os.close(fd)
+            except OSError:
+                failed += 1
+        self._programs.clear()
+        return failed

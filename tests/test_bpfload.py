@@ -1,0 +1,148 @@
+"""Loading an image (producer/bpfload.py) into the kernel: maps created or opened where
+pinned, their contents read and written, programs verified (a refusal says why), tracepoint
+functions attached. Small hand-made images; tests/test_capture.py and tests/test_kafka.py
+run the real programs from the cache."""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producer import bpfimage, bpfload
+from producer.bpfimage import Image, MapSpec, ProgramSpec
+from producer.errors import SetupError
+
+pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("bpf_ready")]
+
+HASH, PERCPU_ARRAY, RINGBUF = 1, 6, 27
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+
+
+def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+# r1 = map fd (patched in); r0 = 0; exit. The map load makes the program hold the map.
+USES_MAP = (insn(0x18, 1, 1, 0, 99) + insn(0) + insn(0xB7, 0, 0, 0, 0) + insn(0x95))
+RETURNS_ZERO = insn(0xB7, 0, 0, 0, 0) + insn(0x95)
+READS_R2 = insn(0xBF, 0, 2) + insn(0x95)  # r0 = r2 (never written): the verifier refuses
+
+
+def image(*programs: ProgramSpec, maps: tuple[MapSpec, ...] | None = None) -> Image:
+    maps = maps if maps is not None else (
+        MapSpec("pids", HASH, 4, 8, 64, 0),
+        MapSpec("drops", PERCPU_ARRAY, 4, 8, 4, 0),
+        MapSpec("ring", RINGBUF, 0, 0, 1 << 16, 0),
+    )
+    return Image("GPL", 0, maps, programs or (
+        ProgramSpec("uses_map", USES_MAP, bpfimage.relocations(USES_MAP, {99: 0})),))
+
+
+@pytest.fixture
+def bpffs_dir() -> Iterator[Path]:
+    base = Path("/sys/fs/bpf")
+    if not os.path.ismount(base):
+        pytest.skip("no bpffs at /sys/fs/bpf")
+    folder = base / f"gftest-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    yield folder
+    for entry in folder.iterdir():
+        entry.unlink()
+    folder.rmdir()
+
+
+def test_maps_hold_what_is_written() -> None:
+    loaded = bpfload.LoadedObject(image())
+    try:
+        pids = loaded.map("pids")
+        for pid in (3, 1, 2):
+            pids.update(U32.pack(pid), U64.pack(pid * 10))
+        assert sorted(U32.unpack(k)[0] for k in pids) == [1, 2, 3]
+        assert dict(pids.items())[U32.pack(2)] == U64.pack(20)
+        assert pids.lookup(U32.pack(9)) is None
+        assert pids.delete(U32.pack(1)) and not pids.delete(U32.pack(1))
+        pids.clear()
+        assert pids.keys() == []
+        with pytest.raises(ValueError, match="key of 2 bytes"):
+            pids.lookup(b"\0\0")
+        drops = loaded.map("drops")
+        values = drops.lookup_percpu(U32.pack(0))
+        assert len(values) == bpfload.possible_cpus() and set(values) == {U64.pack(0)}
+        assert bpfload.map_spec(pids.fd, "pids") == MapSpec("pids", HASH, 4, 8, 64, 0)
+        assert loaded.map("ring").spec.max_entries == 1 << 16
+    finally:
+        assert loaded.close() == 0
+
+
+def test_a_program_gets_its_map_fd_and_loads() -> None:
+    loaded = bpfload.LoadedObject(image())
+    try:
+        fd = loaded.program("uses_map")
+        assert fd == loaded.program("uses_map")  # loaded once
+        info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+        assert "prog_type:\t2" in info
+    finally:
+        loaded.close()
+
+
+def test_a_program_the_verifier_refuses_says_why() -> None:
+    loaded = bpfload.LoadedObject(image(ProgramSpec("bad", READS_R2, ())))
+    try:
+        with pytest.raises(OSError) as raised:
+            loaded.program("bad")
+        assert raised.value.errno == errno.EACCES
+        assert "R2 !read_ok" in str(raised.value)  # the verifier's own words
+    finally:
+        loaded.close()
+
+
+def test_preloading_keeps_every_program_loaded() -> None:
+    programs = tuple(ProgramSpec(f"p{i}", RETURNS_ZERO, ()) for i in range(6))
+    loaded = bpfload.LoadedObject(image(*programs))
+    try:
+        loaded.preload([p.name for p in programs])
+        fds = {loaded.program(p.name) for p in programs}
+        assert len(fds) == 6 and all(Path(f"/proc/self/fd/{fd}").exists() for fd in fds)
+    finally:
+        loaded.close()
+    assert not any(Path(f"/proc/self/fd/{fd}").exists() and
+                   "prog_type" in Path(f"/proc/self/fdinfo/{fd}").read_text() for fd in fds)
+
+
+def test_pinned_maps_are_made_once_and_found_again(bpffs_dir: Path) -> None:
+    """The tally's maps outlive the agent (producer/tally.py): the first load creates and
+    pins them, the next opens the same map, and one of another shape is refused."""
+    pin = {"pids": bpffs_dir / "pids"}
+    first = bpfload.LoadedObject(image(), pin)
+    try:
+        first.map("pids").update(U32.pack(7), U64.pack(70))
+    finally:
+        first.close()
+    assert (bpffs_dir / "pids").exists()
+    second = bpfload.LoadedObject(image(), pin)
+    try:
+        assert second.map("pids").lookup(U32.pack(7)) == U64.pack(70)
+    finally:
+        second.close()
+    other = (MapSpec("pids", HASH, 4, 16, 64, 0),)
+    with pytest.raises(SetupError, match="is not the program's pids"):
+        bpfload.LoadedObject(image(ProgramSpec("p", RETURNS_ZERO, ()), maps=other), pin)
+
+
+def test_tracepoint_functions_are_attached_and_a_missing_one_is_one_error(
+        tmp_path: Path) -> None:
+    name = "tracepoint__sched__sched_process_fork"
+    loaded = bpfload.LoadedObject(image(ProgramSpec(name, RETURNS_ZERO, ())))
+    try:
+        assert list(loaded.tracepoints) == ["sched:sched_process_fork"]
+    finally:
+        loaded.close()
+    with pytest.raises(SetupError, match="tracepoint sched:sched_process_fork is not there"):
+        bpfload.LoadedObject(image(ProgramSpec(name, RETURNS_ZERO, ())), tracefs=tmp_path)
