@@ -31,10 +31,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
+from typing import Any
 
-import cxxfilt
 import numpy as np
 import numpy.typing as npt
 
@@ -62,10 +62,20 @@ _ANONYMOUS = "(anonymous namespace)"
 _ANONYMOUS_MARK = "\x00anon\x00"
 
 
+@cache
+def _cxxfilt() -> Any:
+    """cxxfilt, imported the first time a name is demangled: importing it runs
+    `ldconfig -p` twice (to find libc and libstdc++), ~8 ms of every start otherwise."""
+    import cxxfilt
+
+    return cxxfilt
+
+
 def demangle(symbol: str) -> KernelName:
     """(short, full) of a symbol: `full` demangled (the symbol itself if it is not mangled)."""
     full = symbol
     if symbol.startswith("_Z"):
+        cxxfilt = _cxxfilt()
         try:
             full = cxxfilt.demangle(symbol, external_only=False)
         except cxxfilt.InvalidName:
