@@ -30,7 +30,8 @@ CACHE_OFF = frozenset({"", "off", "none", "0", "false", "no"})
 def default_cache_dir(
     environ: Mapping[str, str] | None = None, euid: int | None = None
 ) -> Path | None:
-    """Where classification verdicts are kept across runs (producer/verdicts.py), or None
+    """Where classification verdicts (producer/verdicts.py) and compiled BPF programs
+    (producer/bpfimage.py) are kept across runs, or None
     (off): $GPUFLIGHT_CACHE_DIR if set ('' or 'off': off), else /var/cache/gpuflight for
     root, else $XDG_CACHE_HOME/gpuflight or ~/.cache/gpuflight."""
     env = os.environ if environ is None else environ
@@ -92,8 +93,9 @@ class CaptureSettings:
     #: With `http` in trace mode (a scope, holds): set the HTTP capture up at the first
     #: listen(2) of a process in scope, held meanwhile, rather than at start (needs tracefs).
     http_at_listen: bool = True
-    #: Where what each library file defines is kept across runs, so a file is classified
-    #: once, not once per run (default_cache_dir; None: not kept).
+    #: Where what each library file defines, and the compiled BPF programs, are kept across
+    #: runs, so that a file is classified and a program compiled once, not once per run
+    #: (default_cache_dir; None: not kept).
     verdict_cache_dir: Path | None = field(default_factory=default_cache_dir)
     #: Node agent with Kafka: the bpffs directory of this agent's pinned tally (what the kernel
     #: committed per pid, what became of it), which a killed agent leaves for the next one to
