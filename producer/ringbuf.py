@@ -11,6 +11,7 @@ position past it.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
 from typing import Final
 
 import numpy as np
@@ -97,26 +98,37 @@ class RingBufferReader:
         self._consumer_pos[0] = consumer + committed * self._record
         return out
 
+    def _committed(self, consumer: int, producer: int) -> Iterator[tuple[int, int, bool, int]]:
+        """Each committed record from `consumer` on, as far as `producer` or the first one
+        still being written: (where its data starts, its length, whether it was discarded,
+        the position after it)."""
+        position = consumer
+        while position < producer:
+            offset = position & self._mask
+            header = int(self._data[offset : offset + 4].view(np.uint32)[0])
+            if header & _BUSY_BIT:
+                return
+            length = header & _LEN_MASK
+            position += (8 + length + 7) & ~7
+            yield offset + 8, length, bool(header & _DISCARD_BIT), position
+
     def _drain_walking(
         self, consumer: int, producer: int, max_events: int | None
     ) -> npt.NDArray[np.void]:
         """Slow path for a span holding a record of another size."""
         out: list[npt.NDArray[np.void]] = []
-        position = consumer
-        while position < producer and (max_events is None or len(out) < max_events):
-            offset = position & self._mask
-            header = int(self._data[offset : offset + 4].view(np.uint32)[0])
-            if header & _BUSY_BIT:
+        end = consumer
+        for start, length, discarded, after in self._committed(consumer, producer):
+            if max_events is not None and len(out) >= max_events:
                 break
-            length = header & _LEN_MASK
-            if not header & _DISCARD_BIT:
-                if length == self._dtype.itemsize:
-                    body = self._data[offset + 8 : offset + 8 + length]
-                    out.append(body.view(self._dtype).copy())
-                else:
-                    self.foreign_records += 1
-            position += (8 + length + 7) & ~7
-        self._consumer_pos[0] = position
+            end = after
+            if discarded:
+                continue
+            if length == self._dtype.itemsize:
+                out.append(self._data[start : start + length].view(self._dtype).copy())
+            else:
+                self.foreign_records += 1
+        self._consumer_pos[0] = end
         if not out:
             return np.empty(0, dtype=self._dtype)
         return np.concatenate(out)
@@ -125,18 +137,13 @@ class RingBufferReader:
         """Every committed record as bytes, whatever its size (a ring of records of many
         sizes: the HTTP capture's), oldest first, and free their space."""
         out: list[bytes] = []
-        position = int(self._consumer_pos[0])
-        producer = int(self._producer_pos[0])
-        while position < producer:
-            offset = position & self._mask
-            header = int(self._data[offset : offset + 4].view(np.uint32)[0])
-            if header & _BUSY_BIT:
-                break
-            length = header & _LEN_MASK
-            if not header & _DISCARD_BIT:
-                out.append(self._data[offset + 8 : offset + 8 + length].tobytes())
-            position += (8 + length + 7) & ~7
-        self._consumer_pos[0] = position
+        end = consumer = int(self._consumer_pos[0])
+        for start, length, discarded, after in self._committed(consumer,
+                                                               int(self._producer_pos[0])):
+            end = after
+            if not discarded:
+                out.append(self._data[start : start + length].tobytes())
+        self._consumer_pos[0] = end
         return out
 
     def close(self) -> None:
