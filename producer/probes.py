@@ -131,7 +131,7 @@ class Probes:
         if not source.is_file():
             raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
         self._uprobes: Uprobes = UprobeLinks()
-        image, self.compiled = program_image(source, settings.cflags(), settings.verdict_cache_dir)
+        image = program_image(source, settings.cflags(), settings.verdict_cache_dir)
         pinned = ({name: settings.tally_dir / name for name in TALLY_PINNED}
                   if settings.tally_dir is not None else {})
         self._bpf = bpfload.LoadedObject(image, pinned)
@@ -555,11 +555,10 @@ class Probes:
 # ---- the program: compiled by bcc, or read from the cache ------------------------------------
 
 
-def program_image(source: Path, cflags: list[str], cache_dir: Path | None,
-                  ) -> tuple[bpfimage.Image, bool]:
+def program_image(source: Path, cflags: list[str], cache_dir: Path | None) -> bpfimage.Image:
     """The compiled `source` (with `cflags`): from the image cache in `cache_dir` where one
     was kept for exactly this source, these cflags, this bcc and this kernel, else compiled
-    by bcc (~1 s) and kept there. Returns it and whether it was compiled now.
+    by bcc (~1 s) and kept there.
 
     The tally's bpffs folder (GF_TALLY_DIR) names only where two maps are pinned, which the
     loader is told apart (Probes): it is no part of the key, so that each agent (a folder of
@@ -572,11 +571,11 @@ def program_image(source: Path, cflags: list[str], cache_dir: Path | None,
     image = cache.load(key)
     if image is not None:
         log.debug("compiled BPF program read from %s", cache.path(key))
-        return image, False
+        return image
     image = compile_image(text, cflags)
     if cache.save(key, image):
         log.debug("compiled BPF program kept in %s", cache.path(key))
-    return image, True
+    return image
 
 
 def compile_image(text: str, cflags: list[str]) -> bpfimage.Image:
@@ -1013,7 +1012,7 @@ class HttpProbes:
             raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
         cflags = [f"-I{settings.bpf_dir}", "-DGF_FILTER_PIDS=0",
                   *httprecords.head_cflags(httprecords.DEFAULT_HEAD), *walk]
-        image, self.compiled = program_image(source, cflags, settings.verdict_cache_dir)
+        image = program_image(source, cflags, settings.verdict_cache_dir)
         self._bpf = bpfload.LoadedObject(image)  # attaches its tracepoints
         events = self._bpf.map("http_events")
         try:
