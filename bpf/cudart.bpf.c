@@ -25,6 +25,8 @@
  *   GF_NAMES_PAGES    size of the `names` ring buffer in pages (power of two)
  *   GF_TALLY_DIR_SET  1: keep the tally, pinned in the bpffs directory GF_TALLY_DIR (a string),
  *                     for up to GF_TALLY_PIDS processes
+ *   GF_QUIET_LOADS    1: a dlopen that mapped only files in `quiet_files` is neither notified
+ *                     nor held; needs the walk's offsets, GF_FILE_OFF_* (the running kernel's)
  */
 #include <uapi/linux/ptrace.h>
 #include "events.h"
@@ -52,6 +54,9 @@
 #endif
 #ifndef GF_ATTACH_COOKIE
 #define GF_ATTACH_COOKIE 0
+#endif
+#ifndef GF_QUIET_LOADS
+#define GF_QUIET_LOADS 0
 #endif
 
 /* 16 MiB: PyTorch registers ~25,000 kernels at import, a 552-byte record each (13.6 MB),
@@ -1034,6 +1039,91 @@ GF_API_PROBES(GF_PROBE)
 #define GF_NAME_PROBE(name, layer, family, kind) GF_NAME_PROBE_##family(name, kind)
 GF_NAME_PROBES(GF_NAME_PROBE)
 
+/* ---- dlopens that map nothing that matters -------------------------------- */
+
+/* Most dlopens of a program start-up map files that define nothing gpuflight probes (Python's
+ * extension modules, libtorch_cpu, ...). User space tells which (producer/verdicts.py keeps
+ * the verdicts across runs) in `quiet_files`. Here, each executable file mapping a process in
+ * scope makes of a file not known to be quiet marks its thread in `loads_pending`; the
+ * loader's RT_CONSISTENT call (below) notifies, and holds, only a thread so marked — the
+ * thread that mapped the files is the one whose dlopen reports them. A dlopen of quiet files
+ * only is let through, counted in GF_DROP_QUIET_LOADS. Anything unsure (a walk that fails, a
+ * file not in the map, a mapping by other code than the loader) marks the thread: at worst a
+ * hold that was not needed. The walk's offsets come from the running kernel's BTF
+ * (producer/btf.py FileOffsets); without them every dlopen notifies, as without the filter. */
+#if GF_QUIET_LOADS && defined(GF_FILE_OFF_TASK_FILES)
+#define GF_QUIET 1
+#define GF_PROT_EXEC 4
+#ifndef GF_QUIET_FILES_MAX
+#define GF_QUIET_FILES_MAX 32768
+#endif
+BPF_HASH(quiet_files, struct gf_file_id, u8, GF_QUIET_FILES_MAX);
+BPF_TABLE("lru_hash", u32, u8, loads_pending, 16384);
+
+/* task->files->fdt->fd[fd]->f_inode: its number and size, and its superblock's dev_t. */
+static __always_inline int gf_file_of_fd(s32 fd, struct gf_file_id *id)
+{
+	u8 *task = (u8 *)bpf_get_current_task();
+	u8 *files = 0, *fdt = 0, *fds = 0, *file = 0, *inode = 0, *sb = 0;
+	u32 max_fds = 0, dev = 0;
+	if (fd < 0)
+		return -1;
+	if (bpf_probe_read_kernel(&files, sizeof(files), task + GF_FILE_OFF_TASK_FILES) || !files)
+		return -1;
+	if (bpf_probe_read_kernel(&fdt, sizeof(fdt), files + GF_FILE_OFF_FILES_FDT) || !fdt)
+		return -1;
+	if (bpf_probe_read_kernel(&max_fds, sizeof(max_fds), fdt + GF_FILE_OFF_FDT_MAX_FDS) ||
+	    (u32)fd >= max_fds)
+		return -1;
+	if (bpf_probe_read_kernel(&fds, sizeof(fds), fdt + GF_FILE_OFF_FDT_FD) || !fds)
+		return -1;
+	if (bpf_probe_read_kernel(&file, sizeof(file), fds + 8 * (u64)(u32)fd) || !file)
+		return -1;
+	if (bpf_probe_read_kernel(&inode, sizeof(inode), file + GF_FILE_OFF_FILE_INODE) || !inode)
+		return -1;
+	if (bpf_probe_read_kernel(&id->ino, sizeof(id->ino), inode + GF_FILE_OFF_INODE_INO) ||
+	    bpf_probe_read_kernel(&id->size, sizeof(id->size), inode + GF_FILE_OFF_INODE_SIZE))
+		return -1;
+	if (bpf_probe_read_kernel(&sb, sizeof(sb), inode + GF_FILE_OFF_INODE_SB) || !sb)
+		return -1;
+	if (bpf_probe_read_kernel(&dev, sizeof(dev), sb + GF_FILE_OFF_SB_DEV))
+		return -1;
+	id->dev = dev;
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+{
+	if (!(args->prot & GF_PROT_EXEC) || (s64)args->fd < 0)
+		return 0;
+	u64 id = bpf_get_current_pid_tgid();
+	if (!gf_in_scope(id >> 32))
+		return 0;
+	struct gf_file_id file = {};
+	if (gf_file_of_fd((s32)args->fd, &file) == 0 && quiet_files.lookup(&file))
+		return 0;
+	u32 tid = (u32)id;
+	u8 one = 1;
+	loads_pending.update(&tid, &one);
+	return 0;
+}
+
+/* Whether the calling thread's link map change is one to notify: it mapped a file not known to
+ * be quiet since it last notified. */
+static __always_inline int gf_load_pending(void)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = (u32)id;
+	if (loads_pending.lookup(&tid)) {
+		loads_pending.delete(&tid);
+		return 1;
+	}
+	if (gf_in_scope(id >> 32))
+		gf_count_drop(GF_DROP_QUIET_LOADS, id >> 32);
+	return 0;
+}
+#endif
+
 /* ---- the dynamic loader ------------------------------------------------ */
 
 /* ld.so calls _dl_debug_state() whenever its link map changes (start-up,
@@ -1086,6 +1176,10 @@ int on_loader_change(struct pt_regs *ctx)
 		    state != GF_RT_CONSISTENT)
 			return 0;
 	}
+#endif
+#ifdef GF_QUIET
+	if (!gf_load_pending())
+		return 0;
 #endif
 	return gf_loader_notify(GF_LOADER_MAPPED);
 }

@@ -242,7 +242,8 @@ enum gf_drop_slot {
 	GF_DROP_RESERVED = 2,  /* never counted (returns without an entry are not losses) */
 	GF_DROP_NAMES = 3,     /* name records lost: the `names` ring buffer was full */
 	GF_DROP_FORWARDED = 4, /* not a loss: driver calls a probed runtime made, recorded once */
-	GF_DROP_SLOTS = 5,
+	GF_DROP_QUIET_LOADS = 5, /* not a loss: dlopens in scope that mapped only quiet files */
+	GF_DROP_SLOTS = 6,
 };
 
 /* What a record of the `names` ring buffer says (struct gf_name_event). */
@@ -334,6 +335,16 @@ struct gf_name_event {
 struct gf_text_ranges {
 	__u64 start[GF_MAX_RUNTIME_RANGES];
 	__u64 end[GF_MAX_RUNTIME_RANGES];
+};
+
+/* The key of the `quiet_files` map (producer/records.py FILE_ID_DTYPE): a library file as the
+ * kernel knows it — its superblock's dev_t (MAJOR << 20 | MINOR), inode number and size — that
+ * user space found to define nothing gpuflight probes. A dlopen whose new executable mappings
+ * are all of such files is neither held nor notified (bpf/cudart.bpf.c, GF_QUIET_LOADS). */
+struct gf_file_id {
+	__u64 dev;
+	__u64 ino;
+	__s64 size;
 };
 
 /* A process whose dynamic loader changed its link map (dlopen, start-up). */

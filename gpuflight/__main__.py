@@ -1,5 +1,3 @@
-import sys
+from gpuflight.cli import console
 
-from gpuflight.cli import main
-
-sys.exit(main())
+console()

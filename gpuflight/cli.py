@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from producer import wire
 from producer.errors import GpuflightError, ServiceError, UsageError
@@ -485,17 +485,47 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown command {args.command}")
 
 
+#: Commands that have written, flushed and closed all they produce by the time they return:
+#: the `gpuflight` command leaves without the interpreter's teardown after them.
+_NO_TEARDOWN = frozenset({"trace"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    return _run(argv)[0]
+
+
+def console() -> None:
+    """The `gpuflight` command (and `python -m gpuflight`). After `trace`, the interpreter's
+    teardown (freeing every object and module: ~50-70 ms after a PyTorch start-up, with its
+    ~25,000 kernel names) is skipped: the command's user waits for nothing of it."""
+    code, command = _run(None)
+    if command in _NO_TEARDOWN:
+        _exit_without_teardown(code)
+    sys.exit(code)
+
+
+def _exit_without_teardown(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def _run(argv: Sequence[str] | None) -> tuple[int, str | None]:
+    """The exit code, and which command ran (None where none did)."""
+    command: str | None = None
     try:
-        return _main(argv)
+        args = _parser().parse_args(argv)
+        command = args.command
+        return _main(args), command
     except BrokenPipeError:  # `gpuflight report | head`: the reader has what it wanted
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+        return 128 + signal.SIGPIPE, command
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+def _main(args: argparse.Namespace) -> int:
     _configure_logging(args.verbose)
     if args.command in ("producer", "streams"):
         from gpuflight import memdebug
@@ -521,4 +551,4 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

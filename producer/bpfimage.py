@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import orjson
@@ -157,12 +158,22 @@ def image_key(source: str, cflags: Iterable[str], compiler: Iterable[str]) -> st
     return digest.hexdigest()
 
 
-def environment_parts(library: Path | None, headers: Path | None) -> list[str]:
+#: The running kernel's BTF: its size is part of the kernel's identity in an image key.
+VMLINUX_BTF: Final = Path("/sys/kernel/btf/vmlinux")
+
+
+def environment_parts(library: Path | None, headers: Path | None,
+                      btf: Path = VMLINUX_BTF) -> list[str]:
     """What the compiled program depends on beyond its source and cflags: the kernel
-    (release and build), bcc's library file and the kernel headers bcc compiles against
-    (each by path, size and mtime)."""
+    (release, build and the size of its BTF, which the struct offsets some cflags carry are
+    read from), bcc's library file and the kernel headers bcc compiles against (each by path,
+    size and mtime)."""
     uname = os.uname()
-    parts = [f"kernel {uname.release} {uname.version} {uname.machine}"]
+    try:
+        btf_size = str(btf.stat().st_size)
+    except OSError:
+        btf_size = "none"
+    parts = [f"kernel {uname.release} {uname.version} {uname.machine} btf {btf_size}"]
     for label, path in (("bcc", library), ("headers", headers)):
         if path is None:
             parts.append(f"{label} none")

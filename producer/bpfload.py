@@ -38,6 +38,8 @@ BPF_PROG_LOAD: Final = 5
 BPF_OBJ_PIN: Final = 6
 BPF_OBJ_GET: Final = 7
 BPF_OBJ_GET_INFO_BY_FD: Final = 15
+BPF_MAP_UPDATE_BATCH: Final = 26
+_ENOTSUPP: Final = 524  # the kernel's own "not supported", which a batch command may answer
 BPF_PROG_TYPE_KPROBE: Final = 2
 BPF_PROG_TYPE_TRACEPOINT: Final = 5
 #: enum bpf_map_type: the per-CPU kinds, whose lookups return a value per possible CPU.
@@ -107,6 +109,19 @@ class _MapElem(ctypes.Structure):
         ("pad", ctypes.c_uint32),
         ("key", ctypes.c_uint64),
         ("value", ctypes.c_uint64),  # next_key for BPF_MAP_GET_NEXT_KEY
+        ("flags", ctypes.c_uint64),
+    ]
+
+
+class _MapBatch(ctypes.Structure):
+    _fields_ = [
+        ("in_batch", ctypes.c_uint64),
+        ("out_batch", ctypes.c_uint64),
+        ("keys", ctypes.c_uint64),
+        ("values", ctypes.c_uint64),
+        ("count", ctypes.c_uint32),
+        ("map_fd", ctypes.c_uint32),
+        ("elem_flags", ctypes.c_uint64),
         ("flags", ctypes.c_uint64),
     ]
 
@@ -236,6 +251,34 @@ class BpfMap:
         v = ctypes.create_string_buffer(value, len(value))
         bpf(BPF_MAP_UPDATE_ELEM, _MapElem(map_fd=self.fd, key=ctypes.addressof(k),
                                           value=ctypes.addressof(v)))
+
+    def update_many(self, keys: bytes, values: bytes) -> int:
+        """Set each key (`keys`: key_size bytes each, one after another) to its value, in one
+        system call where the kernel has BPF_MAP_UPDATE_BATCH (5.6), else one by one; how many
+        were set before the first failure (E2BIG: the map is full)."""
+        count, rest = divmod(len(keys), self.spec.key_size)
+        if rest or self.percpu or len(values) != count * self.spec.value_size:
+            raise ValueError(f"{self.spec.name}: {len(keys)} bytes of keys and {len(values)} "
+                             f"of values do not make whole entries")
+        if not count:
+            return 0
+        k = ctypes.create_string_buffer(keys, len(keys))
+        v = ctypes.create_string_buffer(values, len(values))
+        attr = _MapBatch(keys=ctypes.addressof(k), values=ctypes.addressof(v), count=count,
+                         map_fd=self.fd)
+        try:
+            bpf(BPF_MAP_UPDATE_BATCH, attr)
+            return count
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, _ENOTSUPP, errno.EOPNOTSUPP):
+                return int(attr.count)  # the kernel says how many it set
+        step, size = self.spec.key_size, self.spec.value_size
+        for i in range(count):
+            try:
+                self.update(keys[i * step:(i + 1) * step], values[i * size:(i + 1) * size])
+            except OSError:
+                return i
+        return count
 
     def delete(self, key: bytes) -> bool:
         """Whether `key` was there."""

@@ -232,3 +232,48 @@ def socket_offsets(btf: Btf) -> SocketOffsets:
             offset += sock_common_in_sock
         values[name] = offset
     return SocketOffsets(**values)
+
+
+@dataclass(frozen=True)
+class FileOffsets:
+    """Where the fd → file identity walk reads, in bytes (bpf/cudart.bpf.c, GF_FILE_OFF_*):
+    task->files->fdt->fd[fd]->f_inode, then the inode's number and size and its superblock's
+    dev_t, which is what /proc/PID/maps and stat(2) show of the file."""
+
+    task_files: int
+    files_fdt: int
+    fdt_max_fds: int
+    fdt_fd: int
+    file_inode: int
+    inode_ino: int
+    inode_size: int
+    inode_sb: int
+    sb_dev: int
+
+    def cflags(self) -> list[str]:
+        return [f"-DGF_FILE_OFF_{f.name.upper()}={getattr(self, f.name)}" for f in fields(self)]
+
+
+_FILE_WALK: Final = (
+    ("task_files", "task_struct", "files", 8),
+    ("files_fdt", "files_struct", "fdt", 8),
+    ("fdt_max_fds", "fdtable", "max_fds", 4),
+    ("fdt_fd", "fdtable", "fd", 8),
+    ("file_inode", "file", "f_inode", 8),
+    ("inode_ino", "inode", "i_ino", 8),
+    ("inode_size", "inode", "i_size", 8),
+    ("inode_sb", "inode", "i_sb", 8),
+    ("sb_dev", "super_block", "s_dev", 4),
+)
+
+
+def file_offsets(btf: Btf) -> FileOffsets:
+    """The offsets of the fd → file identity walk; BtfError when a member is missing or of
+    another size than the walk reads."""
+    values: dict[str, int] = {}
+    for name, struct_name, member, size in _FILE_WALK:
+        offset, actual = btf.member(struct_name, member)
+        if actual != size:
+            raise BtfError(f"{struct_name}.{member} is {actual} bytes, expected {size}")
+        values[name] = offset
+    return FileOffsets(**values)

@@ -110,6 +110,8 @@ class Capture:
         self._finished = False
         self.stats = CaptureStats()
         self.probes = Probes(settings)
+        if self.probes.quiet_loads:  # before any process in scope can dlopen
+            self.probes.add_quiet(self.verdicts.quiet_files())
         self._check_permitted()
         if settings.pids is not None:
             self.probes.add_to_scope(settings.pids)
@@ -175,6 +177,9 @@ class Capture:
             return
         snapshot = discover.scan(self.settings.proc_root, pids=pids, cache=self._classifier)
         self.stats.rescans += 1
+        quiet = self._classifier.take_quiet()
+        if quiet and self.probes.quiet_loads:
+            self.probes.add_quiet(quiet)
         for library in snapshot.libraries.values():
             self.probes.attach(library)
         attached = self.probes.attached
@@ -459,13 +464,15 @@ class Capture:
         for note in self.probes.poll_loader(0):
             if note.held:
                 self._release(note.pid, note.ts_ns)
-        self.finish()
+        try:
+            self.finish()
+        finally:  # what the sinks hold reaches their files even when the last drain fails
+            for sink in self.sinks:
+                sink.close()
         self.verdicts.save_if_dirty()  # never raises: a failed save is one log line
         drops = self.probes.drops()
         if self.http_probes is not None:
             self._close_http(self.http_probes)
-        for sink in self.sinks:
-            sink.close()
         try:
             self.probes.close()
         except Exception as exc:  # the kernel releases them when this process exits

@@ -172,9 +172,19 @@ class Classifier:
         self._verdicts: dict[LibraryKey, _Verdict] = {}
         # The process whose path to a file was used last, tried first so host_path is stable.
         self._host_pids: dict[LibraryKey, int] = {}
+        # Files found to hold nothing probed since take_quiet last ran: (st_dev, st_ino,
+        # st_size) as stat gives them through the process's path (an overlayfs file's as the
+        # process opens it, which maps does not show).
+        self._quiet_new: list[tuple[int, int, int]] = []
 
     def __len__(self) -> int:
         return len(self._verdicts)
+
+    def take_quiet(self) -> list[tuple[int, int, int]]:
+        """The files classified (or recalled) since the last call that hold nothing probed:
+        no runtime, no driver, not a loader."""
+        quiet, self._quiet_new = self._quiet_new, []
+        return quiet
 
     def _library(
         self,
@@ -226,7 +236,8 @@ class Classifier:
         identity = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         verdict = self._verdicts.get(key)
         learned = False
-        if verdict is None or verdict.identity != identity:
+        fresh = verdict is None or verdict.identity != identity
+        if fresh:
             verdict = self._recall(key, identity)
         if verdict is None:
             learned = True
@@ -249,6 +260,9 @@ class Classifier:
             defined = elfsyms.defined_functions(located.host_path, _LOADER_SYMBOLS)
             verdict = replace(verdict, loader=LOADER_SYMBOL in defined)
         self._remember(key, verdict)
+        if (fresh or learned) and not verdict.runtime and not verdict.driver \
+                and not verdict.loader:
+            self._quiet_new.append((st.st_dev, st.st_ino, st.st_size))
         store = self.store
         if learned and store is not None and store.enabled and _readable(located.host_path):
             # A file that could not be opened (gone, EACCES, out of descriptors) read as

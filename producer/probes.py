@@ -40,12 +40,14 @@ from producer.records import (
     DROP_LOADER,
     DROP_NAMES,
     DROP_SLOTS,
+    FILE_ID_DTYPE,
     FORWARDED,
     LOADER_EVENT_DTYPE,
     LOADER_LISTEN,
     MAX_RUNTIME_RANGES,
     NAME_EVENT_DTYPE,
     PROBES,
+    QUIET_LOADS,
     RUNTIME_NAME_FUNCTIONS,
     SETTLED_DTYPE,
     TEXT_RANGES_DTYPE,
@@ -82,6 +84,8 @@ class DropCounts:
     names: int = 0
     #: Not lost: driver calls a probed runtime made for an operation recorded once already.
     forwarded: int = 0
+    #: Not lost: dlopens in scope that mapped only quiet files, let through unheld.
+    quiet_loads: int = 0
 
 
 # What each kind of library file is probed for: its API functions and name functions.
@@ -131,7 +135,8 @@ class Probes:
         if not source.is_file():
             raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
         self._uprobes: Uprobes = UprobeLinks()
-        image = program_image(source, settings.cflags(), settings.verdict_cache_dir)
+        image = program_image(source, settings.cflags(), settings.verdict_cache_dir,
+                              _file_walk_cflags if settings.quiet_loads_on else None)
         pinned = ({name: settings.tally_dir / name for name in TALLY_PINNED}
                   if settings.tally_dir is not None else {})
         self._bpf = bpfload.LoadedObject(image, pinned)
@@ -165,6 +170,9 @@ class Probes:
             target=self._move_names, name="gf-names", daemon=True)
         self._names_thread.start()
         self._runtime_text = maps["runtime_text"]
+        #: The files the kernel lets a dlopen map unheld (None: the filter is off).
+        self._quiet = maps.get("quiet_files")
+        self._quiet_known: set[bytes] = set()
         self.ring = RingBufferReader(maps["events"].fd, settings.ringbuf_bytes)
         self._scope = maps["scope_pids"]
         self._load_programs()
@@ -455,6 +463,38 @@ class Probes:
             except (OSError, ValueError):  # closed under us: close() is under way
                 return
 
+    @property
+    def quiet_loads(self) -> bool:
+        """Whether the kernel lets through, unheld, dlopens of the files `add_quiet` names."""
+        return self._quiet is not None
+
+    def add_quiet(self, files: Iterable[tuple[int, int, int]]) -> int:
+        """Files (st_dev as stat gives it, inode, size) that define nothing we probe: a dlopen
+        that maps only such files goes on unheld (bpf/cudart.bpf.c, GF_QUIET_LOADS). Those not
+        told before are added in one system call; how many were. A full map (E2BIG) is no
+        error: the files it could not take are held, as every file was before."""
+        if self._quiet is None:
+            return 0
+        # The kernel's dev_t is MAJOR << 20 | MINOR (stat's packs them otherwise).
+        ids = np.array([((os.major(dev) << 20) | os.minor(dev), ino, size)
+                        for dev, ino, size in files], dtype=FILE_ID_DTYPE)
+        raw, step = ids.tobytes(), FILE_ID_DTYPE.itemsize
+        keys = list(dict.fromkeys(
+            key for key in (raw[i:i + step] for i in range(0, len(raw), step))
+            if key not in self._quiet_known))
+        if not keys:
+            return 0
+        try:
+            added = self._quiet.update_many(b"".join(keys), _ONE_BYTE * len(keys))
+        except OSError as exc:
+            log.debug("the quiet files could not be told to the kernel: %s", exc)
+            return 0
+        self._quiet_known.update(keys[:added])
+        if added < len(keys):
+            log.debug("the quiet files map is full: %d file(s) are held at each dlopen",
+                      len(keys) - added)
+        return added
+
     def drops(self) -> DropCounts:
         table = self._bpf.map("drops")
         totals = [sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(slot)))
@@ -467,6 +507,7 @@ class Probes:
             by_pid=by_pid,
             names=totals[DROP_NAMES],
             forwarded=totals[FORWARDED],
+            quiet_loads=totals[QUIET_LOADS],
         )
 
     # -- the tally (producer/tally.py): node agent with Kafka only ----------------------
@@ -555,14 +596,34 @@ class Probes:
 # ---- the program: compiled by bcc, or read from the cache ------------------------------------
 
 
-def program_image(source: Path, cflags: list[str], cache_dir: Path | None) -> bpfimage.Image:
+def _file_walk_cflags() -> list[str]:
+    """The offsets the quiet-load filter's fd → file walk reads, from the kernel's BTF; none
+    (the filter compiled out: every dlopen is held) where they cannot be read."""
+    from producer.btf import Btf, BtfError, file_offsets
+
+    try:
+        return file_offsets(Btf.from_file()).cflags()
+    except (BtfError, OSError) as exc:
+        log.info("every dlopen is held: the kernel's file structs are unknown (%s)", exc)
+        return []
+
+
+def program_image(
+    source: Path,
+    cflags: list[str],
+    cache_dir: Path | None,
+    kernel_cflags: Callable[[], list[str]] | None = None,
+) -> bpfimage.Image:
     """The compiled `source` (with `cflags`): from the image cache in `cache_dir` where one
     was kept for exactly this source, these cflags, this bcc and this kernel, else compiled
     by bcc (~1 s) and kept there.
 
     The tally's bpffs folder (GF_TALLY_DIR) names only where two maps are pinned, which the
     loader is told apart (Probes): it is no part of the key, so that each agent (a folder of
-    its own) finds the image of the one before."""
+    its own) finds the image of the one before. `kernel_cflags` are read from the running
+    kernel (struct offsets from its BTF, ~60 ms): asked for only when the program is
+    compiled, and no part of the key either, which names the kernel (release, build, BTF)
+    they follow from."""
     text = bundle(source)
     key = bpfimage.image_key(
         text, [flag for flag in cflags if not flag.startswith("-DGF_TALLY_DIR=")],
@@ -572,7 +633,7 @@ def program_image(source: Path, cflags: list[str], cache_dir: Path | None) -> bp
     if image is not None:
         log.debug("compiled BPF program read from %s", cache.path(key))
         return image
-    image = compile_image(text, cflags)
+    image = compile_image(text, [*cflags, *(kernel_cflags() if kernel_cflags else [])])
     if cache.save(key, image):
         log.debug("compiled BPF program kept in %s", cache.path(key))
     return image
@@ -1001,18 +1062,20 @@ class HttpProbes:
         self._settings = settings
         self._records = httprecords
         self._conns_mod = httpconns
-        try:
-            walk = socket_offsets(Btf.from_file()).cflags()
-        except (BtfError, OSError) as exc:
-            log.info("HTTP capture without the socket walk (%s): the address family decides",
-                     exc)
-            walk = []
+        def walk() -> list[str]:
+            try:
+                return socket_offsets(Btf.from_file()).cflags()
+            except (BtfError, OSError) as exc:
+                log.info("HTTP capture without the socket walk (%s): the address family "
+                         "decides", exc)
+                return []
+
         source = settings.bpf_dir / "http_proto.bpf.c"
         if not source.is_file():
             raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
         cflags = [f"-I{settings.bpf_dir}", "-DGF_FILTER_PIDS=0",
-                  *httprecords.head_cflags(httprecords.DEFAULT_HEAD), *walk]
-        image = program_image(source, cflags, settings.verdict_cache_dir)
+                  *httprecords.head_cflags(httprecords.DEFAULT_HEAD)]
+        image = program_image(source, cflags, settings.verdict_cache_dir, walk)
         self._bpf = bpfload.LoadedObject(image)  # attaches its tracepoints
         events = self._bpf.map("http_events")
         try:

@@ -335,6 +335,9 @@ TEXT_RANGES_DTYPE: Final = np.dtype(
     [("start", "<u8", (MAX_RUNTIME_RANGES,)), ("end", "<u8", (MAX_RUNTIME_RANGES,))]
 )
 
+#: struct gf_file_id (the key of the `quiet_files` map).
+FILE_ID_DTYPE: Final = np.dtype([("dev", "<u8"), ("ino", "<u8"), ("size", "<i8")])
+
 #: struct gf_loader_event.
 LOADER_EVENT_DTYPE: Final = np.dtype(
     [("pid", "<u4"), ("held", "<u2"), ("reason", "<u2"), ("ts_ns", "<u8")])
@@ -368,6 +371,8 @@ class DropSlot(IntEnum):
     NAMES = 3
     #: Not a loss: driver calls made by a probed runtime, left out as the runtime's event.
     FORWARDED = 4
+    #: Not a loss: dlopens in scope that mapped only quiet files (neither held nor notified).
+    QUIET_LOADS = 5
 
 
 #: Slots in the `drops` array (GF_DROP_SLOTS).
@@ -376,3 +381,4 @@ DROP_EVENTS: Final = DropSlot.EVENTS
 DROP_LOADER: Final = DropSlot.LOADER
 DROP_NAMES: Final = DropSlot.NAMES
 FORWARDED: Final = DropSlot.FORWARDED
+QUIET_LOADS: Final = DropSlot.QUIET_LOADS

@@ -101,6 +101,11 @@ class CaptureSettings:
     #: committed per pid, what became of it), which a killed agent leaves for the next one to
     #: report (producer/tally.py). None: no tally.
     tally_dir: Path | None = None
+    #: With holds (trace): a dlopen that maps only files known to define nothing we probe
+    #: (the verdicts) is neither held nor rescanned: the kernel tells, from a map user space
+    #: fills (bpf/cudart.bpf.c, GF_QUIET_LOADS). A PyTorch start-up makes ~70 dlopens, ~60
+    #: of them of such files.
+    quiet_loads: bool = True
 
     @property
     def ringbuf_bytes(self) -> int:
@@ -118,6 +123,12 @@ class CaptureSettings:
         return self.http and self.http_at_listen and self.filter_pids and self.hold_on_load
 
     @property
+    def quiet_loads_on(self) -> bool:
+        """Whether dlopens of quiet files go unheld: only where processes are held (trace), so
+        that the node agent adds no syscall tracepoint for it."""
+        return self.quiet_loads and self.hold_on_load and self.filter_pids
+
+    @property
     def attach_cookies(self) -> bool:
         """Whether programs read attach cookies (bpf_get_attach_cookie, Linux 5.15+): one
         program then serves a whole family of the probe table (bpf/cudart.bpf.c)."""
@@ -133,6 +144,7 @@ class CaptureSettings:
             f"-DGF_WATCH_EXEC={int(self.watch_exec)}",
             f"-DGF_HOLD_ON_LISTEN={int(self.http_on_listen)}",
             f"-DGF_ATTACH_COOKIE={int(self.attach_cookies)}",
+            f"-DGF_QUIET_LOADS={int(self.quiet_loads_on)}",
             *(["-DGF_TALLY_DIR_SET=1", f'-DGF_TALLY_DIR="{self.tally_dir}"',
                f"-DGF_TALLY_PIDS={TALLY_PIDS}"] if self.tally_dir is not None else []),
         ]

@@ -53,6 +53,8 @@ class TraceResult:
     holds: int = 0
     held_s: float = 0.0
     longest_hold_s: float = 0.0
+    #: The dlopens let through unheld: they mapped only files known to hold nothing probed.
+    unheld: int = 0
 
 
 @dataclass(frozen=True)
@@ -322,11 +324,15 @@ def run(
         holds=capture.stats.held_released,
         held_s=capture.stats.held_ns_total / 1e9,
         longest_hold_s=capture.stats.held_ns_max / 1e9,
+        unheld=drops.quiet_loads,
     )
     if result.holds:
         attach_lines.append(
             f"  held while probing: {result.holds} time(s), {result.held_s:.2f} s in all, "
             f"longest {result.longest_hold_s * 1000:.0f} ms")
+    if result.unheld:
+        attach_lines.append(f"  not held: {result.unheld} dlopen(s) of files known to hold "
+                            "nothing probed")
     if print_summary:
         title = " ".join(argv)
         text = "\n".join([

@@ -84,6 +84,11 @@ class Stored:
         """Defines nothing and was not asked about the loader: the common, compact case."""
         return not self.runtime and not self.driver and self.loader is None
 
+    @property
+    def is_quiet(self) -> bool:
+        """Nothing in it is probed: no runtime, no driver, not a loader."""
+        return not self.runtime and not self.driver and not self.loader
+
 
 @dataclass(frozen=True, slots=True)
 class Vocabulary:
@@ -180,6 +185,12 @@ class VerdictStore:
         if entry[1] != now:  # marks it used; not by itself worth a write
             self._entries[identity] = (entry[0], now)
         return entry[0]
+
+    def quiet_files(self) -> list[tuple[int, int, int]]:
+        """(st_dev, st_ino, st_size) of each file kept as one nothing in it is probed
+        (Stored.is_quiet): dlopens of these need no hold (Probes.add_quiet)."""
+        return [identity[:3] for identity, (verdict, _) in self._entries.items()
+                if verdict.is_quiet]
 
     def put(self, identity: Identity, verdict: Stored) -> None:
         """Keep `verdict` for the file with `identity` (written by the next save)."""

@@ -9,6 +9,7 @@ import functools
 import itertools
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -166,6 +167,74 @@ def test_a_dlopen_notifies_once_its_objects_are_mapped(tmp_path: Path) -> None:
 
         assert [notifications_for(lib) for lib in libs] == [1, 1, 1]
         assert notifications_for(libs[0]) == 0  # loaded already: the link map is unchanged
+    finally:
+        child.kill()
+        child.communicate()  # waits, and closes the pipes
+        probes.close(background=False)
+
+
+def test_a_dlopen_of_quiet_files_only_is_neither_notified_nor_held(tmp_path: Path) -> None:
+    """With quiet loads (trace's holds), the kernel lets a dlopen through, unheld and counted,
+    when every file it mapped is one user space called quiet (Probes.add_quiet); a dlopen of
+    any other file is notified and held as before, and so is one that maps a quiet file
+    together with another (its DT_NEEDED)."""
+    from gpuflight.demo.build import compile_c
+
+    source = tmp_path / "empty.c"
+    source.write_text("int gf_empty(void) { return 0; }\n")
+    quiet, unknown, _needed = (compile_c(tmp_path / f"libgf{name}.so", [source],
+                                         ["-shared", "-fPIC"])
+                               for name in ("quiet", "unknown", "needed"))
+    both = compile_c(tmp_path / "libgfboth.so", [source],
+                     ["-shared", "-fPIC", f"-L{tmp_path}", "-Wl,--no-as-needed", "-lgfneeded",
+                      f"-Wl,-rpath,{tmp_path}"])
+    settings = CaptureSettings(pids=frozenset(), hold_on_load=True, follow_forks=True)
+    assert settings.quiet_loads_on
+    probes = Probes(settings)
+    assert probes.quiet_loads, "the kernel's BTF gives the walk's offsets on this machine"
+    files = [(st.st_dev, st.st_ino, st.st_size) for st in (quiet.stat(), both.stat())]
+    assert probes.add_quiet(files) == 2
+    assert probes.add_quiet(files) == 0  # told already
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import ctypes, sys
+            print("ready", flush=True)
+            for line in sys.stdin:
+                ctypes.CDLL(line.strip())
+                print("open", flush=True)
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    stdin, stdout = child.stdin, child.stdout
+    assert stdin is not None and stdout is not None
+    try:
+        assert stdout.readline().strip() == "ready"
+        own = discover.scan_pid(Path("/proc"), child.pid)
+        loader = next(lib for lib in own.libraries.values() if lib.kind == "loader")
+        assert probes.attach(loader) is not None
+        probes.add_to_scope([child.pid])
+
+        def holds_for(path: Path) -> list[bool]:
+            """Whether each notification of this dlopen held the child (released at once)."""
+            stdin.write(f"{path}\n")
+            stdin.flush()
+            held: list[bool] = []
+            deadline = time.monotonic() + 60
+            while not select.select([stdout], [], [], 0)[0]:
+                assert time.monotonic() < deadline, f"the dlopen of {path} never returned"
+                for note in probes.poll_loader(0.05):  # waits on the ring, 50 ms at most
+                    if note.pid == child.pid:
+                        held.append(note.held)
+                        if note.held:
+                            os.kill(child.pid, signal.SIGCONT)
+            assert stdout.readline().strip() == "open"
+            held += [n.held for n in probes.poll_loader(0) if n.pid == child.pid]
+            return held
+
+        assert holds_for(quiet) == []
+        assert probes.drops().quiet_loads == 1
+        assert holds_for(unknown) == [True]
+        assert holds_for(both) == [True]  # libgfneeded.so is not known to be quiet
+        assert probes.drops().quiet_loads == 1
     finally:
         child.kill()
         child.communicate()  # waits, and closes the pipes

@@ -181,6 +181,10 @@ def test_name_record_layout_matches_header(tmp_path: Path) -> None:
         f'#include "{HEADER}"\nint main(void) {{\n{prints}\n'
         'printf("size %zu\\n", sizeof(struct gf_name_event));\n'
         'printf("ranges %zu\\n", sizeof(struct gf_text_ranges));\n'
+        'printf("file_id %zu\\n", sizeof(struct gf_file_id));\n'
+        'printf("file_id_dev %zu\\nfile_id_ino %zu\\nfile_id_size %zu\\n", '
+        'offsetof(struct gf_file_id, dev), offsetof(struct gf_file_id, ino), '
+        'offsetof(struct gf_file_id, size));\n'
         'printf("name_max %d\\n", GF_NAME_MAX);\n'
         'printf("max_ranges %d\\n", GF_MAX_RUNTIME_RANGES);\n'
         'printf("begin %d\\nend %d\\n", GF_CAPTURE_BEGIN, GF_CAPTURE_END);\nreturn 0; }\n'
@@ -193,6 +197,9 @@ def test_name_record_layout_matches_header(tmp_path: Path) -> None:
         assert int(out[name]) == records.NAME_EVENT_DTYPE.fields[name][1], name  # type: ignore[index]
     assert int(out["size"]) == records.NAME_EVENT_DTYPE.itemsize
     assert int(out["ranges"]) == records.TEXT_RANGES_DTYPE.itemsize
+    assert int(out["file_id"]) == records.FILE_ID_DTYPE.itemsize
+    for name in records.FILE_ID_DTYPE.names or ():
+        assert int(out[f"file_id_{name}"]) == records.FILE_ID_DTYPE.fields[name][1], name  # type: ignore[index]
     assert int(out["name_max"]) == records.NAME_MAX
     assert int(out["max_ranges"]) == records.MAX_RUNTIME_RANGES
     assert (int(out["begin"]), int(out["end"])) == (records.CAPTURE_BEGIN, records.CAPTURE_END)
