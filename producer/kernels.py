@@ -29,7 +29,7 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
@@ -484,20 +484,27 @@ class KernelNames:
             label = f"{base}+0x{address - mapping.start:x}"
             return KernelName(label, label)
         file_offset = address - mapping.start + mapping.offset
-        opened = self._open_path(pid, mapping)
-        if opened is not None:
+        vaddr = None
+        # Each path in turn: the process may exit between finding a path and reading the
+        # file through it (its map_files then open no more); the file itself reads the same
+        # through any of them (elfsyms caches by inode).
+        for opened in self._open_paths(pid, mapping):
             found = elfsyms.symbol_at(opened, file_offset)
             if found is not None:
                 return demangle(found[0])
             vaddr = elfsyms.file_offset_to_vaddr(opened, file_offset)
             if vaddr is not None:
-                file_offset = vaddr
-        label = f"{os.path.basename(mapping.path)}+0x{file_offset:x}"
+                break  # read, and no function there
+        where = vaddr if vaddr is not None else file_offset
+        label = f"{os.path.basename(mapping.path)}+0x{where:x}"
         return KernelName(label, label)
 
     def _open_path(self, pid: int, mapping: _Mapping) -> str | None:
         """A path that opens the mapped file: through the live process, else (it has
         exited) the path itself when it still names the same inode."""
+        return next(self._open_paths(pid, mapping), None)
+
+    def _open_paths(self, pid: int, mapping: _Mapping) -> Iterator[str]:
         candidates = (
             f"{self._proc_root}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}",
             f"{self._proc_root}/{pid}/root{mapping.path}",
@@ -506,10 +513,9 @@ class KernelNames:
         for path in candidates:
             try:
                 if os.stat(path).st_ino == mapping.inode:
-                    return path
+                    yield path
             except OSError:
                 continue
-        return None
 
     def _mapping_of(self, pid: int, address: int) -> _Mapping | None:
         for maps in (self._read_maps(pid), self._maps.get(pid)):
