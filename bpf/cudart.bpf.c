@@ -1049,8 +1049,10 @@ GF_NAME_PROBES(GF_NAME_PROBE)
  * thread that mapped the files is the one whose dlopen reports them. A dlopen of quiet files
  * only is let through, counted in GF_DROP_QUIET_LOADS. Anything unsure (a walk that fails, a
  * file not in the map, a mapping by other code than the loader) marks the thread: at worst a
- * hold that was not needed. The walk's offsets come from the running kernel's BTF
- * (producer/btf.py FileOffsets); without them every dlopen notifies, as without the filter. */
+ * hold that was not needed. A file written since it was classified has another change time,
+ * so another key: it is held and classified again. The walk's offsets come from the running
+ * kernel's BTF (producer/btf.py FileOffsets); without them every dlopen notifies, as without
+ * the filter. */
 #if GF_QUIET_LOADS && defined(GF_FILE_OFF_TASK_FILES)
 #define GF_QUIET 1
 #define GF_PROT_EXEC 4
@@ -1060,12 +1062,14 @@ GF_NAME_PROBES(GF_NAME_PROBE)
 BPF_HASH(quiet_files, struct gf_file_id, u8, GF_QUIET_FILES_MAX);
 BPF_TABLE("lru_hash", u32, u8, loads_pending, 16384);
 
-/* task->files->fdt->fd[fd]->f_inode: its number and size, and its superblock's dev_t. */
+/* task->files->fdt->fd[fd]->f_inode: its number, size and change time, and its superblock's
+ * dev_t. */
 static __always_inline int gf_file_of_fd(s32 fd, struct gf_file_id *id)
 {
 	u8 *task = (u8 *)bpf_get_current_task();
 	u8 *files = 0, *fdt = 0, *fds = 0, *file = 0, *inode = 0, *sb = 0;
-	u32 max_fds = 0, dev = 0;
+	u32 max_fds = 0, dev = 0, nsec = 0;
+	s64 sec = 0;
 	if (fd < 0)
 		return -1;
 	if (bpf_probe_read_kernel(&files, sizeof(files), task + GF_FILE_OFF_TASK_FILES) || !files)
@@ -1082,8 +1086,12 @@ static __always_inline int gf_file_of_fd(s32 fd, struct gf_file_id *id)
 	if (bpf_probe_read_kernel(&inode, sizeof(inode), file + GF_FILE_OFF_FILE_INODE) || !inode)
 		return -1;
 	if (bpf_probe_read_kernel(&id->ino, sizeof(id->ino), inode + GF_FILE_OFF_INODE_INO) ||
-	    bpf_probe_read_kernel(&id->size, sizeof(id->size), inode + GF_FILE_OFF_INODE_SIZE))
+	    bpf_probe_read_kernel(&id->size, sizeof(id->size), inode + GF_FILE_OFF_INODE_SIZE) ||
+	    bpf_probe_read_kernel(&sec, sizeof(sec), inode + GF_FILE_OFF_INODE_CTIME_SEC) ||
+	    bpf_probe_read_kernel(&nsec, sizeof(nsec), inode + GF_FILE_OFF_INODE_CTIME_NSEC))
 		return -1;
+	/* Linux 6.13+ keeps a flag in the top bit of i_ctime_nsec (multigrain timestamps). */
+	id->ctime_ns = sec * 1000000000 + (nsec & 0x3fffffff);
 	if (bpf_probe_read_kernel(&sb, sizeof(sb), inode + GF_FILE_OFF_INODE_SB) || !sb)
 		return -1;
 	if (bpf_probe_read_kernel(&dev, sizeof(dev), sb + GF_FILE_OFF_SB_DEV))

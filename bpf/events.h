@@ -338,13 +338,15 @@ struct gf_text_ranges {
 };
 
 /* The key of the `quiet_files` map (producer/records.py FILE_ID_DTYPE): a library file as the
- * kernel knows it — its superblock's dev_t (MAJOR << 20 | MINOR), inode number and size — that
- * user space found to define nothing gpuflight probes. A dlopen whose new executable mappings
- * are all of such files is neither held nor notified (bpf/cudart.bpf.c, GF_QUIET_LOADS). */
+ * kernel knows it — its superblock's dev_t (MAJOR << 20 | MINOR), inode number, size and change
+ * time (what stat(2) says; a file written since is another key) — that user space found to
+ * define nothing gpuflight probes. A dlopen whose new executable mappings are all of such
+ * files is neither held nor notified (bpf/cudart.bpf.c, GF_QUIET_LOADS). */
 struct gf_file_id {
 	__u64 dev;
 	__u64 ino;
 	__s64 size;
+	__s64 ctime_ns;
 };
 
 /* A process whose dynamic loader changed its link map (dlopen, start-up). */

@@ -237,8 +237,8 @@ def socket_offsets(btf: Btf) -> SocketOffsets:
 @dataclass(frozen=True)
 class FileOffsets:
     """Where the fd → file identity walk reads, in bytes (bpf/cudart.bpf.c, GF_FILE_OFF_*):
-    task->files->fdt->fd[fd]->f_inode, then the inode's number and size and its superblock's
-    dev_t, which is what /proc/PID/maps and stat(2) show of the file."""
+    task->files->fdt->fd[fd]->f_inode, then the inode's number, size and change time and its
+    superblock's dev_t: what stat(2) shows of the file."""
 
     task_files: int
     files_fdt: int
@@ -249,6 +249,9 @@ class FileOffsets:
     inode_size: int
     inode_sb: int
     sb_dev: int
+    #: The inode's change time: seconds (8 bytes) and nanoseconds (the low 4 bytes).
+    inode_ctime_sec: int
+    inode_ctime_nsec: int
 
     def cflags(self) -> list[str]:
         return [f"-DGF_FILE_OFF_{f.name.upper()}={getattr(self, f.name)}" for f in fields(self)]
@@ -276,4 +279,23 @@ def file_offsets(btf: Btf) -> FileOffsets:
         if actual != size:
             raise BtfError(f"{struct_name}.{member} is {actual} bytes, expected {size}")
         values[name] = offset
-    return FileOffsets(**values)
+    # Linux 6.7+: i_ctime_sec and i_ctime_nsec; 6.6: __i_ctime, before: i_ctime (each a
+    # struct timespec64: tv_sec, then tv_nsec).
+    try:
+        sec, sec_size = btf.member("inode", "i_ctime_sec")
+        nsec, nsec_size = btf.member("inode", "i_ctime_nsec")
+    except BtfError:
+        for member in ("__i_ctime", "i_ctime"):
+            try:
+                sec, sec_size = btf.member("inode", member)
+            except BtfError:
+                continue
+            if sec_size != 16:
+                raise BtfError(f"inode.{member} is {sec_size} bytes, not a timespec64") from None
+            nsec, sec_size, nsec_size = sec + 8, 8, 8
+            break
+        else:
+            raise BtfError("struct inode has no change time the walk knows") from None
+    if sec_size != 8 or nsec_size not in (4, 8):
+        raise BtfError(f"inode's change time is {sec_size}+{nsec_size} bytes, expected 8+4")
+    return FileOffsets(**values, inode_ctime_sec=sec, inode_ctime_nsec=nsec)

@@ -173,14 +173,14 @@ class Classifier:
         # The process whose path to a file was used last, tried first so host_path is stable.
         self._host_pids: dict[LibraryKey, int] = {}
         # Files found to hold nothing probed since take_quiet last ran: (st_dev, st_ino,
-        # st_size) as stat gives them through the process's path (an overlayfs file's as the
-        # process opens it, which maps does not show).
-        self._quiet_new: list[tuple[int, int, int]] = []
+        # st_size, st_ctime_ns) as stat gives them through the process's path (an overlayfs
+        # file's as the process opens it, which maps does not show).
+        self._quiet_new: list[tuple[int, int, int, int]] = []
 
     def __len__(self) -> int:
         return len(self._verdicts)
 
-    def take_quiet(self) -> list[tuple[int, int, int]]:
+    def take_quiet(self) -> list[tuple[int, int, int, int]]:
         """The files classified (or recalled) since the last call that hold nothing probed:
         no runtime, no driver, not a loader."""
         quiet, self._quiet_new = self._quiet_new, []
@@ -262,7 +262,7 @@ class Classifier:
         self._remember(key, verdict)
         if (fresh or learned) and not verdict.runtime and not verdict.driver \
                 and not verdict.loader:
-            self._quiet_new.append((st.st_dev, st.st_ino, st.st_size))
+            self._quiet_new.append((st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns))
         store = self.store
         if learned and store is not None and store.enabled and _readable(located.host_path):
             # A file that could not be opened (gone, EACCES, out of descriptors) read as

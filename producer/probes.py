@@ -468,16 +468,17 @@ class Probes:
         """Whether the kernel lets through, unheld, dlopens of the files `add_quiet` names."""
         return self._quiet is not None
 
-    def add_quiet(self, files: Iterable[tuple[int, int, int]]) -> int:
-        """Files (st_dev as stat gives it, inode, size) that define nothing we probe: a dlopen
-        that maps only such files goes on unheld (bpf/cudart.bpf.c, GF_QUIET_LOADS). Those not
-        told before are added in one system call; how many were. A full map (E2BIG) is no
-        error: the files it could not take are held, as every file was before."""
+    def add_quiet(self, files: Iterable[tuple[int, int, int, int]]) -> int:
+        """Files (st_dev, st_ino, st_size, st_ctime_ns as stat gives them) that define nothing
+        we probe: a dlopen that maps only such files goes on unheld (bpf/cudart.bpf.c,
+        GF_QUIET_LOADS). Those not told before are added in one system call; how many were. A
+        full map (E2BIG) is no error: the files it could not take are held, as every file was
+        before."""
         if self._quiet is None:
             return 0
         # The kernel's dev_t is MAJOR << 20 | MINOR (stat's packs them otherwise).
-        ids = np.array([((os.major(dev) << 20) | os.minor(dev), ino, size)
-                        for dev, ino, size in files], dtype=FILE_ID_DTYPE)
+        ids = np.array([((os.major(dev) << 20) | os.minor(dev), ino, size, ctime_ns)
+                        for dev, ino, size, ctime_ns in files], dtype=FILE_ID_DTYPE)
         raw, step = ids.tobytes(), FILE_ID_DTYPE.itemsize
         keys = list(dict.fromkeys(
             key for key in (raw[i:i + step] for i in range(0, len(raw), step))

@@ -336,7 +336,8 @@ TEXT_RANGES_DTYPE: Final = np.dtype(
 )
 
 #: struct gf_file_id (the key of the `quiet_files` map).
-FILE_ID_DTYPE: Final = np.dtype([("dev", "<u8"), ("ino", "<u8"), ("size", "<i8")])
+FILE_ID_DTYPE: Final = np.dtype(
+    [("dev", "<u8"), ("ino", "<u8"), ("size", "<i8"), ("ctime_ns", "<i8")])
 
 #: struct gf_loader_event.
 LOADER_EVENT_DTYPE: Final = np.dtype(

@@ -186,11 +186,11 @@ class VerdictStore:
             self._entries[identity] = (entry[0], now)
         return entry[0]
 
-    def quiet_files(self) -> list[tuple[int, int, int]]:
-        """(st_dev, st_ino, st_size) of each file kept as one nothing in it is probed
-        (Stored.is_quiet): dlopens of these need no hold (Probes.add_quiet)."""
-        return [identity[:3] for identity, (verdict, _) in self._entries.items()
-                if verdict.is_quiet]
+    def quiet_files(self) -> list[tuple[int, int, int, int]]:
+        """(st_dev, st_ino, st_size, st_ctime_ns) of each file kept as one nothing in it is
+        probed (Stored.is_quiet): dlopens of these need no hold (Probes.add_quiet)."""
+        return [(identity[0], identity[1], identity[2], identity[4])
+                for identity, (verdict, _) in self._entries.items() if verdict.is_quiet]
 
     def put(self, identity: Identity, verdict: Stored) -> None:
         """Keep `verdict` for the file with `identity` (written by the next save)."""

@@ -177,14 +177,14 @@ def test_a_dlopen_of_quiet_files_only_is_neither_notified_nor_held(tmp_path: Pat
     """With quiet loads (trace's holds), the kernel lets a dlopen through, unheld and counted,
     when every file it mapped is one user space called quiet (Probes.add_quiet); a dlopen of
     any other file is notified and held as before, and so is one that maps a quiet file
-    together with another (its DT_NEEDED)."""
+    together with another (its DT_NEEDED), and one of a quiet file changed since (its ctime)."""
     from gpuflight.demo.build import compile_c
 
     source = tmp_path / "empty.c"
     source.write_text("int gf_empty(void) { return 0; }\n")
-    quiet, unknown, _needed = (compile_c(tmp_path / f"libgf{name}.so", [source],
-                                         ["-shared", "-fPIC"])
-                               for name in ("quiet", "unknown", "needed"))
+    quiet, unknown, _needed, written = (compile_c(tmp_path / f"libgf{name}.so", [source],
+                                                  ["-shared", "-fPIC"])
+                                        for name in ("quiet", "unknown", "needed", "written"))
     both = compile_c(tmp_path / "libgfboth.so", [source],
                      ["-shared", "-fPIC", f"-L{tmp_path}", "-Wl,--no-as-needed", "-lgfneeded",
                       f"-Wl,-rpath,{tmp_path}"])
@@ -192,9 +192,13 @@ def test_a_dlopen_of_quiet_files_only_is_neither_notified_nor_held(tmp_path: Pat
     assert settings.quiet_loads_on
     probes = Probes(settings)
     assert probes.quiet_loads, "the kernel's BTF gives the walk's offsets on this machine"
-    files = [(st.st_dev, st.st_ino, st.st_size) for st in (quiet.stat(), both.stat())]
-    assert probes.add_quiet(files) == 2
+    files = [(st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns)
+             for st in (quiet.stat(), both.stat(), written.stat())]
+    assert probes.add_quiet(files) == 3
     assert probes.add_quiet(files) == 0  # told already
+    before = written.stat().st_ctime_ns
+    while written.stat().st_ctime_ns == before:  # changed since (its content could be too)
+        os.utime(written)
     child = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
             import ctypes, sys
@@ -234,6 +238,7 @@ def test_a_dlopen_of_quiet_files_only_is_neither_notified_nor_held(tmp_path: Pat
         assert probes.drops().quiet_loads == 1
         assert holds_for(unknown) == [True]
         assert holds_for(both) == [True]  # libgfneeded.so is not known to be quiet
+        assert holds_for(written) == [True]  # not the file it was when called quiet
         assert probes.drops().quiet_loads == 1
     finally:
         child.kill()

@@ -22,7 +22,7 @@ import pytest
 
 from producer import httprecords as hr
 from producer.bpfsource import bundle
-from producer.btf import VMLINUX, Btf, BtfError, socket_offsets
+from producer.btf import VMLINUX, Btf, BtfError, file_offsets, socket_offsets
 from producer.http import HttpParser
 from tests.conftest import REPO, bpf_unavailable_reason, require
 
@@ -171,6 +171,68 @@ def test_socket_offsets_of_the_running_kernel() -> None:
     assert len(flags) == 15 and all(f.startswith("-DGF_HTTP_OFF_") for f in flags)
     # sock_common is struct sock's first member; its family sits near its start.
     assert 0 < offsets.sk_family < 64 and offsets.sk_type > offsets.sk_family
+
+
+class _Members(Btf):
+    """A BTF that answers member() from a table (the walk's lookups, without a blob)."""
+
+    def __init__(self, members: dict[tuple[str, str], tuple[int, int]]) -> None:
+        self._table = members
+
+    def member(self, struct_name: str, member: str) -> tuple[int, int]:
+        try:
+            return self._table[(struct_name, member)]
+        except KeyError:
+            raise BtfError(f"struct {struct_name} has no member {member}") from None
+
+
+_FILE_WALK_MEMBERS = {
+    ("task_struct", "files"): (1824, 8), ("files_struct", "fdt"): (32, 8),
+    ("fdtable", "max_fds"): (0, 4), ("fdtable", "fd"): (8, 8), ("file", "f_inode"): (32, 8),
+    ("inode", "i_ino"): (64, 8), ("inode", "i_size"): (80, 8), ("inode", "i_sb"): (40, 8),
+    ("super_block", "s_dev"): (16, 4),
+}
+
+
+@pytest.mark.parametrize(("ctime", "want"), [
+    ({("inode", "i_ctime_sec"): (104, 8), ("inode", "i_ctime_nsec"): (120, 4)}, (104, 120)),
+    ({("inode", "__i_ctime"): (96, 16)}, (96, 104)),  # Linux 6.6: a timespec64
+    ({("inode", "i_ctime"): (88, 16)}, (88, 96)),  # before
+])
+def test_file_walk_finds_the_change_time_of_each_kernel(
+    ctime: dict[tuple[str, str], tuple[int, int]], want: tuple[int, int]
+) -> None:
+    offsets = file_offsets(_Members({**_FILE_WALK_MEMBERS, **ctime}))
+    assert (offsets.inode_ctime_sec, offsets.inode_ctime_nsec) == want
+    assert (offsets.task_files, offsets.sb_dev) == (1824, 16)
+    assert f"-DGF_FILE_OFF_INODE_CTIME_NSEC={want[1]}" in offsets.cflags()
+
+
+@pytest.mark.parametrize("ctime", [
+    {},  # no change time at all
+    {("inode", "i_ctime"): (88, 8)},  # not a timespec64
+    {("inode", "i_ctime_sec"): (104, 4), ("inode", "i_ctime_nsec"): (120, 4)},
+])
+def test_file_walk_refuses_a_change_time_it_does_not_know(
+    ctime: dict[tuple[str, str], tuple[int, int]]
+) -> None:
+    with pytest.raises(BtfError):
+        file_offsets(_Members({**_FILE_WALK_MEMBERS, **ctime}))
+
+
+def test_file_walk_refuses_a_member_of_another_size() -> None:
+    members = {**_FILE_WALK_MEMBERS, ("inode", "i_ino"): (64, 4),
+               ("inode", "i_ctime_sec"): (104, 8), ("inode", "i_ctime_nsec"): (120, 4)}
+    with pytest.raises(BtfError, match="i_ino is 4 bytes"):
+        file_offsets(_Members(members))
+
+
+def test_file_offsets_of_the_running_kernel() -> None:
+    require(None if VMLINUX.is_file() else f"{VMLINUX} is missing (a kernel without BTF)")
+    offsets = file_offsets(Btf.from_file())
+    flags = offsets.cflags()
+    assert len(flags) == 11 and all(f.startswith("-DGF_FILE_OFF_") for f in flags)
+    assert offsets.inode_ctime_nsec > offsets.inode_ctime_sec
 
 
 # -- on the kernel --------------------------------------------------------------------------

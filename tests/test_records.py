@@ -182,9 +182,9 @@ def test_name_record_layout_matches_header(tmp_path: Path) -> None:
         'printf("size %zu\\n", sizeof(struct gf_name_event));\n'
         'printf("ranges %zu\\n", sizeof(struct gf_text_ranges));\n'
         'printf("file_id %zu\\n", sizeof(struct gf_file_id));\n'
-        'printf("file_id_dev %zu\\nfile_id_ino %zu\\nfile_id_size %zu\\n", '
-        'offsetof(struct gf_file_id, dev), offsetof(struct gf_file_id, ino), '
-        'offsetof(struct gf_file_id, size));\n'
+        + "".join(f'printf("file_id_{f} %zu\\n", offsetof(struct gf_file_id, {f}));\n'
+                  for f in records.FILE_ID_DTYPE.names or ())
+        +
         'printf("name_max %d\\n", GF_NAME_MAX);\n'
         'printf("max_ranges %d\\n", GF_MAX_RUNTIME_RANGES);\n'
         'printf("begin %d\\nend %d\\n", GF_CAPTURE_BEGIN, GF_CAPTURE_END);\nreturn 0; }\n'

@@ -177,6 +177,24 @@ def test_a_verdict_is_reused_by_the_next_run_without_reading_the_file(
     assert not store.dirty and not store.save_if_dirty()  # nothing new: no write
 
 
+def test_the_quiet_files_are_those_nothing_probed_is_in(node: Node, tmp_path: Path) -> None:
+    """The files a dlopen may map unheld (Probes.add_quiet): libc (nothing probed), not the
+    runtime nor the loader; by stat's identity with the change time, from the store at start
+    and from the Classifier once per file as it meets them."""
+    libc = node.files["libc.so.6"].stat()
+    want = [(libc.st_dev, libc.st_ino, libc.st_size, libc.st_ctime_ns)]
+    classifier = Classifier(store=discover.open_verdict_store(tmp_path / "cache"))
+    node.scan(classifier)
+    assert classifier.take_quiet() == want
+    node.scan(classifier)
+    assert classifier.take_quiet() == []  # told once
+    assert classifier.store is not None and classifier.store.save_if_dirty()
+    assert discover.open_verdict_store(tmp_path / "cache").quiet_files() == want
+    recalled = Classifier(store=discover.open_verdict_store(tmp_path / "cache"))
+    node.scan(recalled)
+    assert recalled.take_quiet() == want  # recalled from the store: as quiet
+
+
 def test_files_that_define_nothing_are_kept_compactly(node: Node, tmp_path: Path) -> None:
     learn(node, tmp_path / "cache")
     document = orjson.loads((tmp_path / "cache" / verdicts.FILE_NAME).read_bytes())
