@@ -14,7 +14,6 @@ map it.
 
 from __future__ import annotations
 
-import importlib.metadata
 import itertools
 import os
 import re
@@ -301,6 +300,8 @@ def verdict_fingerprint() -> str:
 
 
 def _distribution_version() -> str:
+    import importlib.metadata  # ~5 ms, and only where no source is shipped
+
     try:
         return importlib.metadata.version("gpuflight")
     except importlib.metadata.PackageNotFoundError:
