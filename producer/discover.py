@@ -27,7 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from producer import elfsyms, verdicts
+from producer import attachplan, elfsyms, verdicts
 from producer.records import API_IDS, DRIVER_APIS, RUNTIME_APIS, RUNTIME_NAME_FUNCTIONS
 
 __all__ = [
@@ -61,7 +61,7 @@ _CLASSIFYING_SYMBOLS = RUNTIME_SYMBOLS | DRIVER_SYMBOLS
 _REFERENCED_SYMBOLS = RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS
 
 # The loader calls this empty function after every change to its link map (dlopen, start-up).
-LOADER_SYMBOL = "_dl_debug_state"
+LOADER_SYMBOL = attachplan.LOADER_SYMBOL
 _LOADER_SYMBOLS = frozenset({LOADER_SYMBOL})
 
 LibraryKey = tuple[int, int]
@@ -95,6 +95,8 @@ class LibraryFile:
     #: A runtime linked statically into the file (NCCL, NVSHMEM): the runtime functions its
     #: own code calls, the only ones worth probing. None: every function it defines.
     probe_only: frozenset[str] | None = None
+    #: Where its probes go (file offsets), kept across runs with its verdict.
+    plan: attachplan.Plan | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class _Verdict:
     driver: frozenset[str]
     loader: bool | None  # None: not asked yet (only loader candidates are)
     probe_only: frozenset[str] | None = None  # see LibraryFile.probe_only
+    plan: attachplan.Plan | None = None  # see LibraryFile.plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +200,29 @@ class Classifier:
         else:
             return None
         probe_only = verdict.probe_only if kind == "runtime" else None
+        if verdict.plan is None or verdict.plan.kind != kind:
+            verdict = self._plan(key, located, verdict, kind, probe_only)
         return LibraryFile(
-            key, _path_of(located.mapping), located.host_path, kind, symbols, probe_only
+            key, _path_of(located.mapping), located.host_path, kind, symbols, probe_only,
+            verdict.plan,
         )
+
+    def _plan(
+        self,
+        key: LibraryKey,
+        located: _Located,
+        verdict: _Verdict,
+        kind: Kind,
+        probe_only: frozenset[str] | None,
+    ) -> _Verdict:
+        """`verdict` with the file's attach plan as a `kind` file, read now (and kept)."""
+        plan = attachplan.read_plan(located.host_path, kind, located.stat.st_size, probe_only)
+        verdict = replace(verdict, plan=plan)
+        self._remember(key, verdict)
+        store = self.store
+        if store is not None and store.enabled and _readable(located.host_path):
+            store.put((*key, *verdict.identity), _stored(verdict))
+        return verdict
 
     def _forget_all_but(self, keys: Iterable[LibraryKey]) -> None:
         """Drop what is known about every file not in `keys`."""
@@ -262,7 +285,9 @@ class Classifier:
         kept = self.store.get((*key, *identity))
         if kept is None:
             return None
-        return _Verdict(identity, kept.runtime, kept.driver, kept.loader, kept.probe_only)
+        return _Verdict(
+            identity, kept.runtime, kept.driver, kept.loader, kept.probe_only, kept.plan
+        )
 
     def _remember(self, key: LibraryKey, verdict: _Verdict) -> None:
         self._verdicts[key] = verdict
@@ -273,7 +298,9 @@ class Classifier:
 
 
 def _stored(verdict: _Verdict) -> verdicts.Stored:
-    return verdicts.Stored(verdict.runtime, verdict.driver, verdict.loader, verdict.probe_only)
+    return verdicts.Stored(
+        verdict.runtime, verdict.driver, verdict.loader, verdict.probe_only, verdict.plan
+    )
 
 
 def _readable(path: str) -> bool:
@@ -286,16 +313,17 @@ def _readable(path: str) -> bool:
 
 def verdict_fingerprint() -> str:
     """What a stored verdict was computed against: the names classified and probed, and the
-    code that reads them (this module and elfsyms; a change to either makes the old verdicts
-    stale, which costs one slower start, never a wrong one)."""
+    code that reads them (this module, elfsyms and attachplan; a change to any makes the old
+    verdicts stale, which costs one slower start, never a wrong one)."""
     sources: list[bytes] = []
-    for module in (elfsyms, sys.modules[__name__]):
+    for module in (elfsyms, attachplan, sys.modules[__name__]):
         try:
             sources.append(Path(module.__file__ or "").read_bytes())
         except OSError:  # no source shipped: the package version stands for it
             sources.append(_distribution_version().encode())
     return verdicts.fingerprint(
-        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, _LOADER_SYMBOLS, *sources
+        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, _LOADER_SYMBOLS,
+        *(attachplan.PROBED[kind] for kind in sorted(attachplan.PROBED)), *sources
     )
 
 
@@ -315,7 +343,9 @@ def open_verdict_store(
 ) -> verdicts.VerdictStore:
     """The verdicts kept in `directory` (CaptureSettings.verdict_cache_dir) for a Classifier;
     None: a store that is off (remembers nothing, never touches disk). Never raises."""
-    vocabulary = verdicts.Vocabulary(RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS)
+    vocabulary = verdicts.Vocabulary(
+        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, attachplan.PROBED
+    )
     fingerprint = verdict_fingerprint() if directory is not None else ""
     return verdicts.VerdictStore.load(directory, fingerprint, vocabulary, max_entries, clock)
 
