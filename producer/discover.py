@@ -218,10 +218,13 @@ class Classifier:
         """`verdict` with the file's attach plan as a `kind` file, read now (and kept)."""
         plan = attachplan.read_plan(located.host_path, kind, located.stat.st_size, probe_only)
         verdict = replace(verdict, plan=plan)
+        if not _readable(located.host_path):
+            # Gone (or out of reach) since the stat: nothing is known of where to attach, so
+            # nothing is remembered; the next process that maps the file tells.
+            return verdict
         self._remember(key, verdict)
-        store = self.store
-        if store is not None and store.enabled and _readable(located.host_path):
-            store.put((*key, *verdict.identity), _stored(verdict))
+        if self.store is not None and self.store.enabled:
+            self.store.put((*key, *verdict.identity), _stored(verdict))
         return verdict
 
     def _forget_all_but(self, keys: Iterable[LibraryKey]) -> None:

@@ -209,6 +209,33 @@ def test_a_file_s_attach_plan_is_kept_with_its_verdict(node: Node, tmp_path: Pat
     assert kept is not None and kept.plan == runtime.plan
 
 
+def test_a_plan_read_from_a_file_gone_meanwhile_is_not_kept(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that cannot be opened once its plan is read (its process gone) reads as having
+    nowhere to attach: true for now, so neither remembered nor stored; the next scan reads it."""
+    store = discover.open_verdict_store(tmp_path / "cache")
+    classifier = Classifier(store=store)
+    monkeypatch.setattr(discover, "_readable", lambda path: False)
+    node.scan(classifier)
+    assert not store.dirty
+    monkeypatch.undo()
+    planned: list[str] = []
+    read_plan = attachplan.read_plan
+
+    def counted(path: str, kind: str, size: int,
+                probe_only: frozenset[str] | None = None) -> attachplan.Plan:
+        planned.append(Path(path).name)
+        return read_plan(path, kind, size, probe_only)
+
+    monkeypatch.setattr(attachplan, "read_plan", counted)
+    found = node.scan(classifier)
+    assert sorted(planned) == ["ld-linux-x86-64.so.2", "libcudart.so"]
+    plan = found[node.key("libcudart.so")].plan
+    assert plan is not None and plan.offset("cudaLaunchKernel") is not None
+    assert store.dirty
+
+
 def test_a_plan_round_trips_to_its_limits(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     runtime = verdicts.Stored(
