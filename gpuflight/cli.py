@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 from producer import wire
 from producer.errors import GpuflightError, ServiceError, UsageError
-from producer.publish import KafkaSettings, load_config
 from producer.redact import CMDLINE_MODES
 from producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
     from producer.pricing import PriceBook
+    from producer.publish import KafkaSettings
     from producer.trace import RequestOptions
 
 log = logging.getLogger("gpuflight")
@@ -172,6 +172,8 @@ def _request_options(args: argparse.Namespace) -> RequestOptions:
 
 
 def _kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> KafkaSettings:
+    from producer.publish import KafkaSettings, load_config
+
     settings = KafkaSettings(
         bootstrap=args.kafka,
         topic_prefix=args.topic_prefix,
@@ -403,6 +405,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "streams":
         from producer.kafkaconf import ClientSecurity
+        from producer.publish import load_config
         from streams import app as stream_app
         from streams.settings import InfluxSettings, StreamSettings
         from streams.windows import WindowSettings

@@ -14,7 +14,6 @@ map it.
 
 from __future__ import annotations
 
-import importlib.metadata
 import itertools
 import os
 import re
@@ -28,7 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from producer import elfsyms, verdicts
+from producer import attachplan, elfsyms, verdicts
 from producer.records import API_IDS, DRIVER_APIS, RUNTIME_APIS, RUNTIME_NAME_FUNCTIONS
 
 __all__ = [
@@ -62,7 +61,7 @@ _CLASSIFYING_SYMBOLS = RUNTIME_SYMBOLS | DRIVER_SYMBOLS
 _REFERENCED_SYMBOLS = RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS
 
 # The loader calls this empty function after every change to its link map (dlopen, start-up).
-LOADER_SYMBOL = "_dl_debug_state"
+LOADER_SYMBOL = attachplan.LOADER_SYMBOL
 _LOADER_SYMBOLS = frozenset({LOADER_SYMBOL})
 
 LibraryKey = tuple[int, int]
@@ -96,6 +95,8 @@ class LibraryFile:
     #: A runtime linked statically into the file (NCCL, NVSHMEM): the runtime functions its
     #: own code calls, the only ones worth probing. None: every function it defines.
     probe_only: frozenset[str] | None = None
+    #: Where its probes go (file offsets), kept across runs with its verdict.
+    plan: attachplan.Plan | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class _Verdict:
     driver: frozenset[str]
     loader: bool | None  # None: not asked yet (only loader candidates are)
     probe_only: frozenset[str] | None = None  # see LibraryFile.probe_only
+    plan: attachplan.Plan | None = None  # see LibraryFile.plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,9 +210,32 @@ class Classifier:
         else:
             return None
         probe_only = verdict.probe_only if kind == "runtime" else None
+        if verdict.plan is None or verdict.plan.kind != kind:
+            verdict = self._plan(key, located, verdict, kind, probe_only)
         return LibraryFile(
-            key, _path_of(located.mapping), located.host_path, kind, symbols, probe_only
+            key, _path_of(located.mapping), located.host_path, kind, symbols, probe_only,
+            verdict.plan,
         )
+
+    def _plan(
+        self,
+        key: LibraryKey,
+        located: _Located,
+        verdict: _Verdict,
+        kind: Kind,
+        probe_only: frozenset[str] | None,
+    ) -> _Verdict:
+        """`verdict` with the file's attach plan as a `kind` file, read now (and kept)."""
+        plan = attachplan.read_plan(located.host_path, kind, located.stat.st_size, probe_only)
+        verdict = replace(verdict, plan=plan)
+        if not _readable(located.host_path):
+            # Gone (or out of reach) since the stat: nothing is known of where to attach, so
+            # nothing is remembered; the next process that maps the file tells.
+            return verdict
+        self._remember(key, verdict)
+        if self.store is not None and self.store.enabled:
+            self.store.put((*key, *verdict.identity), _stored(verdict))
+        return verdict
 
     def _forget_all_but(self, keys: Iterable[LibraryKey]) -> None:
         """Drop what is known about every file not in `keys`."""
@@ -260,13 +285,14 @@ class Classifier:
             defined = elfsyms.defined_functions(located.host_path, _LOADER_SYMBOLS)
             verdict = replace(verdict, loader=LOADER_SYMBOL in defined)
         self._remember(key, verdict)
-        if (fresh or learned) and not verdict.runtime and not verdict.driver \
+        # A file that could not be opened (gone, EACCES, out of descriptors) read as defining
+        # nothing: true for now, not worth keeping for the next run, nor quiet.
+        sure = not learned or _readable(located.host_path)
+        if sure and (fresh or learned) and not verdict.runtime and not verdict.driver \
                 and not verdict.loader:
             self._quiet_new.append((st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns))
         store = self.store
-        if learned and store is not None and store.enabled and _readable(located.host_path):
-            # A file that could not be opened (gone, EACCES, out of descriptors) read as
-            # defining nothing: true for now, not worth keeping for the next run.
+        if learned and sure and store is not None and store.enabled:
             store.put((*key, *identity), _stored(verdict))
         return verdict
 
@@ -277,7 +303,9 @@ class Classifier:
         kept = self.store.get((*key, *identity))
         if kept is None:
             return None
-        return _Verdict(identity, kept.runtime, kept.driver, kept.loader, kept.probe_only)
+        return _Verdict(
+            identity, kept.runtime, kept.driver, kept.loader, kept.probe_only, kept.plan
+        )
 
     def _remember(self, key: LibraryKey, verdict: _Verdict) -> None:
         self._verdicts[key] = verdict
@@ -288,7 +316,9 @@ class Classifier:
 
 
 def _stored(verdict: _Verdict) -> verdicts.Stored:
-    return verdicts.Stored(verdict.runtime, verdict.driver, verdict.loader, verdict.probe_only)
+    return verdicts.Stored(
+        verdict.runtime, verdict.driver, verdict.loader, verdict.probe_only, verdict.plan
+    )
 
 
 def _readable(path: str) -> bool:
@@ -301,20 +331,23 @@ def _readable(path: str) -> bool:
 
 def verdict_fingerprint() -> str:
     """What a stored verdict was computed against: the names classified and probed, and the
-    code that reads them (this module and elfsyms; a change to either makes the old verdicts
-    stale, which costs one slower start, never a wrong one)."""
+    code that reads them (this module, elfsyms and attachplan; a change to any makes the old
+    verdicts stale, which costs one slower start, never a wrong one)."""
     sources: list[bytes] = []
-    for module in (elfsyms, sys.modules[__name__]):
+    for module in (elfsyms, attachplan, sys.modules[__name__]):
         try:
             sources.append(Path(module.__file__ or "").read_bytes())
         except OSError:  # no source shipped: the package version stands for it
             sources.append(_distribution_version().encode())
     return verdicts.fingerprint(
-        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, _LOADER_SYMBOLS, *sources
+        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, _LOADER_SYMBOLS,
+        *(attachplan.PROBED[kind] for kind in sorted(attachplan.PROBED)), *sources
     )
 
 
 def _distribution_version() -> str:
+    import importlib.metadata  # ~5 ms, and only where no source is shipped
+
     try:
         return importlib.metadata.version("gpuflight")
     except importlib.metadata.PackageNotFoundError:
@@ -328,7 +361,9 @@ def open_verdict_store(
 ) -> verdicts.VerdictStore:
     """The verdicts kept in `directory` (CaptureSettings.verdict_cache_dir) for a Classifier;
     None: a store that is off (remembers nothing, never touches disk). Never raises."""
-    vocabulary = verdicts.Vocabulary(RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS)
+    vocabulary = verdicts.Vocabulary(
+        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, attachplan.PROBED
+    )
     fingerprint = verdict_fingerprint() if directory is not None else ""
     return verdicts.VerdictStore.load(directory, fingerprint, vocabulary, max_entries, clock)
 

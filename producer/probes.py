@@ -30,12 +30,12 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from producer import bpfimage, bpfload, elfsyms
+from producer import attachplan, bpfimage, bpfload
+from producer.attachplan import LOADER_SYMBOL
 from producer.bpfsource import bundle
 from producer.discover import DRIVER_SYMBOLS, RUNTIME_SYMBOLS, LibraryFile
 from producer.errors import AttachError, SetupError
 from producer.records import (
-    DRIVER_NAME_FUNCTIONS,
     DROP_EVENTS,
     DROP_LOADER,
     DROP_NAMES,
@@ -48,7 +48,6 @@ from producer.records import (
     NAME_EVENT_DTYPE,
     PROBES,
     QUIET_LOADS,
-    RUNTIME_NAME_FUNCTIONS,
     SETTLED_DTYPE,
     TEXT_RANGES_DTYPE,
     Probe,
@@ -58,10 +57,6 @@ from producer.settings import CaptureSettings
 
 log = logging.getLogger(__name__)
 
-LOADER_SYMBOL = "_dl_debug_state"
-#: The loader's struct r_debug (<link.h>), and where in it r_state lies (x86-64).
-R_DEBUG_SYMBOL = "_r_debug"
-R_STATE_OFFSET = 24
 #: Process name of the detached helper that releases probes after a capture.
 RELEASER_NAME = "gpuflight-rel"
 
@@ -89,10 +84,7 @@ class DropCounts:
 
 
 # What each kind of library file is probed for: its API functions and name functions.
-_PROBED: dict[str, frozenset[str]] = {
-    "runtime": RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS,
-    "driver": DRIVER_SYMBOLS | DRIVER_NAME_FUNCTIONS,
-}
+_PROBED = attachplan.PROBED
 _PROBE_ROWS: dict[str, Probe] = {p.name: p for p in PROBES}
 #: The kinds of file whose loss costs the user CUDA calls (a loader's costs only timeliness).
 CUDA_KINDS = frozenset({"runtime", "driver"})
@@ -290,10 +282,10 @@ class Probes:
 
     def _attach_runtime(self, library: LibraryFile, fds: list[int]) -> AttachedFile:
         """A runtime or driver file: its API functions and its name functions."""
-        addresses = elfsyms.function_addresses(library.host_path, _PROBED[library.kind])
+        offsets = dict(_plan(library).offsets)
         if library.probe_only is not None:  # a runtime linked into the file: what it calls
-            addresses = {n: a for n, a in addresses.items() if n in library.probe_only}
-        functions = frozenset(addresses)
+            offsets = {n: o for n, o in offsets.items() if n in library.probe_only}
+        functions = frozenset(offsets)
         if not functions & (RUNTIME_SYMBOLS | DRIVER_SYMBOLS):
             raise AttachError(f"defines none of the CUDA {library.kind} functions we probe")
         probes = 0
@@ -301,15 +293,15 @@ class Probes:
         first_errno: int | None = None
         claimed: dict[int, str] = {}
         for name in sorted(functions):
-            # Two names of one function (an alias) would fire two probes per call.
-            if addresses[name] in claimed:
-                log.debug("%s: %s is %s, probed once", library.path, name, claimed[addresses[name]])
-                continue
-            claimed[addresses[name]] = name
-            offset = elfsyms.vaddr_to_file_offset(library.host_path, addresses[name])
+            offset = offsets[name]
             if offset is None:
                 unprobed[name] = "its address is outside the file's loaded segments"
                 continue
+            # Two names of one function (an alias) would fire two probes per call.
+            if offset in claimed:
+                log.debug("%s: %s is %s, probed once", library.path, name, claimed[offset])
+                continue
+            claimed[offset] = name
             try:
                 probes += self._attach_function(library, name, offset, fds)
             except OSError as exc:
@@ -324,18 +316,15 @@ class Probes:
         return AttachedFile(library, probes, functions - unprobed.keys(), unprobed)
 
     def _attach_loader(self, library: LibraryFile, fds: list[int]) -> AttachedFile:
-        address = elfsyms.symbol_address(library.host_path, LOADER_SYMBOL)
-        offset = None if address is None else elfsyms.vaddr_to_file_offset(
-            library.host_path, address)
-        if address is None or offset is None:
+        plan = _plan(library)
+        offset = plan.offset(LOADER_SYMBOL)
+        if offset is None:
             raise AttachError(f"defines no {LOADER_SYMBOL} to probe")
-        # The program reads the loader's r_state through this (bpf/cudart.bpf.c).
-        r_debug = elfsyms.symbol_address(library.host_path, R_DEBUG_SYMBOL)
-        to_state = 0 if r_debug is None else r_debug + R_STATE_OFFSET - address
+        # The program reads the loader's r_state through the cookie (bpf/cudart.bpf.c).
         try:
             fds.append(self._uprobes.attach(self._program("on_loader_change"),
                                             library.host_path, offset, retprobe=False,
-                                            cookie=to_state & (2**64 - 1)))
+                                            cookie=plan.cookie))
         except OSError as exc:
             raise AttachError(f"cannot attach to {LOADER_SYMBOL}: {_reason(exc)}",
                               exc.errno) from exc
@@ -592,6 +581,19 @@ class Probes:
         if failed:
             log.warning("%d of the BPF program's fds could not be closed: the kernel releases "
                         "them when gpuflight exits", failed)
+
+
+def _plan(library: LibraryFile) -> attachplan.Plan:
+    """Where to attach in `library`: the plan discover found (kept across runs with the
+    file's verdict), else read from the file now (a LibraryFile made without one)."""
+    plan = library.plan
+    if plan is not None and plan.kind == library.kind:
+        return plan
+    try:
+        size = os.stat(library.host_path).st_size
+    except OSError:
+        return attachplan.Plan(library.kind, ())
+    return attachplan.read_plan(library.host_path, library.kind, size, library.probe_only)
 
 
 # ---- the program: compiled by bcc, or read from the cache ------------------------------------

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from tabulate import tabulate
 
 from producer.counting import CopyStats, Counts, Shape
 from producer.records import COPY_KINDS
@@ -180,6 +179,14 @@ def _dim(d: tuple[int, int, int]) -> str:
     return "({},{},{})".format(*d)
 
 
+def _table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> list[str]:
+    """`rows` as an indented plain table, one line per row (tabulate: ~5 ms to import, paid
+    only by a summary that has a table)."""
+    from tabulate import tabulate
+
+    return ["    " + r for r in tabulate(rows, headers=headers, tablefmt="plain").splitlines()]
+
+
 def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5, *,
            probed: Sequence[ProbedFile] = ()) -> str:
     """Human summary, in the spirit of `perf stat`; its words are the counting core's terms,
@@ -218,8 +225,7 @@ def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5
             for (g, b), n in summary.shapes.most_common(top)
         ]
         lines += ["", "  top launch shapes:"]
-        lines += ["    " + r for r in tabulate(rows, headers=["grid", "block", "launches", "share"],
-                                              tablefmt="plain").splitlines()]
+        lines += _table(rows, ["grid", "block", "launches", "share"])
     if summary.copies:
         rows = []
         for kind in (*COPY_KINDS, *sorted(set(summary.copies) - set(COPY_KINDS))):
@@ -231,9 +237,7 @@ def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5
                          _si(bw, "B/s") if bw is not None else "-",
                          f"{s.sync_ns / 1e6:.3f} ms"])
         lines += ["", "  copies:"]
-        lines += ["    " + r for r in tabulate(
-            rows, headers=["dir", "calls", "bytes", "sync bandwidth", "sync time"],
-            tablefmt="plain").splitlines()]
+        lines += _table(rows, ["dir", "calls", "bytes", "sync bandwidth", "sync time"])
     if len(c.devices) > 1:
         rows = []
         for device in c.devices:
@@ -244,9 +248,8 @@ def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5
                            for k in ("H2D", "D2H", "D2D")),
                          f"{c.device_blocked_ns(device) / 1e6:.3f} ms"])
         lines += ["", "  per device (the calling thread's):"]
-        lines += ["    " + r for r in tabulate(
-            rows, headers=["device", "kernel launches", "copies", "H2D", "D2H", "D2D",
-                           "CPU blocked"], tablefmt="plain").splitlines()]
+        lines += _table(rows, ["device", "kernel launches", "copies", "H2D", "D2H", "D2D",
+                               "CPU blocked"])
     if summary.memset_count:
         lines.append(f"  memsets: {summary.memset_count:,} calls, {_bytes(summary.memset_bytes)}")
     lines += ["", f"  allocations: {summary.alloc_count:,} ({_bytes(summary.alloc_bytes)}),"

@@ -6,16 +6,23 @@ kept here, keyed by the file's identity, and a later `gpuflight trace` (or a res
 agent) reads it back instead of the file.
 
     identity (st_dev as maps shows it, st_ino, st_size, st_mtime_ns, st_ctime_ns)
-        ──► Stored (runtime, driver, loader, probe_only)
+        ──► Stored (runtime, driver, loader, probe_only, plan)
+
+`plan` is where the file's probes go (producer/attachplan.py: the file offset of each
+function probed; the loader's _dl_debug_state and its r_state cookie), so a warm start
+attaches without reading the file either.
 
 st_ctime_ns is part of the identity because no user can set it: a file rewritten in place and
 given back its old size and mtime still reads as a new file.
 
 One JSON file (orjson), `verdicts.json`:
 
-    {"format": "gpuflight-verdicts", "version": 1, "fingerprint": "<hex>",
+    {"format": "gpuflight-verdicts", "version": 2, "fingerprint": "<hex>",
      "entries": [[dev, ino, size, mtime_ns, ctime_ns, used],               # defines nothing
-                 [dev, ino, size, mtime_ns, ctime_ns, used, loader, runtime, driver, probe_only]]}
+                 [dev, ino, size, mtime_ns, ctime_ns, used, loader, runtime, driver, probe_only,
+                  plan]]}
+
+    plan: null, or [kind, {name: file offset or null, ...}, cookie]
 
 `used` is when the entry was last looked up (Unix seconds): the oldest-used go first when the
 store outgrows its bound. The fingerprint names what the verdicts were computed against (the
@@ -24,7 +31,9 @@ probe table, the classifying code): a gpuflight whose fingerprint differs ignore
 The file is trusted only when it is a regular file owned by our effective uid and writable by
 nobody else, in a folder owned by us (or root) that nobody else may write to unless it is
 sticky (a planted verdict could hide a CUDA library); anything else, and anything that does
-not parse exactly, is ignored with one log line. Written atomically (a temporary file in
+not parse exactly, is ignored with one log line: a plan naming a function that is not probed
+for its kind, an offset that is not within the file's size, a cookie that is not a u64 (or
+not a loader's) make the whole file ignored, never attached. Written atomically (a temporary file in
 the same folder, then os.replace), only when something new was learned, merged with what
 another gpuflight may have written meanwhile. Not thread-safe, like the Classifier it serves.
 """
@@ -34,12 +43,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
+from producer.attachplan import Plan
 from producer.cachefile import read_trusted, write_atomic
 
 __all__ = [
@@ -55,10 +65,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FILE_NAME = "verdicts.json"
 _FORMAT = "gpuflight-verdicts"
-#: ~60 bytes an entry on disk: 20,000 files (a node running many container images) ~1.2 MB.
+#: ~60 bytes an entry on disk (a few KB for the few files probed, with their plans): 20,000
+#: files (a node running many container images) ~1.2 MB.
 DEFAULT_MAX_ENTRIES = 20_000
 #: A bigger file is not ours to parse (DEFAULT_MAX_ENTRIES of rich entries is far below).
 _MAX_FILE_BYTES = 64 << 20
@@ -78,11 +89,14 @@ class Stored:
     driver: frozenset[str]
     loader: bool | None  # None: not asked (only loader candidates are)
     probe_only: frozenset[str] | None = None
+    plan: Plan | None = None
 
     @property
     def is_nothing(self) -> bool:
         """Defines nothing and was not asked about the loader: the common, compact case."""
-        return not self.runtime and not self.driver and self.loader is None
+        return (
+            not self.runtime and not self.driver and self.loader is None and self.plan is None
+        )
 
     @property
     def is_quiet(self) -> bool:
@@ -97,6 +111,8 @@ class Vocabulary:
     runtime: frozenset[str]
     driver: frozenset[str]
     probe_only: frozenset[str]
+    #: By kind of file, the functions a plan may name (attachplan.PROBED); none: no plan is.
+    plans: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 def fingerprint(*parts: Iterable[str] | bytes) -> str:
@@ -273,13 +289,13 @@ class VerdictStore:
         names = _Names(self._vocabulary)
         entries: dict[Identity, tuple[Stored, int]] = {}
         for row in rows:
-            if not isinstance(row, list) or len(row) not in (6, 10):
+            if not isinstance(row, list) or len(row) not in (6, 11):
                 raise _InvalidError("an entry of the wrong shape")
             numbers = row[:6]
             if not all(type(n) is int and 0 <= n < _U64 for n in numbers):
                 raise _InvalidError("an entry with a bad identity")
             identity: Identity = (numbers[0], numbers[1], numbers[2], numbers[3], numbers[4])
-            verdict = _NOTHING if len(row) == 6 else names.verdict(row[6:])
+            verdict = _NOTHING if len(row) == 6 else names.verdict(row[6:], identity[2])
             entries[identity] = (verdict, numbers[5])
         return entries
 
@@ -298,6 +314,7 @@ def _row(identity: Identity, verdict: Stored, used: int) -> list[object]:
     if verdict.is_nothing:
         return [*identity, used]
     probe_only = None if verdict.probe_only is None else sorted(verdict.probe_only)
+    plan = verdict.plan
     return [
         *identity,
         used,
@@ -305,6 +322,7 @@ def _row(identity: Identity, verdict: Stored, used: int) -> list[object]:
         sorted(verdict.runtime),
         sorted(verdict.driver),
         probe_only,
+        None if plan is None else [plan.kind, dict(plan.offsets), plan.cookie],
     ]
 
 
@@ -315,9 +333,10 @@ class _Names:
         self._runtime = {n: n for n in vocabulary.runtime}
         self._driver = {n: n for n in vocabulary.driver}
         self._probe_only = {n: n for n in vocabulary.probe_only}
+        self._plans = {kind: {n: n for n in names} for kind, names in vocabulary.plans.items()}
 
-    def verdict(self, fields: list[object]) -> Stored:
-        loader, runtime, driver, probe_only = fields
+    def verdict(self, fields: list[object], size: int) -> Stored:
+        loader, runtime, driver, probe_only, plan = fields
         if loader is not None and type(loader) is not bool:
             raise _InvalidError("an entry with a bad loader flag")
         return Stored(
@@ -325,7 +344,28 @@ class _Names:
             _names(driver, self._driver),
             loader,
             None if probe_only is None else _names(probe_only, self._probe_only),
+            None if plan is None else self.plan(plan, size),
         )
+
+    def plan(self, value: object, size: int) -> Plan:
+        """An attach plan for a file of `size` bytes: every name probed for its kind, every
+        offset within the file, the cookie a u64 and only a loader's."""
+        if not isinstance(value, list) or len(value) != 3:
+            raise _InvalidError("an entry with a bad attach plan")
+        kind, offsets, cookie = value
+        known = self._plans.get(kind) if type(kind) is str else None
+        if known is None or not isinstance(offsets, dict):
+            raise _InvalidError("an entry with a bad attach plan")
+        if type(cookie) is not int or not 0 <= cookie < _U64 or (cookie and kind != "loader"):
+            raise _InvalidError("an entry with a bad attach cookie")
+        try:
+            pairs = tuple(sorted((known[name], offset) for name, offset in offsets.items()))
+        except KeyError:
+            raise _InvalidError("an attach plan naming a function that is not probed") from None
+        for _, offset in pairs:
+            if offset is not None and not (type(offset) is int and 0 <= offset < size):
+                raise _InvalidError("an attach plan with an offset outside the file")
+        return Plan(kind, pairs, cookie)
 
 
 def _names(value: object, known: dict[str, str]) -> frozenset[str]:

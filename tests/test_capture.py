@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from gpuflight.simgpu.build import SimGpu, read_counts
@@ -256,9 +257,10 @@ def test_producer_pid_filter(bindir: Path, tmp_path: Path) -> None:
 def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`trace` saves what it learned of each library file (producer/verdicts.py) when it
-    closes, and the compiled BPF program (producer/bpfimage.py) when it starts; the next one
-    classifies the same files from that alone, compiles nothing, and captures as exactly."""
+    """`trace` saves what it learned of each library file (producer/verdicts.py: what it
+    defines, and where its probes go) when it closes, and the compiled BPF program
+    (producer/bpfimage.py) when it starts; the next one classifies and attaches the same
+    files from that alone (no ELF read), compiles nothing, and captures as exactly."""
     from producer import elfsyms, probes
     from producer import trace as tracing
 
@@ -273,14 +275,20 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     assert (cache / "verdicts.json").is_file()
     assert len(list(cache.glob("bpf-*.json"))) == 1
 
-    def unread(path: str, wanted: frozenset[str]) -> frozenset[str]:
+    document = orjson.loads((cache / "verdicts.json").read_bytes())
+    plans = {row[10][0] for row in document["entries"] if len(row) > 6 and row[10]}
+    assert {"runtime", "loader"} <= plans  # kept for the stub runtime and the loader
+
+    def unread(path: str, wanted: object) -> frozenset[str]:
         raise AssertionError(f"{path} was read for its symbols again")
 
     def uncompiled(text: str, cflags: list[str]) -> None:
         raise AssertionError("the BPF program was compiled again")
 
-    monkeypatch.setattr(elfsyms, "defined_functions", unread)
-    monkeypatch.setattr(elfsyms, "referenced_functions", unread)
+    # Neither to classify nor to attach (producer/attachplan.py).
+    for name in ("defined_functions", "referenced_functions", "function_addresses",
+                 "symbol_address", "vaddr_to_file_offset"):
+        monkeypatch.setattr(elfsyms, name, unread)
     monkeypatch.setattr(probes, "compile_image", uncompiled)
     second = tmp_path / "second.jsonl"
     assert tracing.run([str(binary), "--iters", "5"], output=second,

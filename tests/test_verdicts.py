@@ -14,14 +14,14 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 import pytest
 
-from producer import discover, elfsyms, verdicts
+from producer import attachplan, discover, elfsyms, verdicts
 from producer.discover import Classifier, LibraryFile, LibraryKey
 from producer.settings import CaptureSettings, default_cache_dir
 from tests.conftest import require
@@ -120,11 +120,14 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def forbid_reading(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(path: str, wanted: frozenset[str]) -> frozenset[str]:
+    """No ELF read at all: not to classify, nor for where to attach (attachplan)."""
+
+    def fail(path: str, wanted: object) -> frozenset[str]:
         raise AssertionError(f"{path} was read again")
 
-    monkeypatch.setattr(elfsyms, "defined_functions", fail)
-    monkeypatch.setattr(elfsyms, "referenced_functions", fail)
+    for name in ("defined_functions", "referenced_functions", "function_addresses",
+                 "symbol_address", "vaddr_to_file_offset"):
+        monkeypatch.setattr(elfsyms, name, fail)
 
 
 def learn(node: Node, cache: Path) -> dict[LibraryKey, LibraryFile]:
@@ -146,7 +149,8 @@ class Clock:
 
 def vocabulary() -> verdicts.Vocabulary:
     return verdicts.Vocabulary(
-        discover.RUNTIME_SYMBOLS, discover.DRIVER_SYMBOLS, discover._REFERENCED_SYMBOLS
+        discover.RUNTIME_SYMBOLS, discover.DRIVER_SYMBOLS, discover._REFERENCED_SYMBOLS,
+        attachplan.PROBED,
     )
 
 
@@ -169,7 +173,7 @@ def test_a_verdict_is_reused_by_the_next_run_without_reading_the_file(
     runtime = first[node.key("libcudart.so")]
     assert "cudaLaunchKernel" in runtime.symbols
 
-    forbid_reading(monkeypatch)
+    forbid_reading(monkeypatch)  # nor for where to attach: the plans come back too
     store = discover.open_verdict_store(cache)
     assert len(store) == 3  # libc too: files that define nothing are kept, compactly
     assert node.scan(Classifier(store=store)) == first
@@ -193,6 +197,79 @@ def test_the_quiet_files_are_those_nothing_probed_is_in(node: Node, tmp_path: Pa
     recalled = Classifier(store=discover.open_verdict_store(tmp_path / "cache"))
     node.scan(recalled)
     assert recalled.take_quiet() == want  # recalled from the store: as quiet
+
+
+def test_a_file_s_attach_plan_is_kept_with_its_verdict(node: Node, tmp_path: Path) -> None:
+    """Where each probe goes (attachplan) is what the file's symbols say, read at the first
+    run; the next run gets the same plan from the store."""
+    first = learn(node, tmp_path / "cache")
+    runtime = first[node.key("libcudart.so")]
+    path = str(node.files["libcudart.so"])
+    assert runtime.plan is not None and runtime.plan.kind == "runtime"
+    offsets = dict(runtime.plan.offsets)
+    addresses = elfsyms.function_addresses(path, attachplan.PROBED["runtime"])
+    assert offsets.keys() == addresses.keys() and "cudaLaunchKernel" in offsets
+    for name, address in addresses.items():
+        assert offsets[name] == elfsyms.vaddr_to_file_offset(path, address)
+    loader = first[node.key("ld-linux-x86-64.so.2")]
+    ld = str(node.files["ld-linux-x86-64.so.2"])
+    assert loader.plan is not None and loader.plan.kind == "loader"
+    debug_state = elfsyms.symbol_address(ld, attachplan.LOADER_SYMBOL)
+    r_debug = elfsyms.symbol_address(ld, attachplan.R_DEBUG_SYMBOL)
+    assert debug_state is not None and r_debug is not None
+    assert loader.plan.offsets == (
+        (attachplan.LOADER_SYMBOL, elfsyms.vaddr_to_file_offset(ld, debug_state)),
+    )
+    assert loader.plan.cookie == (r_debug + attachplan.R_STATE_OFFSET - debug_state) % 2**64
+    store = discover.open_verdict_store(tmp_path / "cache")
+    st = node.files["libcudart.so"].stat()
+    kept = store.get((*node.key("libcudart.so"), st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    assert kept is not None and kept.plan == runtime.plan
+
+
+def test_a_plan_read_from_a_file_gone_meanwhile_is_not_kept(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that cannot be opened once its plan is read (its process gone) reads as having
+    nowhere to attach: true for now, so neither remembered nor stored; the next scan reads it."""
+    store = discover.open_verdict_store(tmp_path / "cache")
+    classifier = Classifier(store=store)
+    monkeypatch.setattr(discover, "_readable", lambda path: False)
+    node.scan(classifier)
+    assert not store.dirty
+    monkeypatch.undo()
+    planned: list[str] = []
+    read_plan = attachplan.read_plan
+
+    def counted(path: str, kind: str, size: int,
+                probe_only: frozenset[str] | None = None) -> attachplan.Plan:
+        planned.append(Path(path).name)
+        return read_plan(path, kind, size, probe_only)
+
+    monkeypatch.setattr(attachplan, "read_plan", counted)
+    found = node.scan(classifier)
+    assert sorted(planned) == ["ld-linux-x86-64.so.2", "libcudart.so"]
+    plan = found[node.key("libcudart.so")].plan
+    assert plan is not None and plan.offset("cudaLaunchKernel") is not None
+    assert store.dirty
+
+
+def test_a_plan_round_trips_to_its_limits(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    runtime = verdicts.Stored(
+        frozenset({"cudaMalloc", "cudaFree"}), frozenset(), None, frozenset({"cudaMalloc"}),
+        attachplan.Plan("runtime", (("__cudaRegisterFunction", 0), ("cudaFree", None),
+                                    ("cudaMalloc", 4095))),
+    )
+    loader = verdicts.Stored(frozenset(), frozenset(), True, None,
+                             attachplan.Plan("loader", (("_dl_debug_state", 64),), 2**64 - 8))
+    none = verdicts.Stored(frozenset(), frozenset(), False, None, attachplan.Plan("loader", ()))
+    store = verdicts.VerdictStore.load(cache, *_args())
+    for n, verdict in enumerate((runtime, loader, none)):
+        store.put(identity(n), verdict)  # each file 4096 bytes
+    assert store.save_if_dirty()
+    kept = verdicts.VerdictStore.load(cache, *_args())
+    assert [kept.get(identity(n)) for n in range(3)] == [runtime, loader, none]
 
 
 def test_files_that_define_nothing_are_kept_compactly(node: Node, tmp_path: Path) -> None:
@@ -292,13 +369,14 @@ def test_another_format_version_is_ignored(
     with caplog.at_level(logging.DEBUG, logger="producer.verdicts"):
         assert len(discover.open_verdict_store(cache)) == 0
     assert [r.levelno for r in caplog.records if "ignored" in str(r.msg)] == [logging.INFO]
-    assert "format version 2" in caplog.text
+    assert f"format version {verdicts.FORMAT_VERSION + 1}" in caplog.text
 
 
 def _valid(tmp_path: Path) -> bytes:
     store = discover.open_verdict_store(tmp_path / "valid")
     store.put(identity(1), NOTHING)
-    store.put(identity(2), verdicts.Stored(frozenset({"cudaMalloc"}), frozenset(), False))
+    store.put(identity(2), verdicts.Stored(frozenset({"cudaMalloc"}), frozenset(), False, None,
+                                           attachplan.Plan("runtime", (("cudaMalloc", 64),))))
     assert store.save_if_dirty()
     return (tmp_path / "valid" / verdicts.FILE_NAME).read_bytes()
 
@@ -331,14 +409,49 @@ DAMAGED = {
     "float": lambda good: _entries([[2049, 7.5, 4096, 5, 5, 9]]),
     "bool as a number": lambda good: _entries([[2049, True, 4096, 5, 5, 9]]),
     "huge number": lambda good: _entries([]).replace(b"[]", b"[[2049,7,4096,5,5,1e400]]"),
-    "unprobed name": lambda good: _entries([[*_IDENTITY, None, ["system"], [], None]]),
-    "name not a string": lambda good: _entries([[*_IDENTITY, None, [["cudaMalloc"]], [], None]]),
-    "driver name as runtime": lambda good: _entries(
-        [[*_IDENTITY, None, ["cuLaunchKernel"], [], None]]
+    "unprobed name": lambda good: _entries([[*_IDENTITY, None, ["system"], [], None, None]]),
+    "name not a string": lambda good: _entries(
+        [[*_IDENTITY, None, [["cudaMalloc"]], [], None, None]]
     ),
-    "loader not a bool": lambda good: _entries([[*_IDENTITY, 1, [], [], None]]),
-    "names not a list": lambda good: _entries([[*_IDENTITY, None, "cudaMalloc", [], None]]),
+    "driver name as runtime": lambda good: _entries(
+        [[*_IDENTITY, None, ["cuLaunchKernel"], [], None, None]]
+    ),
+    "loader not a bool": lambda good: _entries([[*_IDENTITY, 1, [], [], None, None]]),
+    "names not a list": lambda good: _entries([[*_IDENTITY, None, "cudaMalloc", [], None, None]]),
+    "a version 1 entry": lambda good: _entries([[*_IDENTITY, None, ["cudaMalloc"], [], None]]),
 }
+# A runtime's entry (a 4096-byte file defining cudaMalloc) with each of these plans.
+BAD_PLANS: dict[str, object] = {
+    "not a list": "runtime",
+    "too short": ["runtime", {"cudaMalloc": 64}],
+    "unknown kind": ["kernel", {"cudaMalloc": 64}, 0],
+    "kind not a string": [1, {"cudaMalloc": 64}, 0],
+    "offsets not an object": ["runtime", [["cudaMalloc", 64]], 0],
+    "offset at the file's end": ["runtime", {"cudaMalloc": 4096}, 0],
+    "offset past the file": ["runtime", {"cudaMalloc": 1 << 40}, 0],
+    "negative offset": ["runtime", {"cudaMalloc": -64}, 0],
+    "float offset": ["runtime", {"cudaMalloc": 64.0}, 0],
+    "bool offset": ["runtime", {"cudaMalloc": True}, 0],
+    "string offset": ["runtime", {"cudaMalloc": "64"}, 0],
+    "unprobed name": ["runtime", {"system": 64}, 0],
+    "driver name in a runtime plan": ["runtime", {"cuLaunchKernel": 64}, 0],
+    "loader name in a driver plan": ["driver", {"_dl_debug_state": 64}, 0],
+    "runtime name in a loader plan": ["loader", {"cudaMalloc": 64}, 0],
+    "cookie in a runtime plan": ["runtime", {"cudaMalloc": 64}, 8],
+    "negative cookie": ["loader", {"_dl_debug_state": 64}, -8],
+    "cookie past u64": b'["loader", {"_dl_debug_state": 64}, 18446744073709551616]',
+    "cookie not a number": ["loader", {"_dl_debug_state": 64}, "8"],
+}
+
+
+def _planned(plan: object) -> Callable[[bytes], bytes]:
+    if isinstance(plan, bytes):  # JSON that orjson would not write
+        return lambda good: _entries([[*_IDENTITY, None, ["cudaMalloc"], [], None, "?"]]).replace(
+            b'"?"', plan)
+    return lambda good: _entries([[*_IDENTITY, None, ["cudaMalloc"], [], None, plan]])
+
+
+DAMAGED.update({f"plan: {what}": _planned(plan) for what, plan in BAD_PLANS.items()})
 
 
 @pytest.mark.parametrize("damage", DAMAGED.values(), ids=DAMAGED.keys())
