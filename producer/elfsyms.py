@@ -83,9 +83,17 @@ class _Definition:
     is_function: bool
 
 
-def defined_functions(path: str, wanted: frozenset[str]) -> frozenset[str]:
-    """The names in `wanted` that `path` defines as functions (name@VER counts as name)."""
-    found = _definitions(path, wanted)
+def defined_functions(
+    path: str, wanted: frozenset[str], unless_imported: frozenset[str] = frozenset()
+) -> frozenset[str]:
+    """The names in `wanted` that `path` defines as functions (name@VER counts as name).
+
+    `unless_imported`: names whose import shows that the file links them from another
+    file. If .dynsym imports one of them (an undefined symbol of that name), .symtab is
+    not read: what is only there (a copy linked in statically, its symbols local) cannot
+    hold them, or the static linker would have resolved the import against it. Only
+    .dynsym's definitions are then answered."""
+    found = _definitions(path, wanted, unless_imported)
     return frozenset(name for name, d in found.items() if d.is_function)
 
 
@@ -442,19 +450,32 @@ def _read_symbols(elf: _Elf, table: _Section) -> npt.NDArray[np.void] | None:
     return np.frombuffer(raw, dtype=dtype, count=count)
 
 
-def _definitions(path: str, wanted: frozenset[str]) -> Mapping[str, _Definition]:
-    found = _cached(path, ("defs", wanted), lambda fd, size: _read_definitions(fd, size, wanted))
+def _definitions(
+    path: str, wanted: frozenset[str], unless_imported: frozenset[str] = frozenset()
+) -> Mapping[str, _Definition]:
+    found = _cached(
+        path,
+        ("defs", wanted, unless_imported),
+        lambda fd, size: _read_definitions(fd, size, wanted, unless_imported),
+    )
     return {} if found is None else found
 
 
-def _read_definitions(fd: int, size: int, wanted: frozenset[str]) -> dict[str, _Definition]:
+def _read_definitions(
+    fd: int, size: int, wanted: frozenset[str], unless_imported: frozenset[str]
+) -> dict[str, _Definition]:
     elf = _open_elf(fd, size)
     if elf is None:
         return {}
     found: dict[str, _Definition] = {}
-    for table, strtab in _symbol_tables(elf):
-        for name, definition in _table_definitions(elf, table, strtab, wanted).items():
+    for table, strtab in _symbol_tables(elf):  # .dynsym first
+        definitions, imported = _table_symbols(elf, table, strtab, wanted, unless_imported)
+        for name, definition in definitions.items():
             found.setdefault(name, definition)
+        if table.type == _SHT_DYNSYM and imported:
+            # Linked from another file (the CUDA runtime from libcudart.so): no copy of it is
+            # linked in, so .symtab (10x the size of .dynsym in libtorch_cuda.so) is not read.
+            break
     return found
 
 
@@ -462,20 +483,30 @@ def _table_definitions(
     elf: _Elf, table: _Section, strtab: _Section, wanted: frozenset[str]
 ) -> dict[str, _Definition]:
     """The definitions of wanted names in one symbol table."""
+    return _table_symbols(elf, table, strtab, wanted, frozenset())[0]
+
+
+def _table_symbols(
+    elf: _Elf,
+    table: _Section,
+    strtab: _Section,
+    wanted: frozenset[str],
+    imports: frozenset[str],
+) -> tuple[dict[str, _Definition], frozenset[str]]:
+    """The definitions of `wanted` names in one symbol table, and which of `imports` it
+    has as undefined symbols (one search of the string table for both)."""
     strings = _section_bytes(elf, strtab)
     if strings is None:
-        return {}
-    offsets = _name_offsets(strings, wanted)
+        return {}, frozenset()
+    offsets = _name_offsets(strings, wanted | imports)
     if not offsets:
-        return {}
+        return {}, frozenset()
     symbols = _read_symbols(elf, table)
     if symbols is None:
-        return {}
-    hits = np.flatnonzero(
-        np.isin(symbols["name"], np.fromiter(offsets, dtype=np.uint32, count=len(offsets)))
-        & (symbols["shndx"] != _SHN_UNDEF)
-        & (symbols["value"] != 0)
-    )
+        return {}, frozenset()
+    named = np.isin(symbols["name"], np.fromiter(offsets, dtype=np.uint32, count=len(offsets)))
+    undefined = symbols["shndx"] == _SHN_UNDEF
+    hits = np.flatnonzero(named & ~undefined & (symbols["value"] != 0))
     found: dict[str, _Definition] = {}
     for index in hits.tolist():
         symbol = symbols[index]
@@ -485,7 +516,13 @@ def _table_definitions(
             found.setdefault(
                 name, _Definition(int(symbol["value"]), kind in (_STT_FUNC, _STT_GNU_IFUNC))
             )
-    return found
+    imported: set[str] = set()
+    if imports:
+        for offset in symbols["name"][named & undefined].tolist():
+            name = _string_at(strings, int(offset)).split("@", 1)[0]
+            if name in imports:
+                imported.add(name)
+    return found, frozenset(imported)
 
 
 def _string_at(strings: bytes, offset: int) -> str:
@@ -744,9 +781,8 @@ def _read_references(fd: int, size: int, wanted: frozenset[str]) -> frozenset[st
             raw = _pread(fd, size, section.offset + start, length)
             if raw is None:
                 return None
-            targets = _rel32_targets(raw, section.addr + start)
-            sites = np.flatnonzero(np.isin(targets, addresses))
-            for site, target in zip(sites.tolist(), targets[sites].tolist(), strict=True):
+            sites, targets = _rel32_hits(raw, section.addr + start, addresses)
+            for site, target in zip(sites.tolist(), targets.tolist(), strict=True):
                 if _from_outside_the_runtime(fd, size, functions, section.addr + start + site):
                     seen[np.searchsorted(addresses, target)] = True
     for section in elf.sections:
@@ -783,17 +819,27 @@ def _from_outside_the_runtime(
     return name is None or not name.startswith(_RUNTIME_INTERNAL)
 
 
-def _rel32_targets(code: bytes, vaddr: int) -> npt.NDArray[np.int64]:
-    """Where a rel32 displacement at each byte of `code` (loaded at `vaddr`) would point,
-    taking the displacement as the instruction's last four bytes (call, jmp, lea, mov)."""
-    if len(code) < 4:
-        return np.empty(0, np.int64)
-    b = np.frombuffer(code, dtype=np.uint8)
-    n = len(b) - 3
-    disp = (
-        b[:n].astype(np.uint32)
-        | (b[1 : n + 1].astype(np.uint32) << 8)
-        | (b[2 : n + 2].astype(np.uint32) << 16)
-        | (b[3 : n + 3].astype(np.uint32) << 24)
-    ).view(np.int32)
-    return np.arange(vaddr + 4, vaddr + 4 + n, dtype=np.int64) + disp
+def _rel32_hits(
+    code: bytes, vaddr: int, addresses: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
+    """(offset in `code`, target) of each byte of `code` (loaded at `vaddr`) where a rel32
+    displacement would point at one of `addresses` (sorted), taking the displacement as an
+    instruction's last four bytes (call, jmp, lea, mov).
+
+    Every byte is a candidate, in one vectorised pass: the displacements are read in place
+    (a little-endian int32 at each byte: a view with a stride of one byte), and only the
+    targets within the span of `addresses` are matched against them (a 2.5 MB .text: 8 ms,
+    where shifting four byte arrays together and matching every target took 35)."""
+    n = len(code) - 3
+    if n <= 0 or not len(addresses):
+        return np.empty(0, np.intp), np.empty(0, np.int64)
+    displacements = np.ndarray((n,), dtype="<i4", buffer=code, strides=(1,))
+    # target - lowest address, for each byte: within the span when it is <= the span,
+    # read unsigned (a target below the lowest address wraps to a huge number).
+    lowest = int(addresses[0])
+    targets = np.arange(vaddr + 4 - lowest, vaddr + 4 - lowest + n, dtype=np.int64)
+    targets += displacements
+    near = np.flatnonzero(targets.view(np.uint64) <= np.uint64(int(addresses[-1]) - lowest))
+    found = targets[near] + lowest
+    hit = np.isin(found, addresses)
+    return near[hit], found[hit]

@@ -273,7 +273,7 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     assert (cache / "verdicts.json").is_file()
     assert len(list(cache.glob("bpf-*.json"))) == 1
 
-    def unread(path: str, wanted: frozenset[str]) -> frozenset[str]:
+    def unread(path: str, wanted: frozenset[str], *rest: frozenset[str]) -> frozenset[str]:
         raise AssertionError(f"{path} was read for its symbols again")
 
     def uncompiled(text: str, cflags: list[str]) -> None:

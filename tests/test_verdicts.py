@@ -106,9 +106,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     defined, referenced = elfsyms.defined_functions, elfsyms.referenced_functions
 
-    def counted_defined(path: str, wanted: frozenset[str]) -> frozenset[str]:
+    def counted_defined(path: str, wanted: frozenset[str], *rest: frozenset[str]) -> frozenset[str]:
         seen.append(path)
-        return defined(path, wanted)
+        return defined(path, wanted, *rest)
 
     def counted_referenced(path: str, wanted: frozenset[str]) -> frozenset[str] | None:
         seen.append(path)
@@ -120,7 +120,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def forbid_reading(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(path: str, wanted: frozenset[str]) -> frozenset[str]:
+    def fail(path: str, wanted: frozenset[str], *rest: frozenset[str]) -> frozenset[str]:
         raise AssertionError(f"{path} was read again")
 
     monkeypatch.setattr(elfsyms, "defined_functions", fail)
