@@ -60,8 +60,12 @@ MAX_SECTION_BYTES = 1 << 30
 _MAX_HEADERS = 1 << 20
 #: The most executable code searched for references (referenced_functions).
 _MAX_CODE_SCANNED = 1 << 28
-#: Code is searched in chunks of this many bytes (memory stays ~40x this).
-_CODE_CHUNK = 1 << 22
+#: Code is searched in chunks of this many bytes: the arrays of one chunk stay in the CPU's
+#: cache and are reused from the allocator, where a chunk of 4 MB cost page faults (a 2.5 MB
+#: .text took 8 ms of them).
+_CODE_CHUNK = 1 << 16
+#: 0, 1, 2, ... for each byte of a chunk.
+_CHUNK_OFFSETS = np.arange(_CODE_CHUNK, dtype=np.uint32)
 #: The longest symbol name read back by symbol_at (C++ template kernels run to a few KB).
 _MAX_NAME_BYTES = 1 << 16
 
@@ -774,6 +778,7 @@ def _read_references(fd: int, size: int, wanted: frozenset[str]) -> frozenset[st
     addresses = np.array(sorted(set(hidden.values())), dtype=np.int64)
     seen = np.zeros(len(addresses), dtype=bool)
     functions = _read_function_table(fd, size)
+    outside: dict[int, bool] = {}  # function index → not the runtime's own (names read once)
     for section in code:
         for start in range(0, section.size, _CODE_CHUNK):
             # 3 bytes of overlap: a displacement may straddle two chunks.
@@ -782,9 +787,11 @@ def _read_references(fd: int, size: int, wanted: frozenset[str]) -> frozenset[st
             if raw is None:
                 return None
             sites, targets = _rel32_hits(raw, section.addr + start, addresses)
-            for site, target in zip(sites.tolist(), targets.tolist(), strict=True):
-                if _from_outside_the_runtime(fd, size, functions, section.addr + start + site):
-                    seen[np.searchsorted(addresses, target)] = True
+            slots = np.searchsorted(addresses, targets)
+            todo = ~seen[slots]  # a function already found referred to needs no more sites
+            sites = sites[todo].astype(np.int64) + (section.addr + start)
+            slots = slots[todo]
+            seen[slots[_from_outside_the_runtime(fd, size, functions, sites, outside)]] = True
     for section in elf.sections:
         if section.type == _SHT_RELA and section.entsize == 24:
             raw = _section_bytes(elf, section)
@@ -802,44 +809,75 @@ def _read_references(fd: int, size: int, wanted: frozenset[str]) -> frozenset[st
 
 #: Functions of a statically linked runtime itself: their references to its API functions are
 #: the runtime's own business (cudaMallocHost calling cudaMalloc), not the file's calls.
-_RUNTIME_INTERNAL = ("cuda", "libcudart_static_")
+_RUNTIME_INTERNAL = (b"cuda", b"libcudart_static_")
+_RUNTIME_INTERNAL_LONGEST = max(map(len, _RUNTIME_INTERNAL))
+
+
+def _named_like_the_runtime(fd: int, size: int, table: _FunctionTable, index: int) -> bool:
+    """Whether function `index` of `table` has a name of the runtime's own: only the first
+    bytes of the name are read (NVSHMEM's runtime calls its API from 1,100 functions)."""
+    offset, limit = int(table.names[index]), min(int(table.name_limits[index]), size)
+    length = min(limit - offset, _RUNTIME_INTERNAL_LONGEST)
+    raw = _pread(fd, size, offset, length) if length > 0 else None
+    return raw is not None and raw.split(b"\0", 1)[0].startswith(_RUNTIME_INTERNAL)
 
 
 def _from_outside_the_runtime(
-    fd: int, size: int, functions: _FunctionTable | None, site: int
-) -> bool:
-    """Whether the code at address `site` is in a function that is not the runtime's own (a
-    site in no function's bounds is the runtime's unnamed code)."""
+    fd: int,
+    size: int,
+    functions: _FunctionTable | None,
+    sites: npt.NDArray[np.int64],
+    outside: dict[int, bool],
+) -> npt.NDArray[np.bool_]:
+    """Whether the code at each address of `sites` is in a function that is not the
+    runtime's own (a site in no function's bounds is the runtime's unnamed code). `outside`
+    remembers the answer per function (its index in `functions`) across calls."""
     if functions is None:
-        return True
-    i = int(np.searchsorted(functions.starts, site, side="right")) - 1
-    if i < 0 or site >= int(functions.starts[i]) + max(int(functions.sizes[i]), 1):
-        return False
-    name = _read_name(fd, size, functions, i)
-    return name is None or not name.startswith(_RUNTIME_INTERNAL)
+        return np.ones(len(sites), dtype=bool)
+    if not len(sites) or not len(functions.starts):
+        return np.zeros(len(sites), dtype=bool)
+    at = sites.astype(np.uint64)
+    index = np.searchsorted(functions.starts, at, side="right").astype(np.int64) - 1
+    known = np.maximum(index, 0)
+    within = (index >= 0) & (
+        at < functions.starts[known] + np.maximum(functions.sizes[known], np.uint64(1))
+    )
+    for i in np.unique(known[within]).tolist():
+        if i not in outside:
+            outside[i] = not _named_like_the_runtime(fd, size, functions, i)
+    result = np.zeros(len(sites), dtype=bool)
+    chosen = np.flatnonzero(within)
+    result[chosen] = [outside[i] for i in known[chosen].tolist()]
+    return result
 
 
 def _rel32_hits(
     code: bytes, vaddr: int, addresses: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
-    """(offset in `code`, target) of each byte of `code` (loaded at `vaddr`) where a rel32
-    displacement would point at one of `addresses` (sorted), taking the displacement as an
-    instruction's last four bytes (call, jmp, lea, mov).
+    """(offset in `code`, target) of each byte of `code` (loaded at `vaddr`, at most
+    _CODE_CHUNK + 3 bytes) where a rel32 displacement would point at one of `addresses`
+    (sorted), taking the displacement as an instruction's last four bytes (call, jmp, lea,
+    mov).
 
     Every byte is a candidate, in one vectorised pass: the displacements are read in place
-    (a little-endian int32 at each byte: a view with a stride of one byte), and only the
-    targets within the span of `addresses` are matched against them (a 2.5 MB .text: 8 ms,
-    where shifting four byte arrays together and matching every target took 35)."""
-    n = len(code) - 3
+    (a little-endian 32-bit word at each byte: a view with a stride of one byte), and only
+    the targets within the span of `addresses` are matched against them. The span test is
+    done in wrapping 32-bit arithmetic (half the memory of 64-bit), so it may let through a
+    target 4 GB away; each one let through is checked in 64 bits. (NCCL's 2.5 MB .text:
+    4 ms, where shifting four byte arrays together and matching every target took 35.)"""
+    n = min(len(code) - 3, _CODE_CHUNK)
     if n <= 0 or not len(addresses):
         return np.empty(0, np.intp), np.empty(0, np.int64)
+    lowest, span = int(addresses[0]), int(addresses[-1]) - int(addresses[0])
+    # target - lowest = start + offset + displacement, for the byte at each offset.
+    start = vaddr + 4 - lowest
+    if span >= 1 << 32:
+        near = np.arange(n)
+    else:
+        relative = _CHUNK_OFFSETS[:n] + np.uint32(start % (1 << 32))
+        relative += np.ndarray((n,), dtype="<u4", buffer=code, strides=(1,))
+        near = np.flatnonzero(relative <= np.uint32(span))
     displacements = np.ndarray((n,), dtype="<i4", buffer=code, strides=(1,))
-    # target - lowest address, for each byte: within the span when it is <= the span,
-    # read unsigned (a target below the lowest address wraps to a huge number).
-    lowest = int(addresses[0])
-    targets = np.arange(vaddr + 4 - lowest, vaddr + 4 - lowest + n, dtype=np.int64)
-    targets += displacements
-    near = np.flatnonzero(targets.view(np.uint64) <= np.uint64(int(addresses[-1]) - lowest))
-    found = targets[near] + lowest
+    found = displacements[near].astype(np.int64) + near + (start + lowest)
     hit = np.isin(found, addresses)
     return near[hit], found[hit]

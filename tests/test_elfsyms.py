@@ -420,3 +420,47 @@ def test_the_rule_changes_no_answer_for_real_files(monkeypatch: pytest.MonkeyPat
     if os.path.exists(site / REAL_FILES[0]):
         assert "torch/lib/libtorch_cuda.so" in skipped
         assert "torch/lib/libtorch_cpu.so" in skipped
+
+
+# --- the rel32 search: every byte, exactly ---------------------------------------------------
+
+
+def _rel32_hits_by_hand(code: bytes, vaddr: int, addresses: set[int]) -> list[tuple[int, int]]:
+    hits = []
+    for offset in range(len(code) - 3):
+        displacement = int.from_bytes(code[offset : offset + 4], "little", signed=True)
+        target = vaddr + offset + 4 + displacement
+        if target in addresses:
+            hits.append((offset, target))
+    return hits
+
+
+def test_rel32_hits_are_every_byte_pointing_at_an_address() -> None:
+    rng = np.random.default_rng(14)
+    vaddr = 0x7F_0000_0000  # above 4 GB: the 32-bit span test wraps
+    code = bytearray(rng.integers(0, 256, 20_000, dtype=np.uint8).tobytes())
+    addresses = sorted({vaddr + 5000, vaddr + 5100, vaddr - 300, vaddr + 30_000})
+    for offset, target in ((10, addresses[1]), (20, addresses[0]), (19_990, addresses[3])):
+        code[offset : offset + 4] = (target - vaddr - offset - 4).to_bytes(4, "little", signed=True)
+    sorted_addresses = np.array(addresses, dtype=np.int64)
+    chunk = elfsyms._CODE_CHUNK
+    found = []
+    for start in range(0, len(code), chunk):
+        sites, targets = elfsyms._rel32_hits(
+            bytes(code[start : start + chunk + 3]), vaddr + start, sorted_addresses
+        )
+        found += [(start + s, t) for s, t in zip(sites.tolist(), targets.tolist(), strict=True)]
+    expected = _rel32_hits_by_hand(bytes(code), vaddr, set(addresses))
+    assert found == expected
+    assert {(10, addresses[1]), (20, addresses[0]), (19_990, addresses[3])} <= set(found)
+
+
+def test_rel32_hits_drop_targets_4_gb_away() -> None:
+    # vaddr 4 GB up, the address near 0: the byte's target wraps onto it in 32 bits only.
+    vaddr, address = 1 << 32, 0x1000
+    code = (address - 4).to_bytes(4, "little", signed=True) + bytes(8)
+    assert (vaddr + 4 + address - 4 - address) % (1 << 32) == 0
+    sites, targets = elfsyms._rel32_hits(code, vaddr, np.array([address], dtype=np.int64))
+    assert sites.tolist() == [] and targets.tolist() == []
+    sites, targets = elfsyms._rel32_hits(code, 0, np.array([address], dtype=np.int64))
+    assert sites.tolist() == [0] and targets.tolist() == [address]
