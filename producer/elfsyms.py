@@ -710,7 +710,11 @@ def _read_local_statics(fd: int, size: int, suffix: str) -> LocalStatics | None:
 def _statics_in(
     symbols: npt.NDArray[np.void], strings: bytes, tail: bytes
 ) -> list[tuple[int, str]]:
-    """(st_value, name) of each defined object named `_ZZ…<tail>` (tail ends in NUL)."""
+    """(st_value, name) of each defined object named `_ZZ…<tail>` (tail ends in NUL).
+
+    Only the names of objects starting `_ZZ` are looked at, each up to its NUL: in
+    libtorch_cuda.so's 74 MB .strtab, 50,000 of them (24,000 `__handle` statics), where a
+    search of the whole table for its NULs and for the tails cost 0.2 s more."""
     name = symbols["name"].astype(np.int64)
     candidate = (
         ((symbols["info"] & 0xF) == _STT_OBJECT)
@@ -721,27 +725,16 @@ def _statics_in(
     if not candidate.any():
         return []
     text = np.frombuffer(strings, dtype=np.uint8)
-    nuls = np.flatnonzero(text == 0)
-    if not len(nuls):
-        return []
     at = name[candidate]
     starts_zz = (text[at] == ord("_")) & (text[at + 1] == ord("Z")) & (text[at + 2] == ord("Z"))
-    at = at[starts_zz]
     values = symbols["value"][candidate][starts_zz]
-    if not len(at):
-        return []
-    # A name ends at the first NUL after it; it is one of ours if a tail ends at that NUL.
-    ends = nuls[np.minimum(np.searchsorted(nuls, at), len(nuls) - 1)]
-    tails = np.fromiter(
-        (m.end() - 1 for m in re.finditer(re.escape(tail), strings)), dtype=np.int64
-    )
-    mine = np.isin(ends, tails) & (ends >= at)
-    return [
-        (int(value), strings[start:end].decode("utf-8", "replace"))
-        for value, start, end in zip(
-            values[mine].tolist(), at[mine].tolist(), ends[mine].tolist(), strict=True
-        )
-    ]
+    suffix = tail.removesuffix(b"\0")
+    found = []
+    for value, start in zip(values.tolist(), at[starts_zz].tolist(), strict=True):
+        end = strings.find(b"\0", start)  # a name ends at the first NUL after it
+        if end >= 0 and strings.endswith(suffix, start, end):
+            found.append((int(value), strings[start:end].decode("utf-8", "replace")))
+    return found
 
 
 def _read_interpreter(fd: int, size: int) -> str | None:
