@@ -267,6 +267,20 @@ def _cached(
         os.close(fd)
 
 
+def _within(fd: int, question: tuple[object, ...], read: Callable[[int, int], _T]) -> _T:
+    """Answer `question` about the file open as `fd` from the cache, or `read` it and keep
+    the answer: for one reader that needs another's answer (what a raise means is the outer
+    _cached's business)."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, *question)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit.value  # type: ignore[return-value]
+    value = read(fd, st.st_size)
+    _CACHE.put(key, _Answer(value))
+    return value
+
+
 # --- reading -------------------------------------------------------------------------------
 
 _ELF_MAGIC = b"\x7fELF"
@@ -468,10 +482,17 @@ def _definitions(
 def _read_definitions(
     fd: int, size: int, wanted: frozenset[str], unless_imported: frozenset[str]
 ) -> dict[str, _Definition]:
+    found: dict[str, _Definition] = {}
+    if not unless_imported:
+        for _kind, definitions in _within(
+            fd, ("tables", wanted), lambda fd_, size_: _read_table_definitions(fd_, size_, wanted)
+        ):
+            for name, definition in definitions.items():
+                found.setdefault(name, definition)
+        return found
     elf = _open_elf(fd, size)
     if elf is None:
         return {}
-    found: dict[str, _Definition] = {}
     for table, strtab in _symbol_tables(elf):  # .dynsym first
         definitions, imported = _table_symbols(elf, table, strtab, wanted, unless_imported)
         for name, definition in definitions.items():
@@ -483,11 +504,18 @@ def _read_definitions(
     return found
 
 
-def _table_definitions(
-    elf: _Elf, table: _Section, strtab: _Section, wanted: frozenset[str]
-) -> dict[str, _Definition]:
-    """The definitions of wanted names in one symbol table."""
-    return _table_symbols(elf, table, strtab, wanted, frozenset())[0]
+def _read_table_definitions(
+    fd: int, size: int, wanted: frozenset[str]
+) -> tuple[tuple[int, dict[str, _Definition]], ...]:
+    """(section type, the definitions of wanted names) of each symbol table, .dynsym first:
+    function_addresses and referenced_functions ask this of a static runtime's file alike."""
+    elf = _open_elf(fd, size)
+    if elf is None:
+        return ()
+    return tuple(
+        (table.type, _table_symbols(elf, table, strtab, wanted, frozenset())[0])
+        for table, strtab in _symbol_tables(elf)
+    )
 
 
 def _table_symbols(
@@ -753,9 +781,11 @@ def _read_references(fd: int, size: int, wanted: frozenset[str]) -> frozenset[st
     if elf is None or elf.machine != _EM_X86_64 or elf.e_type != _ET_DYN or elf.elfclass != 2:
         return None
     hidden: dict[str, int] = {}
-    for table, strtab in _symbol_tables(elf):
-        defined = _table_definitions(elf, table, strtab, wanted)
-        if table.type == _SHT_DYNSYM and any(d.is_function for d in defined.values()):
+    tables = _within(
+        fd, ("tables", wanted), lambda fd_, size_: _read_table_definitions(fd_, size_, wanted)
+    )
+    for kind, defined in tables:
+        if kind == _SHT_DYNSYM and any(d.is_function for d in defined.values()):
             return None  # exported: other files call it
         for name, definition in defined.items():
             if definition.is_function:
@@ -770,7 +800,7 @@ def _read_references(fd: int, size: int, wanted: frozenset[str]) -> frozenset[st
         return None
     addresses = np.array(sorted(set(hidden.values())), dtype=np.int64)
     seen = np.zeros(len(addresses), dtype=bool)
-    functions = _read_function_table(fd, size)
+    functions = _within(fd, ("functions",), _read_function_table)
     outside: dict[int, bool] = {}  # function index → not the runtime's own (names read once)
     for section in code:
         for start in range(0, section.size, _CODE_CHUNK):
