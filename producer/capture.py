@@ -328,9 +328,10 @@ class Capture:
                 if note.held:
                     self._release(note.pid, note.ts_ns)
             # Once they run again: the first read of libtorch_cuda.so's 24,000 `__handle`
-            # statics costs 0.3-0.9 s, which held the dlopen of libcuda.so.1 that a CUDA
-            # runtime makes at its first call (the process runs its constructors and its
-            # first calls meanwhile; its launches are named after this read in any case).
+            # statics (~0.1 s of CPU, more under load) held the dlopen of libcuda.so.1 that
+            # a CUDA runtime makes at its first call for 0.5 s. The process runs its
+            # constructors and first calls meanwhile; the probes, attached, record its own
+            # registrations, and its launches are named after this read in any case.
             self._remember_maps()
         now = time.monotonic()
         if now >= self._next_rescan:
