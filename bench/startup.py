@@ -20,8 +20,10 @@ two side by side).
 
 Per new library file: the CPU time (this thread's) that classifying a file the agent has not
 seen costs — what discovery reads (the runtime and driver functions it defines, and, for a
-runtime, the ones its code calls) and what kernel naming reads (nvcc's `__handle` statics) —
-for libtorch_cuda.so, libcublasLt.so.13, libnccl.so.2 and a generated library with a 48 MB
+runtime, the ones its code calls: the part a held process waits for) — then what kernel
+naming reads (nvcc's `__handle` statics, read once the process runs again) and every
+function by address (naming's fallback, at a launch), for libtorch_cuda.so, libtorch_cpu.so,
+libcublasLt.so.13, libnccl.so.2, libnvshmem_host.so.3 and a generated library with a 48 MB
 .symtab of 2 million symbols (issue 17, defect 6). With `--baseline REV` the same runs in a
 `git archive` of REV too, side by side in fresh interpreters.
 
@@ -54,8 +56,10 @@ ROOT = Path(__file__).resolve().parent.parent
 IMPORT_SCRIPT = 'import torch; torch.ones(1024, device="cuda") * 2'
 FILES = (
     "torch/lib/libtorch_cuda.so",
+    "torch/lib/libtorch_cpu.so",
     "nvidia/cu13/lib/libcublasLt.so.13",
     "nvidia/nccl/lib/libnccl.so.2",
+    "nvidia/nvshmem/lib/libnvshmem_host.so.3",
 )
 BIG_SYMTAB = "generated: 2M-symbol .symtab"
 
@@ -168,20 +172,29 @@ import json, os, sys, time
 from producer import discover, elfsyms
 from producer.records import RUNTIME_NAME_FUNCTIONS
 out = {}
+# As discovery asks (a tree from before the rule reads .symtab always).
+unless = getattr(discover, "_DYNAMIC_RUNTIME_MARKERS", None)
 for label, path in json.loads(sys.argv[1]):
     elfsyms.clear_cache()
     started = time.thread_time()
-    found = elfsyms.defined_functions(path, discover.RUNTIME_SYMBOLS | discover.DRIVER_SYMBOLS)
+    wanted = discover.RUNTIME_SYMBOLS | discover.DRIVER_SYMBOLS
+    if unless is None:
+        found = elfsyms.defined_functions(path, wanted)
+    else:
+        found = elfsyms.defined_functions(path, wanted, unless)
     called = None
     if found & discover.RUNTIME_SYMBOLS and hasattr(elfsyms, "referenced_functions"):
         wanted = discover.RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS
         called = elfsyms.referenced_functions(path, wanted)
+    classify = time.thread_time() - started
+    started = time.thread_time()
     statics = elfsyms.local_statics(path, "__handle")
-    cpu = time.thread_time() - started
+    statics_cpu = time.thread_time() - started
     started = time.thread_time()
     elfsyms.file_offset_to_vaddr(path, 0)  # every function, by address (naming fallback)
     out[label] = {
-        "cpu_s": cpu,
+        "cpu_s": classify,
+        "statics_cpu_s": statics_cpu,
         "table_cpu_s": time.thread_time() - started,
         "mb": os.path.getsize(path) / 1e6,
         "runtime_functions": len(found & discover.RUNTIME_SYMBOLS),
@@ -237,7 +250,7 @@ def file_costs(tree: Path, files: list[tuple[str, str]], rounds: int) -> dict[st
     merged: dict[str, Any] = {}
     for label in runs[0]:
         merged[label] = dict(runs[0][label])
-        for key in ("cpu_s", "table_cpu_s"):
+        for key in ("cpu_s", "statics_cpu_s", "table_cpu_s"):
             merged[label][key] = statistics.median(r[label][key] for r in runs)
     return merged
 
@@ -373,13 +386,14 @@ def print_file_costs(site: Path, rounds: int, baseline: str | None, tmp: Path) -
     if baseline:
         costs[baseline] = file_costs(archive(baseline, tmp / "base"), files, rounds)
     print("\nCPU per new library file (median of fresh interpreters):\n")
-    head = " | ".join(f"{tree}: classify + statics / all functions" for tree in costs)
+    head = " | ".join(f"{tree}: classify / statics / all functions" for tree in costs)
     print(f"| file | MB | {head} | runtime functions defined | probed |")
     print("| --- | --- |" + " --- |" * len(costs) + " --- | --- |")
     for label, _ in files:
         mine = costs["this tree"][label]
         cells = " | ".join(
-            f"{c[label]['cpu_s']:.2f} s / {c[label]['table_cpu_s']:.2f} s"
+            f"{c[label]['cpu_s']:.3f} s / {c[label]['statics_cpu_s']:.2f} s / "
+            f"{c[label]['table_cpu_s']:.2f} s"
             for c in costs.values()
         )
         probed = "all" if mine["probed"] is None else mine["probed"]

@@ -99,6 +99,9 @@ class Capture:
         self._scanned: set[int] = set()
         #: pid → the text ranges of probed CUDA files registered for it (probes.set_text_ranges).
         self._text: dict[int, frozenset[tuple[int, int]]] = {}
+        #: Processes whose maps and `__handle` statics kernel naming is to read once no
+        #: process is held (_remember_maps).
+        self._maps_due: set[int] = set()
         self._loader_covered: set[int] = set()
         #: Node-wide: the probed (or skipped) files each live process maps, and since when a
         #: file has been mapped by none (settings.detach_unmapped_after_s).
@@ -172,6 +175,12 @@ class Capture:
         return set()
 
     def scan(self, pids: Iterable[int]) -> None:
+        self._scan(pids)
+        self._remember_maps()
+
+    def _scan(self, pids: Iterable[int]) -> None:
+        """scan, but what kernel naming reads of the processes is left due (_remember_maps):
+        while a process is held, only what its probes need is done."""
         pids = set(pids)
         if not pids:
             return
@@ -226,9 +235,15 @@ class Capture:
             # Launch handles are named from these later, maybe after the process exits. Read
             # when the process maps a CUDA file, not on every dlopen after (a PyTorch start-up
             # makes hundreds, and the names it will need are recorded by then).
-            self.enricher.kernels.remember_maps(pid)
+            self._maps_due.add(pid)
             self.probes.set_text_ranges(pid, ranges)
             self._text[pid] = ranges
+
+    def _remember_maps(self) -> None:
+        """Read the due processes' maps and `__handle` statics for kernel naming."""
+        due, self._maps_due = self._maps_due, set()
+        for pid in sorted(due):
+            self.enricher.kernels.remember_maps(pid)
 
     def rescan(self) -> None:
         live = self._live_pids()
@@ -313,10 +328,16 @@ class Capture:
         if notes:
             if any(n.listen for n in notes):
                 self._start_http()  # before the process can accept anything
-            self.scan({n.pid for n in notes})
+            self._scan({n.pid for n in notes})
             for note in notes:
                 if note.held:
                     self._release(note.pid, note.ts_ns)
+            # Once they run again: the first read of libtorch_cuda.so's 24,000 `__handle`
+            # statics (~0.1 s of CPU, more under load) held the dlopen of libcuda.so.1 that
+            # a CUDA runtime makes at its first call for 0.5 s. The process runs its
+            # constructors and first calls meanwhile; the probes, attached, record its own
+            # registrations, and its launches are named after this read in any case.
+            self._remember_maps()
         now = time.monotonic()
         if now >= self._next_rescan:
             self.rescan()

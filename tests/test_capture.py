@@ -279,7 +279,7 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     plans = {row[10][0] for row in document["entries"] if len(row) > 6 and row[10]}
     assert {"runtime", "loader"} <= plans  # kept for the stub runtime and the loader
 
-    def unread(path: str, wanted: object) -> frozenset[str]:
+    def unread(path: str, wanted: object, *rest: object) -> frozenset[str]:
         raise AssertionError(f"{path} was read for its symbols again")
 
     def uncompiled(text: str, cflags: list[str]) -> None:
@@ -419,3 +419,48 @@ def test_the_node_agent_forgets_a_process_once_it_is_gone(
         assert_exact(expected.capture_events(1, 3), mine)
         # Named while the process was still known: forgetting came after.
         assert all(e["kernel"] for e in mine if e["type"] == "launch"), mine[:3]
+
+
+def test_kernel_naming_reads_no_process_while_it_is_held(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What kernel naming reads of a process (its maps and nvcc `__handle` statics: the
+    first read of libtorch_cuda.so's costs 0.1-0.9 s) is read after the process that mapped
+    a CUDA file is let go, never while the loader probe holds it (issue 14)."""
+    from producer import probes
+    from producer import trace as tracing
+    from producer.capture import Capture
+    from producer.kernels import KernelNames
+
+    binary = build.build_capture(bindir, "stub")
+    held: set[int] = set()
+    log: list[tuple[str, int, frozenset[int]]] = []
+    poll, release, remember = (
+        probes.Probes.poll_loader, Capture._release, KernelNames.remember_maps
+    )
+
+    def polled(self: probes.Probes, timeout_s: float) -> list[probes.LoaderEvent]:
+        notes = poll(self, timeout_s)
+        held.update(n.pid for n in notes if n.held)
+        return notes
+
+    def released(self: Capture, pid: int, held_since_ns: int = 0) -> None:
+        held.discard(pid)
+        log.append(("release", pid, frozenset(held)))
+        release(self, pid, held_since_ns)
+
+    def remembered(self: KernelNames, pid: int) -> None:
+        log.append(("remember", pid, frozenset(held)))
+        remember(self, pid)
+
+    monkeypatch.setattr(probes.Probes, "poll_loader", polled)
+    monkeypatch.setattr(Capture, "_release", released)
+    monkeypatch.setattr(KernelNames, "remember_maps", remembered)
+    out = tmp_path / "out.jsonl"
+    assert tracing.run([str(binary), "--iters", "3"], output=out,
+                       print_summary=False).exit_code == 0
+    assert_exact(expected.capture_events(1, 3), read_events(out))
+    remembered_pids = {pid for kind, pid, _ in log if kind == "remember"}
+    assert remembered_pids, log  # the workload maps the runtime: its maps were read
+    assert any(kind == "release" for kind, _, _ in log), log  # and it was held
+    assert [entry for entry in log if entry[0] == "remember" and entry[2]] == []

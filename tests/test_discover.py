@@ -466,9 +466,11 @@ def test_classification_is_cached_across_scans(
     reads: list[str] = []
     real = elfsyms.defined_functions
 
-    def counted(path: str, wanted: frozenset[str]) -> frozenset[str]:
+    def counted(
+        path: str, wanted: frozenset[str], unless_imported: frozenset[str] = frozenset()
+    ) -> frozenset[str]:
         reads.append(path)
-        return real(path, wanted)
+        return real(path, wanted, unless_imported)
 
     monkeypatch.setattr(elfsyms, "defined_functions", counted)
     classifier = Classifier()

@@ -302,3 +302,165 @@ def test_discovery_probes_a_static_runtime_for_what_its_file_calls(tmp_path: Pat
     assert linked_in.symbols == {"cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"}
     assert linked_in.probe_only == frozenset({"cudaMalloc", "cudaLaunchKernel"})
     assert libraries["/usr/lib/libcudart.so.12"].probe_only is None
+
+
+# --- a file that imports the runtime holds no static copy: its .symtab is not read -----------
+
+#: A library linked against libcudart.so (cudaMalloc undefined in .dynsym) whose .symtab has
+#: a local function named like another runtime function.
+IMPORTS_THE_RUNTIME = r"""
+extern int cudaMalloc(void **p, unsigned long n);
+__attribute__((visibility("hidden"), noinline)) int cudaFree(void *p) { return p != 0; }
+int torch_alloc(void **p) { return cudaMalloc(p, 64) + cudaFree(*p); }
+"""
+
+#: A static runtime in a library linked with -lcuda: it imports the driver's functions
+#: (cuMemAlloc_v2 undefined in .dynsym), which says nothing about the runtime.
+STATIC_RUNTIME_IMPORTING_THE_DRIVER = STATIC_RUNTIME + r"""
+extern int cuMemAlloc_v2(unsigned long long *p, unsigned long n);
+int nccl_driver_alloc(unsigned long long *p) { return cuMemAlloc_v2(p, 64); }
+"""
+
+
+def _symbol_tables_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The section types of the symbol tables elfsyms decodes from now on."""
+    read: list[int] = []
+    decode = elfsyms._read_symbols
+
+    def spy(elf: elfsyms._Elf, table: elfsyms._Section) -> object:
+        read.append(table.type)
+        return decode(elf, table)
+
+    monkeypatch.setattr(elfsyms, "_read_symbols", spy)
+    return read
+
+
+def test_a_file_importing_the_runtime_is_not_searched_for_a_static_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lib = str(_compile(tmp_path, "libtorch_cuda.so", IMPORTS_THE_RUNTIME))
+    runtime = discover.RUNTIME_SYMBOLS
+    # The local cudaFree is there to be found by a plain question ...
+    assert elfsyms.defined_functions(lib, runtime) == {"cudaFree"}
+    elfsyms.clear_cache()
+    read = _symbol_tables_read(monkeypatch)
+    # ... but the import of cudaMalloc shows the runtime comes from another file: .symtab
+    # is not decoded at all.
+    assert elfsyms.defined_functions(lib, runtime, unless_imported=runtime) == frozenset()
+    assert read == [SHT_DYNSYM]
+
+
+def test_a_static_runtime_importing_the_driver_is_still_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lib = str(_compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME_IMPORTING_THE_DRIVER))
+    read = _symbol_tables_read(monkeypatch)
+    runtime = discover.RUNTIME_SYMBOLS
+    wanted = runtime | discover.DRIVER_SYMBOLS
+    assert elfsyms.defined_functions(lib, wanted, unless_imported=runtime) == {
+        "cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"
+    }
+    assert read == [SHT_DYNSYM, SHT_SYMTAB]
+    called = frozenset({"cudaMalloc", "cudaLaunchKernel"})
+    assert elfsyms.referenced_functions(lib, runtime) == called
+
+
+def test_classification_finds_static_runtimes_beside_files_importing_one(
+    tmp_path: Path,
+) -> None:
+    from tests.test_discover import FakeProc
+
+    importer = _compile(tmp_path, "libtorch_cuda.so", IMPORTS_THE_RUNTIME)
+    nccl = _compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME_IMPORTING_THE_DRIVER)
+    proc = FakeProc(tmp_path / "proc")
+    proc.process(100)
+    proc.map(100, "/usr/lib/libtorch_cuda.so", importer)
+    proc.map(100, "/usr/lib/libnccl.so.2", nccl)
+    libraries = {lib.path: lib for lib in discover.scan(proc.root).libraries.values()}
+    assert set(libraries) == {"/usr/lib/libnccl.so.2"}
+    assert libraries["/usr/lib/libnccl.so.2"].symbols == {
+        "cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"
+    }
+    called = frozenset({"cudaMalloc", "cudaLaunchKernel"})
+    assert libraries["/usr/lib/libnccl.so.2"].probe_only == called
+
+
+#: The frameworks venv's files the rule must not change: PyTorch's (they import the runtime:
+#: .symtab skipped) and NCCL's and NVSHMEM's (static runtimes: .symtab read).
+REAL_FILES = (
+    "torch/lib/libtorch_cuda.so", "torch/lib/libtorch_cpu.so", "torch/lib/libtorch_python.so",
+    "torch/lib/libc10_cuda.so", "torch/lib/libtorch_nvshmem.so",
+    "nvidia/nccl/lib/libnccl.so.2", "nvidia/nvshmem/lib/libnvshmem_host.so.3",
+    "nvidia/nvshmem/lib/nvshmem_transport_ibrc.so.6",
+)
+
+
+def test_the_rule_changes_no_answer_for_real_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.frameworks import frameworks_python
+
+    python = frameworks_python()
+    if python is None:
+        pytest.skip("no frameworks venv (scripts/setup-frameworks)")
+    site = next(python.parent.parent.glob("lib/python3*/site-packages"))
+    runtime, wanted = discover.RUNTIME_SYMBOLS, discover._CLASSIFYING_SYMBOLS
+    skipped = []
+    for path in REAL_FILES:
+        lib = str(site / path)
+        if not os.path.exists(lib):
+            continue
+        with monkeypatch.context() as patch:
+            read = _symbol_tables_read(patch)
+            quick = elfsyms.defined_functions(lib, wanted, unless_imported=runtime)
+        if SHT_SYMTAB not in read:
+            skipped.append(path)
+        assert quick == elfsyms.defined_functions(lib, wanted), path
+        if path.startswith("nvidia/"):
+            assert SHT_SYMTAB in read, path  # a static runtime is looked for ...
+            assert quick >= {"cudaLaunchKernel", "cudaMalloc"}, path  # ... and found
+    if os.path.exists(site / REAL_FILES[0]):
+        assert "torch/lib/libtorch_cuda.so" in skipped
+        assert "torch/lib/libtorch_cpu.so" in skipped
+
+
+# --- the rel32 search: every byte, exactly ---------------------------------------------------
+
+
+def _rel32_hits_by_hand(code: bytes, vaddr: int, addresses: set[int]) -> list[tuple[int, int]]:
+    hits = []
+    for offset in range(len(code) - 3):
+        displacement = int.from_bytes(code[offset : offset + 4], "little", signed=True)
+        target = vaddr + offset + 4 + displacement
+        if target in addresses:
+            hits.append((offset, target))
+    return hits
+
+
+def test_rel32_hits_are_every_byte_pointing_at_an_address() -> None:
+    rng = np.random.default_rng(14)
+    vaddr = 0x7F_0000_0000  # above 4 GB: the 32-bit span test wraps
+    code = bytearray(rng.integers(0, 256, 20_000, dtype=np.uint8).tobytes())
+    addresses = sorted({vaddr + 5000, vaddr + 5100, vaddr - 300, vaddr + 30_000})
+    for offset, target in ((10, addresses[1]), (20, addresses[0]), (19_990, addresses[3])):
+        code[offset : offset + 4] = (target - vaddr - offset - 4).to_bytes(4, "little", signed=True)
+    sorted_addresses = np.array(addresses, dtype=np.int64)
+    chunk = elfsyms._CODE_CHUNK
+    found = []
+    for start in range(0, len(code), chunk):
+        sites, targets = elfsyms._rel32_hits(
+            bytes(code[start : start + chunk + 3]), vaddr + start, sorted_addresses
+        )
+        found += [(start + s, t) for s, t in zip(sites.tolist(), targets.tolist(), strict=True)]
+    expected = _rel32_hits_by_hand(bytes(code), vaddr, set(addresses))
+    assert found == expected
+    assert {(10, addresses[1]), (20, addresses[0]), (19_990, addresses[3])} <= set(found)
+
+
+def test_rel32_hits_drop_targets_4_gb_away() -> None:
+    # vaddr 4 GB up, the address near 0: the byte's target wraps onto it in 32 bits only.
+    vaddr, address = 1 << 32, 0x1000
+    code = (address - 4).to_bytes(4, "little", signed=True) + bytes(8)
+    assert (vaddr + 4 + address - 4 - address) % (1 << 32) == 0
+    sites, targets = elfsyms._rel32_hits(code, vaddr, np.array([address], dtype=np.int64))
+    assert sites.tolist() == [] and targets.tolist() == []
+    sites, targets = elfsyms._rel32_hits(code, 0, np.array([address], dtype=np.int64))
+    assert sites.tolist() == [0] and targets.tolist() == [address]

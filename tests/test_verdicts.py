@@ -106,9 +106,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     defined, referenced = elfsyms.defined_functions, elfsyms.referenced_functions
 
-    def counted_defined(path: str, wanted: frozenset[str]) -> frozenset[str]:
+    def counted_defined(path: str, wanted: frozenset[str], *rest: frozenset[str]) -> frozenset[str]:
         seen.append(path)
-        return defined(path, wanted)
+        return defined(path, wanted, *rest)
 
     def counted_referenced(path: str, wanted: frozenset[str]) -> frozenset[str] | None:
         seen.append(path)
@@ -122,7 +122,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def forbid_reading(monkeypatch: pytest.MonkeyPatch) -> None:
     """No ELF read at all: not to classify, nor for where to attach (attachplan)."""
 
-    def fail(path: str, wanted: object) -> frozenset[str]:
+    def fail(path: str, wanted: object, *rest: object) -> frozenset[str]:
         raise AssertionError(f"{path} was read again")
 
     for name in ("defined_functions", "referenced_functions", "function_addresses",
