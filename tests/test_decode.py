@@ -259,3 +259,16 @@ def test_forget_drops_what_is_kept_of_exited_processes_only() -> None:
         {"type": EventType.FREE, "api": API_IDS["cudaFree"], "handle": 0x7000 + 100,
          "pid": 100, **done}])))
     assert other["bytes"] is None
+
+
+def test_summary_tables_align_counts_right_and_text_left() -> None:
+    from producer.summary import _table
+
+    lines = _table([["(1,1,1)", "2", "100.0%"], ["(1024,1,1)", "12,345", "0.1%"]],
+                   ["grid", "launches", "share"])
+    assert lines == [
+        "    grid        launches  share",
+        "    (1,1,1)            2  100.0%",
+        "    (1024,1,1)    12,345  0.1%",
+    ]
+    assert _table([], ["grid", "launches"]) == ["    grid  launches"]
