@@ -2,7 +2,8 @@
 
 What bcc would do after compiling, with the bpf(2) and perf_event_open(2) system calls:
 create each map (or open it where it is pinned), put the maps' fds into the instructions,
-load each function when it is first asked for (the kernel verifies it then), and attach the
+load each function when it is first asked for (the kernel verifies it then) or, for those
+asked for later, on threads of their own meanwhile (`load_in_background`), and attach the
 `tracepoint__<category>__<name>` functions to their tracepoints at once, as bcc does. Every
 start loads this way, whether the image was compiled a moment ago (producer/probes.py, with
 bcc) or read from the cache, so there is one path to trust.
@@ -17,7 +18,10 @@ import errno
 import fcntl
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 from typing import Any, Final
 
@@ -288,8 +292,14 @@ class LoadedObject:
     def __init__(self, image: Image, pinned: Mapping[str, Path] | None = None,
                  tracefs: Path = TRACEFS) -> None:
         self.image = image
+        #: Guards _fds, _programs and _pending: loader threads add to them (bpf(2) lets go
+        #: of the GIL while the kernel verifies, and they carry on meanwhile).
+        self._lock = threading.Lock()
         self._fds: list[int] = []  # everything we hold, closed by close()
         self._programs: dict[tuple[str, int, int], int] = {}
+        #: Functions being loaded on a loader thread, or that failed to load there (the
+        #: future keeps the error, raised to whoever asks for the function).
+        self._pending: dict[tuple[str, int, int], Future[int]] = {}
         self.maps: dict[str, BpfMap] = {}
         self.tracepoints: dict[str, int] = {}
         try:
@@ -314,7 +324,7 @@ class LoadedObject:
                 raise SetupError(f"the BPF map pinned at {pin} cannot be opened: "
                                  f"{exc.strerror}") from exc
             else:
-                self._fds.append(fd)
+                self._keep(fd)
                 have = map_spec(fd, spec.name)
                 if (have.map_type, have.key_size, have.value_size, have.max_entries) != (
                         spec.map_type, spec.key_size, spec.value_size, spec.max_entries):
@@ -330,7 +340,7 @@ class LoadedObject:
         except OSError as exc:
             raise SetupError(f"the BPF map {spec.name} cannot be created: {exc.strerror}"
                              ) from exc
-        self._fds.append(fd)
+        self._keep(fd)
         if pin is not None:
             try:
                 obj_pin(fd, pin)
@@ -347,41 +357,102 @@ class LoadedObject:
                 attach_type: int = -1) -> None:
         """Load these functions now, on as many threads as there are CPUs: the kernel
         verifies each (the HTTP capture's: ~16 ms each, 23 of them), outside the GIL.
-        OSError as `program` says (whatever else loaded is kept, and freed by close)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        todo = [n for n in dict.fromkeys(names)
-                if (n, prog_type, attach_type) not in self._programs]
-        if len(todo) < 2:
-            for name in todo:
-                self.program(name, prog_type, attach_type)
-            return
-        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-            futures = [(n, pool.submit(self._load, n, prog_type, attach_type)) for n in todo]
-        failure: BaseException | None = None
-        for name, future in futures:
+        OSError as `program` says, the first of `names` that failed (whatever else loaded is
+        kept, and freed by close)."""
+        todo = list(dict.fromkeys(names))
+        if len(todo) > 1:
+            self.load_in_background(todo, prog_type, attach_type)
+        failure: OSError | None = None
+        for name in todo:  # each waited for: none is loading once this returns
             try:
-                fd = future.result()
-            except BaseException as exc:  # the first is raised, below
+                self.program(name, prog_type, attach_type)
+            except OSError as exc:
                 failure = failure or exc
-                continue
-            self._fds.append(fd)
-            self._programs[(name, prog_type, attach_type)] = fd
         if failure is not None:
             raise failure
+
+    def load_in_background(self, names: list[str], prog_type: int = BPF_PROG_TYPE_KPROBE,
+                           attach_type: int = -1) -> None:
+        """Start loading these functions on threads of their own (as many as there are
+        CPUs, fewer for fewer functions; they end when the last is loaded) and return at
+        once. `program` waits for one still loading, and raises its error where it failed;
+        `background_failure` says, without waiting, whether one has."""
+        with self._lock:
+            todo = [key for key in dict.fromkeys((n, prog_type, attach_type) for n in names)
+                    if key not in self._programs and key not in self._pending]
+            if not todo:
+                return
+            pool = ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1),
+                                      thread_name_prefix="gf-bpfload")
+            try:
+                for key in todo:
+                    self._pending[key] = pool.submit(self._load_kept, *key)
+            finally:
+                pool.shutdown(wait=False)  # its threads end once the queue is done
+
+    def _load_kept(self, name: str, prog_type: int, attach_type: int) -> int:
+        """A loader thread's: load one function and keep its fd, as `program` would."""
+        fd = self._load(name, prog_type, attach_type)
+        self._keep(fd, (name, prog_type, attach_type))
+        return fd
+
+    def _keep(self, fd: int, program: tuple[str, int, int] | None = None) -> None:
+        """Hold `fd` until close (and know it as `program`'s), whichever thread made it."""
+        with self._lock:
+            self._fds.append(fd)
+            if program is not None:
+                self._programs[program] = fd
+
+    def background_failure(self) -> tuple[bool, BaseException | None]:
+        """Without waiting: whether every function loading in the background is done, and
+        the error of the first (in the order they were asked for) that failed, if one has."""
+        with self._lock:
+            futures = list(self._pending.values())
+        done = all(future.done() for future in futures)
+        for future in futures:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                return done, future.exception()
+        return done, None
+
+    def wait_loaded(self) -> None:
+        """Wait until nothing is loading in the background; the first failure (in the order
+        they were asked for) is raised, as `program` would."""
+        with self._lock:
+            keys = list(self._pending)
+        for key in keys:
+            self.program(*key)
 
     def program(self, name: str, prog_type: int = BPF_PROG_TYPE_KPROBE,
                 attach_type: int = -1) -> int:
         """The fd of function `name` loaded as `prog_type` for `attach_type` (-1: none),
-        loaded (and verified by the kernel) the first time it is asked for. OSError, with
-        the verifier's last words where it refused."""
-        known = self._programs.get((name, prog_type, attach_type))
+        loaded (and verified by the kernel) the first time it is asked for, or when a loader
+        thread has it (`load_in_background`: this waits for it). OSError, with the
+        verifier's last words where it refused."""
+        key = (name, prog_type, attach_type)
+        with self._lock:
+            known = self._programs.get(key)
+            pending = self._pending.get(key)
         if known is not None:
             return known
+        if pending is not None:
+            try:
+                return pending.result()  # the loader thread's error, if it failed
+            except CancelledError:
+                raise OSError(errno.ECANCELED, f"{name}: closed while it was loading"
+                              ) from None
         fd = self._load(name, prog_type, attach_type)
-        self._fds.append(fd)
-        self._programs[(name, prog_type, attach_type)] = fd
+        self._keep(fd, key)
         return fd
+
+    def stop_loading(self) -> None:
+        """Loads not started are dropped, and those under way finished (their fds kept for
+        close): nothing is loading once this returns. A load takes milliseconds, so this
+        never waits long."""
+        with self._lock:
+            futures = list(self._pending.values())
+        for future in futures:
+            future.cancel()
+        wait_for(futures)
 
     def _load(self, name: str, prog_type: int, attach_type: int) -> int:
         """Load one function; the caller keeps the fd."""
@@ -428,7 +499,7 @@ class LoadedObject:
         except OSError as exc:
             raise SetupError(f"the tracepoint {category}:{event} cannot be opened: "
                              f"{exc.strerror}") from exc
-        self._fds.append(fd)
+        self._keep(fd)
         try:
             fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog)
             fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
@@ -438,17 +509,21 @@ class LoadedObject:
         self.tracepoints[f"{category}:{event}"] = fd
 
     def fds(self) -> list[int]:
-        return list(self._fds)
+        with self._lock:
+            return list(self._fds)
 
     def close(self) -> int:
         """Close every fd (tracepoints, programs, maps: the kernel frees what nothing else
         holds); how many failed (never raises)."""
+        self.stop_loading()
         failed = 0
-        fds, self._fds = self._fds, []
+        with self._lock:
+            fds, self._fds = self._fds, []
+            self._programs.clear()
+            self._pending.clear()
         for fd in reversed(fds):
             try:
                 os.close(fd)
             except OSError:
                 failed += 1
-        self._programs.clear()
         return failed

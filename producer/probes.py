@@ -136,6 +136,9 @@ class Probes:
                   if settings.tally_dir is not None else {})
         self._bpf = bpfload.LoadedObject(image, pinned)
         self._program_type: int = bpfload.BPF_PROG_TYPE_KPROBE
+        #: Whether CUDA programs may still be loading in the background (_load_programs).
+        self._loading = False
+        self._load_programs()
         self.attached: dict[tuple[int, int], AttachedFile] = {}
         self.failed: dict[tuple[int, int], SkippedFile] = {}
         #: The fds that hold each attached file's probes (closing them detaches).
@@ -167,23 +170,50 @@ class Probes:
         self._runtime_text = maps["runtime_text"]
         self.ring = RingBufferReader(maps["events"].fd, settings.ringbuf_bytes)
         self._scope = maps["scope_pids"]
-        self._load_programs()
 
     def _load_programs(self) -> None:
-        """Load (the kernel verifies) every program now, ~1 ms each, rather than at the first
-        file that needs it: then a process is held while we attach, ~0.2 s for a driver."""
-        cookies = self._settings.attach_cookies
-        programs = set()
-        for name in _PROBED["runtime"] | _PROBED["driver"]:
-            row = _PROBE_ROWS[name]
-            programs.add(row.program("entry", cookies))
-            if row.returns:
-                programs.add(row.program("return", cookies))
+        """Load (the kernel verifies) what a traced command needs from its first instruction
+        now: the tracepoint programs (bpfload, as it opens the image) and the loader's.
+        The CUDA API programs, ~1 ms of the kernel's each, ~70 of them, are needed only when a
+        runtime or driver file is first attached (a PyTorch start-up maps one ~0.3 s in):
+        they load on threads of their own meanwhile, so that the command starts without
+        waiting for them. An attach that needs one still loading waits for it; one that
+        failed to load is a SetupError, as it was when all loaded here: raised by the first
+        attach that needs it, or by `check_loaded` (each turn of the capture loop) if no
+        attach comes first, never a probe missing unsaid."""
         try:
-            self._bpf.preload(sorted(programs), self._program_type, self._uprobes.attach_type)
             self._program("on_loader_change")
         except Exception as exc:
             raise SetupError(f"the BPF program did not load: {exc}") from exc
+        cookies = self._settings.attach_cookies
+        programs: dict[str, None] = {}  # the runtime's first: a runtime file comes first
+        for kind in ("runtime", "driver"):
+            for name in sorted(_PROBED[kind]):
+                row = _PROBE_ROWS[name]
+                programs[row.program("entry", cookies)] = None
+                if row.returns:
+                    programs[row.program("return", cookies)] = None
+        self._loading = True
+        self._bpf.load_in_background(list(programs), self._program_type,
+                                     self._uprobes.attach_type)
+
+    def check_loaded(self) -> None:
+        """Without waiting: SetupError if a program loading in the background failed (the
+        capture cannot go on without it)."""
+        if not self._loading:
+            return
+        done, failure = self._bpf.background_failure()
+        if failure is not None:
+            raise SetupError(f"the BPF program did not load: {failure}") from failure
+        self._loading = not done
+
+    def wait_loaded(self) -> None:
+        """Wait for the programs loading in the background; SetupError if one failed."""
+        try:
+            self._bpf.wait_loaded()
+        except Exception as exc:
+            raise SetupError(f"the BPF program did not load: {exc}") from exc
+        self._loading = False
 
     # -- attaching --------------------------------------------------------
 
@@ -212,6 +242,9 @@ class Probes:
                 attached = self._attach_loader(library, fds)
             else:
                 attached = self._attach_runtime(library, fds)
+        except SetupError:  # a program did not load: nothing of the file stays attached
+            self._detach(fds)
+            raise
         except AttachError as exc:
             self._detach(fds)
             if not os.path.exists(library.host_path):
@@ -255,8 +288,12 @@ class Probes:
 
     def _program(self, name: str) -> int:
         """The fd of the loaded BPF program `name` (each is loaded once), loaded for the
-        way UprobeLinks attaches it."""
-        return self._bpf.program(name, self._program_type, self._uprobes.attach_type)
+        way UprobeLinks attaches it; waits for one still loading in the background.
+        SetupError if it did not load: not a function's or a file's failure, the capture's."""
+        try:
+            return self._bpf.program(name, self._program_type, self._uprobes.attach_type)
+        except Exception as exc:
+            raise SetupError(f"the BPF program did not load: {exc}") from exc
 
     def _attach_function(
         self, library: LibraryFile, name: str, offset: int, fds: list[int]
@@ -510,6 +547,7 @@ class Probes:
         costs the kernel ~0.1 s (it waits for a grace period), one probe after another:
         with `background`, a detached grandchild that inherited the probes releases them,
         and we return at once."""
+        self._bpf.stop_loading()  # nothing loads while the releaser is forked
         with self._names_lock:
             self._names_stop.set()
         if self._names_thread is not None:
