@@ -372,17 +372,17 @@ class LoadedObject:
             raise failure
 
     def load_in_background(self, names: list[str], prog_type: int = BPF_PROG_TYPE_KPROBE,
-                           attach_type: int = -1) -> None:
-        """Start loading these functions on threads of their own (as many as there are
-        CPUs, fewer for fewer functions; they end when the last is loaded) and return at
-        once. `program` waits for one still loading, and raises its error where it failed;
-        `background_failure` says, without waiting, whether one has."""
+                           attach_type: int = -1, threads: int | None = None) -> None:
+        """Start loading these functions on threads of their own (`threads`, else as many as
+        there are CPUs; fewer for fewer functions; they end when the last is loaded) and
+        return at once. `program` waits for one still loading, and raises its error where it
+        failed; `background_failure` says, without waiting, whether one has."""
         with self._lock:
             todo = [key for key in dict.fromkeys((n, prog_type, attach_type) for n in names)
                     if key not in self._programs and key not in self._pending]
             if not todo:
                 return
-            pool = ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1),
+            pool = ThreadPoolExecutor(max_workers=min(len(todo), threads or os.cpu_count() or 1),
                                       thread_name_prefix="gf-bpfload")
             try:
                 for key in todo:
