@@ -288,10 +288,15 @@ class BpfMap:
 
 class LoadedObject:
     """An image's maps, created (or opened where `pinned` names a path), its tracepoint
-    functions attached, and its other functions loaded as they are asked for."""
+    functions attached, and its other functions loaded as they are asked for.
+
+    The maps named in `later` (unless pinned, or used by a tracepoint function) are not made
+    at once: `load_in_background` makes them on its threads before any function that uses
+    them, and `map` or a function that uses them, asked for first, waits for them (or makes
+    them then). Until they are made they are not in `maps`."""
 
     def __init__(self, image: Image, pinned: Mapping[str, Path] | None = None,
-                 tracefs: Path = TRACEFS) -> None:
+                 tracefs: Path = TRACEFS, later: frozenset[str] = frozenset()) -> None:
         self.image = image
         #: Guards _fds, _programs and _pending: loader threads add to them (bpf(2) lets go
         #: of the GIL while the kernel verifies, and they carry on meanwhile).
@@ -303,11 +308,18 @@ class LoadedObject:
         self._pending: dict[tuple[str, int, int], Future[int]] = {}
         self.maps: dict[str, BpfMap] = {}
         self.tracepoints: dict[str, int] = {}
+        tracepoints = [spec.name for spec in image.programs
+                       if spec.name.startswith(TRACEPOINT_PREFIX)]
+        at_once = {index for name in tracepoints for _, index in image.program(name).relocations}
+        #: The maps made later (by index in the image), and the future of their making.
+        self._later: dict[int, MapSpec] = {
+            index: spec for index, spec in enumerate(image.maps)
+            if spec.name in later and index not in at_once and spec.name not in (pinned or {})}
+        self._later_made: Future[None] | None = None
         try:
-            map_fds = [self._map(spec, (pinned or {}).get(spec.name)) for spec in image.maps]
-            self._map_fds = map_fds
-            tracepoints = [spec.name for spec in image.programs
-                           if spec.name.startswith(TRACEPOINT_PREFIX)]
+            self._map_fds = [-1 if index in self._later else
+                             self._map(spec, (pinned or {}).get(spec.name))
+                             for index, spec in enumerate(image.maps)]
             self.preload(tracepoints, BPF_PROG_TYPE_TRACEPOINT)
             for name in tracepoints:
                 self._attach_tracepoint(name, tracefs)
@@ -333,15 +345,7 @@ class LoadedObject:
                                      f"{spec.name}: {have}")
                 self.maps[spec.name] = BpfMap(fd, spec)
                 return fd
-        name = spec.name.encode()[:15]
-        try:
-            fd = bpf(BPF_MAP_CREATE, _MapCreate(
-                map_type=spec.map_type, key_size=spec.key_size, value_size=spec.value_size,
-                max_entries=spec.max_entries, map_flags=spec.flags, map_name=name))
-        except OSError as exc:
-            raise SetupError(f"the BPF map {spec.name} cannot be created: {exc.strerror}"
-                             ) from exc
-        self._keep(fd)
+        fd = self._create(spec)
         if pin is not None:
             try:
                 obj_pin(fd, pin)
@@ -351,7 +355,58 @@ class LoadedObject:
         self.maps[spec.name] = BpfMap(fd, spec)
         return fd
 
+    def _create(self, spec: MapSpec) -> int:
+        """A new map of `spec`'s shape, kept until close; SetupError if the kernel refuses."""
+        try:
+            fd = bpf(BPF_MAP_CREATE, _MapCreate(
+                map_type=spec.map_type, key_size=spec.key_size, value_size=spec.value_size,
+                max_entries=spec.max_entries, map_flags=spec.flags,
+                map_name=spec.name.encode()[:15]))
+        except OSError as exc:
+            raise SetupError(f"the BPF map {spec.name} cannot be created: {exc.strerror}"
+                             ) from exc
+        self._keep(fd)
+        return fd
+
+    def _make_later_maps(self) -> None:
+        """Make the maps left for later (whichever thread runs it: once)."""
+        for index, spec in self._later.items():
+            fd = self._create(spec)
+            with self._lock:
+                self.maps[spec.name] = BpfMap(fd, spec)
+                self._map_fds[index] = fd
+
+    def _maps_ready(self) -> None:
+        """Wait for the maps left for later (a loader thread makes them), or make them now
+        if nothing is; SetupError if they cannot be made."""
+        with self._lock:
+            future = self._later_made
+            mine = future is None and bool(self._later)
+            if mine:
+                future = self._later_made = Future()
+                future.set_running_or_notify_cancel()  # under way here: not to be cancelled
+        if future is None:
+            return
+        if mine:
+            try:
+                self._make_later_maps()
+            except BaseException as exc:
+                future.set_exception(exc)
+                raise
+            future.set_result(None)
+            return
+        try:
+            future.result()
+        except CancelledError:
+            raise SetupError("the BPF maps were closed before they were made") from None
+
     def map(self, name: str) -> BpfMap:
+        """The map `name`; one left for later is waited for (or made now)."""
+        with self._lock:
+            found = self.maps.get(name)
+        if found is not None:
+            return found
+        self._maps_ready()
         return self.maps[name]
 
     def preload(self, names: list[str], prog_type: int = BPF_PROG_TYPE_KPROBE,
@@ -386,6 +441,8 @@ class LoadedObject:
             pool = ThreadPoolExecutor(max_workers=min(len(todo), threads or os.cpu_count() or 1),
                                       thread_name_prefix="gf-bpfload")
             try:
+                if self._later and self._later_made is None:  # first: the functions use them
+                    self._later_made = pool.submit(self._make_later_maps)
                 for key in todo:
                     self._pending[key] = pool.submit(self._load_kept, *key)
             finally:
@@ -408,7 +465,9 @@ class LoadedObject:
         """Without waiting: whether every function loading in the background is done, and
         the error of the first (in the order they were asked for) that failed, if one has."""
         with self._lock:
-            futures = list(self._pending.values())
+            futures: list[Future[Any]] = list(self._pending.values())
+            if self._later_made is not None:
+                futures.insert(0, self._later_made)
         done = all(future.done() for future in futures)
         for future in futures:
             if future.done() and not future.cancelled() and future.exception() is not None:
@@ -418,6 +477,7 @@ class LoadedObject:
     def wait_loaded(self) -> None:
         """Wait until nothing is loading in the background; the first failure (in the order
         they were asked for) is raised, as `program` would."""
+        self._maps_ready()
         with self._lock:
             keys = list(self._pending)
         for key in keys:
@@ -456,7 +516,9 @@ class LoadedObject:
         close): nothing is loading once this returns. A load takes milliseconds, so this
         never waits long."""
         with self._lock:
-            futures = list(self._pending.values())
+            futures: list[Future[Any]] = list(self._pending.values())
+            if self._later_made is not None:
+                futures.append(self._later_made)
         for future in futures:
             future.cancel()
         wait_for(futures)
@@ -464,7 +526,11 @@ class LoadedObject:
     def _load(self, name: str, prog_type: int, attach_type: int) -> int:
         """Load one function; the caller keeps the fd."""
         spec = self.image.program(name)
-        insns = ctypes.create_string_buffer(spec.with_fds(self._map_fds), len(spec.insns))
+        if any(index in self._later for _, index in spec.relocations):
+            self._maps_ready()
+        with self._lock:
+            map_fds = list(self._map_fds)
+        insns = ctypes.create_string_buffer(spec.with_fds(map_fds), len(spec.insns))
         license = ctypes.create_string_buffer(self.image.license.encode())
         attr = ProgLoad(prog_type=prog_type, insn_cnt=len(spec.insns) // 8,
                         insns=ctypes.addressof(insns), license=ctypes.addressof(license),

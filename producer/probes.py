@@ -120,6 +120,10 @@ _CONN_KEY = struct.Struct("<Ii")
 _ONE_BYTE = b"\x01"
 #: The tally's maps (bpf/cudart.bpf.c: BPF_TABLE_PINNED), pinned in settings.tally_dir.
 TALLY_PINNED = ("committed", "settled")
+#: Maps only the CUDA API programs use, and this process only once a runtime or driver file
+#: is attached (its text ranges): made with those programs, on the loader thread, while the
+#: command starts (~9 ms of the kernel's: their entries are allocated up front).
+LATER_MAPS = frozenset({"inflight", "ctx_device", "runtime_text"})
 
 
 class Probes:
@@ -134,7 +138,7 @@ class Probes:
         image = program_image(source, settings.cflags(), settings.verdict_cache_dir)
         pinned = ({name: settings.tally_dir / name for name in TALLY_PINNED}
                   if settings.tally_dir is not None else {})
-        self._bpf = bpfload.LoadedObject(image, pinned)
+        self._bpf = bpfload.LoadedObject(image, pinned, later=LATER_MAPS)
         self._program_type: int = bpfload.BPF_PROG_TYPE_KPROBE
         #: Whether CUDA programs may still be loading in the background (_load_programs).
         self._loading = False
@@ -167,17 +171,16 @@ class Probes:
         self._names_thread: threading.Thread | None = threading.Thread(
             target=self._move_names, name="gf-names", daemon=True)
         self._names_thread.start()
-        self._runtime_text = maps["runtime_text"]
         self.ring = RingBufferReader(maps["events"].fd, settings.ringbuf_bytes)
         self._scope = maps["scope_pids"]
 
     def _load_programs(self) -> None:
         """Load (the kernel verifies) what a traced command needs from its first instruction
         now: the tracepoint programs (bpfload, as it opens the image) and the loader's.
-        The CUDA API programs, ~1 ms of the kernel's each, ~70 of them, are needed only when a
-        runtime or driver file is first attached (a PyTorch start-up maps one ~0.3 s in):
-        they load on threads of their own meanwhile, so that the command starts without
-        waiting for them. An attach that needs one still loading waits for it; one that
+        The CUDA API programs, ~0.1 ms of the kernel's each, ~70 of them, and the maps only
+        they use (LATER_MAPS) are needed only when a runtime or driver file is first attached
+        (a PyTorch start-up maps one tens of ms in at the earliest): they are made on a
+        thread of their own meanwhile, so that the command starts without waiting for them. An attach that needs one still loading waits for it; one that
         failed to load is a SetupError, as it was when all loaded here: raised by the first
         attach that needs it, or by `check_loaded` (each turn of the capture loop) if no
         attach comes first, never a probe missing unsaid."""
@@ -428,10 +431,10 @@ class Probes:
         for i, (start, end) in enumerate(spans):
             value["start"][0][i] = start
             value["end"][0][i] = end
-        self._runtime_text.update(_U32.pack(pid), value.tobytes())
+        self._bpf.map("runtime_text").update(_U32.pack(pid), value.tobytes())
 
     def forget_pid(self, pid: int) -> None:
-        self._runtime_text.delete(_U32.pack(pid))
+        self._bpf.map("runtime_text").delete(_U32.pack(pid))
 
     # -- scope ------------------------------------------------------------
 

@@ -121,11 +121,11 @@ def test_preloading_keeps_every_program_loaded() -> None:
 class GatedObject(bpfload.LoadedObject):
     """Loads on a loader thread wait for `gate` (this thread's do not); counts every load."""
 
-    def __init__(self, image: Image) -> None:
+    def __init__(self, image: Image, later: frozenset[str] = frozenset()) -> None:
         self.gate = threading.Event()
         self.loads: Counter[str] = Counter()
         self.threads: set[str] = set()
-        super().__init__(image)
+        super().__init__(image, later=later)
 
     def _load(self, name: str, prog_type: int, attach_type: int) -> int:
         if threading.current_thread() is not threading.main_thread():
@@ -200,6 +200,57 @@ def test_closing_while_programs_load_drops_the_rest_and_frees_them_all() -> None
     assert 1 <= begun <= (os.cpu_count() or 1) < 40
     assert sum(loaded.loads.values()) == begun
     assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_maps_left_for_later_are_made_before_the_programs_that_use_them() -> None:
+    """`later` maps are not made at once; the loader threads make them before any function
+    that uses them, and `map` waits for them; one a tracepoint function uses is made at once."""
+    tracepoint = "tracepoint__sched__sched_process_fork"
+    programs = (ProgramSpec("uses_map", USES_MAP, bpfimage.relocations(USES_MAP, {99: 0})),
+                ProgramSpec(tracepoint, USES_MAP, bpfimage.relocations(USES_MAP, {99: 1})))
+    maps = (MapSpec("pids", HASH, 4, 8, 64, 0), MapSpec("drops", HASH, 4, 8, 4, 0))
+    loaded = GatedObject(image(*programs, maps=maps), later=frozenset({"pids", "drops"}))
+    try:
+        assert "pids" not in loaded.maps and "drops" in loaded.maps  # drops: the tracepoint's
+        loaded.load_in_background(["uses_map"])
+        loaded.gate.set()
+        fd = loaded.program("uses_map")
+        pids = loaded.map("pids")
+        info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+        assert "prog_type:\t2" in info
+        map_info = Path(f"/proc/self/fdinfo/{pids.fd}").read_text()
+        assert "map_type:\t1" in map_info and "max_entries:\t64" in map_info
+        pids.update(U32.pack(1), U64.pack(2))
+        assert loaded.map("pids").lookup(U32.pack(1)) == U64.pack(2)
+    finally:
+        assert loaded.close() == 0
+
+
+def test_a_map_left_for_later_is_made_when_first_asked_for() -> None:
+    loaded = bpfload.LoadedObject(image(), later=frozenset({"pids"}))
+    try:
+        assert "pids" not in loaded.maps
+        loaded.map("pids").update(U32.pack(3), U64.pack(30))  # made now, on this thread
+        assert loaded.maps["pids"].lookup(U32.pack(3)) == U64.pack(30)
+        assert loaded.program("uses_map") > 0
+    finally:
+        assert loaded.close() == 0
+
+
+def test_a_map_the_kernel_refuses_later_is_the_error_of_what_needs_it() -> None:
+    refused = MapSpec("pids", HASH, 4, 8, 0, 0)  # no entries: EINVAL
+    maps = (refused, MapSpec("ring", RINGBUF, 0, 0, 1 << 16, 0))
+    loaded = bpfload.LoadedObject(image(maps=maps), later=frozenset({"pids"}))
+    try:
+        loaded.load_in_background(["uses_map"])
+        with pytest.raises(SetupError, match="the BPF map pids cannot be created: Invalid"):
+            loaded.program("uses_map")
+        _done, failure = loaded.background_failure()
+        assert isinstance(failure, SetupError) and "pids cannot be created" in str(failure)
+        with pytest.raises(SetupError, match="pids cannot be created"):
+            loaded.wait_loaded()
+    finally:
+        assert loaded.close() == 0
 
 
 def test_pinned_maps_are_made_once_and_found_again(bpffs_dir: Path) -> None:
