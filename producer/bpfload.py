@@ -400,6 +400,11 @@ class LoadedObject:
         except CancelledError:
             raise SetupError("the BPF maps were closed before they were made") from None
 
+    def made(self, name: str) -> bool:
+        """Whether the map `name` is made (without waiting)."""
+        with self._lock:
+            return name in self.maps
+
     def map(self, name: str) -> BpfMap:
         """The map `name`; one left for later is waited for (or made now)."""
         with self._lock:

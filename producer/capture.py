@@ -349,7 +349,7 @@ class Capture:
         if requests is not None and self.utilization is not None:
             self._feed_utilization(requests, self.utilization)
         while True:
-            drained = self.probes.ring.drain(BATCH_EVENTS)
+            drained = self.probes.drain_events(BATCH_EVENTS)
             # After the events: each launch drained was committed after its name.
             names = self.probes.drain_names()
             self.enricher.kernels.add(names)

@@ -40,6 +40,7 @@ from producer.records import (
     DROP_LOADER,
     DROP_NAMES,
     DROP_SLOTS,
+    EVENT_DTYPE,
     FORWARDED,
     LOADER_EVENT_DTYPE,
     LOADER_LISTEN,
@@ -120,10 +121,10 @@ _CONN_KEY = struct.Struct("<Ii")
 _ONE_BYTE = b"\x01"
 #: The tally's maps (bpf/cudart.bpf.c: BPF_TABLE_PINNED), pinned in settings.tally_dir.
 TALLY_PINNED = ("committed", "settled")
-#: Maps only the CUDA API programs use, and this process only once a runtime or driver file
-#: is attached (its text ranges): made with those programs, on the loader thread, while the
-#: command starts (~9 ms of the kernel's: their entries are allocated up front).
-LATER_MAPS = frozenset({"inflight", "ctx_device", "runtime_text"})
+#: Maps only the CUDA API programs use (this process reads them once those may have run, or
+#: waits for them): made with those programs, on the loader thread, while the command starts
+#: (~20 ms of the kernel's: the rings' 48 MiB and the tables' entries are allocated up front).
+LATER_MAPS = frozenset({"events", "names", "inflight", "ctx_device", "runtime_text"})
 
 
 class Probes:
@@ -151,8 +152,11 @@ class Probes:
         self._loader_ring = RingBufferReader(maps["loader_events"].fd,
                                              maps["loader_events"].spec.max_entries,
                                              LOADER_EVENT_DTYPE)
-        self._names_ring = RingBufferReader(maps["names"].fd, maps["names"].spec.max_entries,
-                                            NAME_EVENT_DTYPE)
+        #: The name records' ring (LATER_MAPS): its reader is made once the loader thread
+        #: has made the map, by the names thread (or drain_names, whichever comes first).
+        self._names_ring: RingBufferReader | None = None
+        #: The events ring's (LATER_MAPS), made at its first use (`ring`).
+        self._events_ring: RingBufferReader | None = None
         # Loader notifications wake the capture loop at once (a process is held).
         self._wake = select.epoll()
         self._wake.register(self._loader_ring.fileno(), select.EPOLLIN)
@@ -165,14 +169,28 @@ class Probes:
         self._names_moved: list[npt.NDArray[np.void]] = []
         self._names_stop = threading.Event()
         self._names_wake = select.epoll()
-        self._names_wake.register(self._names_ring.fileno(), select.EPOLLIN)
         self._names_kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # close() wakes it
         self._names_wake.register(self._names_kick, select.EPOLLIN)
         self._names_thread: threading.Thread | None = threading.Thread(
             target=self._move_names, name="gf-names", daemon=True)
         self._names_thread.start()
-        self.ring = RingBufferReader(maps["events"].fd, settings.ringbuf_bytes)
         self._scope = maps["scope_pids"]
+
+    def drain_events(self, max_events: int | None = None) -> npt.NDArray[np.void]:
+        """The events committed so far (EVENT_DTYPE, up to `max_events`), oldest first. None
+        before the loader thread has made the ring: no CUDA program can have run then."""
+        if self._events_ring is None and not self._bpf.made("events"):
+            return np.empty(0, dtype=EVENT_DTYPE)
+        return self.ring.drain(max_events)
+
+    @property
+    def ring(self) -> RingBufferReader:
+        """The events ring's reader; the first use waits for the loader thread to have made
+        the ring (LATER_MAPS; SetupError if it could not)."""
+        if self._events_ring is None:
+            events = self._bpf.map("events")
+            self._events_ring = RingBufferReader(events.fd, self._settings.ringbuf_bytes)
+        return self._events_ring
 
     def _load_programs(self) -> None:
         """Load (the kernel verifies) what a traced command needs from its first instruction
@@ -180,8 +198,9 @@ class Probes:
         The CUDA API programs, ~0.1 ms of the kernel's each, ~70 of them, and the maps only
         they use (LATER_MAPS) are needed only when a runtime or driver file is first attached
         (a PyTorch start-up maps one tens of ms in at the earliest): they are made on a
-        thread of their own meanwhile, so that the command starts without waiting for them. An attach that needs one still loading waits for it; one that
-        failed to load is a SetupError, as it was when all loaded here: raised by the first
+        thread of their own meanwhile, so that the command starts without waiting for them.
+        An attach that needs one still loading waits for it (so do the rings' readers); one
+        that failed is a SetupError, as it was when all loaded here: raised by the first
         attach that needs it, or by `check_loaded` (each turn of the capture loop) if no
         attach comes first, never a probe missing unsaid."""
         try:
@@ -470,6 +489,8 @@ class Probes:
 
         Drain the events ring first, then this: a launch is committed after the name
         record of its handle, so every launch drained has its name here."""
+        if self._names_ring is None and self._bpf.made("names"):
+            self._open_names()  # the names thread has not yet: launches may be named there
         self._take_names()
         with self._names_lock:
             moved, self._names_moved = self._names_moved, []
@@ -477,17 +498,34 @@ class Probes:
             return np.empty(0, dtype=NAME_EVENT_DTYPE)
         return moved[0] if len(moved) == 1 else np.concatenate(moved)
 
+    def _open_names(self) -> None:
+        """Make the name ring's reader (either thread, once), waiting for the loader thread
+        to have made the ring. SetupError if it could not."""
+        names = self._bpf.map("names")
+        with self._names_lock:
+            if self._names_stop.is_set() or self._names_ring is not None:
+                return
+            ring = RingBufferReader(names.fd, names.spec.max_entries, NAME_EVENT_DTYPE)
+            self._names_wake.register(ring.fileno(), select.EPOLLIN)
+            self._names_ring = ring
+
     def _take_names(self) -> None:
         """Move what the name ring holds out of it (either thread)."""
         with self._names_lock:
-            if self._names_stop.is_set():
+            if self._names_stop.is_set() or self._names_ring is None:
                 return
             batch = self._names_ring.drain()
             if len(batch):
                 self._names_moved.append(batch)
 
     def _move_names(self) -> None:
-        """The name records' thread: waits for records, moves them out, until close."""
+        """The name records' thread: waits for the ring, then for records, moves them out,
+        until close."""
+        try:
+            self._open_names()
+        except Exception as exc:  # not made (check_loaded says so), or closed meanwhile
+            log.debug("the name records' thread ends: %s", exc)
+            return
         while not self._names_stop.is_set():
             try:
                 self._names_wake.poll(1.0)
@@ -559,7 +597,9 @@ class Probes:
             self._names_thread.join(timeout=5)
             with contextlib.suppress(OSError):
                 os.close(self._names_kick)
-        for ring in (self.ring, self._loader_ring, self._names_ring):
+        for ring in (self._events_ring, self._loader_ring, self._names_ring):
+            if ring is None:
+                continue
             try:
                 ring.close()
             except Exception as exc:
