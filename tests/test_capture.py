@@ -293,10 +293,11 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
 def test_the_cuda_programs_load_after_the_command_starts_and_capture_is_exact(
     bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The CUDA API programs load on threads of their own (Probes._load_programs) while the
-    command starts; here they are held back until the command's runtime is being attached,
-    so that the attach has to wait for them: it uses each loader thread's program (none is
-    loaded twice), and the capture is exact."""
+    """The CUDA API programs and the maps only they use (the events and names rings among
+    them) are made on a thread of their own (Probes._load_programs) while the command
+    starts; here they are held back until the command's runtime is being attached, so that
+    the capture loop runs without the rings meanwhile and the attach has to wait for them:
+    it uses each loader thread's program (none is loaded twice), and the capture is exact."""
     from producer import bpfload
     from producer import trace as tracing
     from producer.probes import Probes
@@ -305,7 +306,14 @@ def test_the_cuda_programs_load_after_the_command_starts_and_capture_is_exact(
     loads: Counter[tuple[str, int, int]] = Counter()
     waiting_at_attach: list[bool] = []
     real_load = bpfload.LoadedObject._load
+    real_maps = bpfload.LoadedObject._make_later_maps
     real_attach = Probes._attach_runtime
+    rings_at_attach: list[bool] = []
+
+    def gated_maps(self: bpfload.LoadedObject) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            assert gate.wait(60), "no runtime was attached"
+        real_maps(self)
 
     def gated_load(self: bpfload.LoadedObject, name: str, prog_type: int,
                    attach_type: int) -> int:
@@ -318,10 +326,12 @@ def test_the_cuda_programs_load_after_the_command_starts_and_capture_is_exact(
     def attach_runtime(self: Probes, library: Any, fds: list[int]) -> Any:
         done, _failure = self._bpf.background_failure()
         waiting_at_attach.append(not done)
+        rings_at_attach.append(self._bpf.made("events") or self._bpf.made("names"))
         gate.set()
         return real_attach(self, library, fds)
 
     monkeypatch.setattr(bpfload.LoadedObject, "_load", gated_load)
+    monkeypatch.setattr(bpfload.LoadedObject, "_make_later_maps", gated_maps)
     monkeypatch.setattr(Probes, "_attach_runtime", attach_runtime)
     binary = build.build_capture(bindir, "stub")
     out = tmp_path / "out.jsonl"
@@ -329,9 +339,44 @@ def test_the_cuda_programs_load_after_the_command_starts_and_capture_is_exact(
                          output=out, print_summary=False)
     assert result.exit_code == 0
     assert waiting_at_attach[:1] == [True]  # the runtime came while its programs were loading
+    assert rings_at_attach[:1] == [False]  # and before the rings were made
     assert loads and max(loads.values()) == 1
     assert_exact(expected.capture_events(2, 10, all_apis=True), read_events(out))
     assert result.dropped == 0
+
+
+def test_before_the_rings_are_made_there_is_nothing_to_drain_and_nothing_waits(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capture loop drains the events and names rings from its first turn; until the
+    loader thread has made them (no CUDA program can have run), a drain finds nothing
+    rather than waiting, and the readers are made once the rings are."""
+    from producer import bpfload
+    from producer.probes import Probes
+    from producer.settings import CaptureSettings
+
+    gate = threading.Event()
+    real_maps = bpfload.LoadedObject._make_later_maps
+
+    def gated_maps(self: bpfload.LoadedObject) -> None:
+        assert gate.wait(60)
+        real_maps(self)
+
+    monkeypatch.setattr(bpfload.LoadedObject, "_make_later_maps", gated_maps)
+    probes = Probes(CaptureSettings(pids=frozenset()))
+    try:
+        assert not probes._bpf.made("events") and not probes._bpf.made("names")
+        assert len(probes.drain_events(10)) == 0 and len(probes.drain_names()) == 0
+        assert probes._bpf.background_failure() == (False, None)
+        probes.check_loaded()  # still loading: no error
+        gate.set()
+        probes.wait_loaded()
+        assert probes._bpf.made("events") and probes._bpf.made("names")
+        assert len(probes.drain_events(10)) == 0 and len(probes.drain_names()) == 0
+        assert probes._events_ring is not None and probes._names_ring is not None
+    finally:
+        gate.set()
+        probes.close(background=False)
 
 
 def test_a_cuda_program_that_fails_to_load_after_the_command_starts_ends_trace_clearly(
