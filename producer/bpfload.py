@@ -400,6 +400,17 @@ class LoadedObject:
         except CancelledError:
             raise SetupError("the BPF maps were closed before they were made") from None
 
+    def _uses_later(self, function: str) -> bool:
+        """Whether `function` uses a map left for later (one not in the image: no, and
+        loading it says so)."""
+        if not self._later:
+            return False
+        try:
+            relocations = self.image.program(function).relocations
+        except KeyError:
+            return False
+        return any(index in self._later for _, index in relocations)
+
     def made(self, name: str) -> bool:
         """Whether the map `name` is made (without waiting)."""
         with self._lock:
@@ -446,8 +457,8 @@ class LoadedObject:
             pool = ThreadPoolExecutor(max_workers=min(len(todo), threads or os.cpu_count() or 1),
                                       thread_name_prefix="gf-bpfload")
             try:
-                if self._later and self._later_made is None:  # first: the functions use them
-                    self._later_made = pool.submit(self._make_later_maps)
+                if self._later_made is None and any(self._uses_later(n) for n, _, _ in todo):
+                    self._later_made = pool.submit(self._make_later_maps)  # first: they wait
                 for key in todo:
                     self._pending[key] = pool.submit(self._load_kept, *key)
             finally:
@@ -531,7 +542,7 @@ class LoadedObject:
     def _load(self, name: str, prog_type: int, attach_type: int) -> int:
         """Load one function; the caller keeps the fd."""
         spec = self.image.program(name)
-        if any(index in self._later for _, index in spec.relocations):
+        if self._uses_later(name):
             self._maps_ready()
         with self._lock:
             map_fds = list(self._map_fds)
