@@ -19,7 +19,6 @@ import fcntl
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
@@ -512,17 +511,11 @@ class LoadedObject:
         if known is not None:
             return known
         if pending is not None:
-            started = time.monotonic()
             try:
-                fd = pending.result()  # the loader thread's error, if it failed
+                return pending.result()  # the loader thread's error, if it failed
             except CancelledError:
                 raise OSError(errno.ECANCELED, f"{name}: closed while it was loading"
                               ) from None
-            finally:
-                waited = time.monotonic() - started
-                if waited > 0.001:
-                    log.debug("waited %.1f ms for %s to load", waited * 1000, name)
-            return fd
         fd = self._load(name, prog_type, attach_type)
         self._keep(fd, key)
         return fd

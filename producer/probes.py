@@ -22,6 +22,7 @@ import select
 import struct
 import sysconfig
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -312,10 +313,15 @@ class Probes:
         """The fd of the loaded BPF program `name` (each is loaded once), loaded for the
         way UprobeLinks attaches it; waits for one still loading in the background.
         SetupError if it did not load: not a function's or a file's failure, the capture's."""
+        started = time.monotonic()
         try:
             return self._bpf.program(name, self._program_type, self._uprobes.attach_type)
         except Exception as exc:
             raise SetupError(f"the BPF program did not load: {exc}") from exc
+        finally:
+            waited = time.monotonic() - started
+            if waited > 0.001:  # still loading on the loader thread (or loaded just now)
+                log.debug("waited %.1f ms for %s to load", waited * 1000, name)
 
     def _attach_function(
         self, library: LibraryFile, name: str, offset: int, fds: list[int]
