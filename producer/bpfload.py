@@ -2,7 +2,8 @@
 
 What bcc would do after compiling, with the bpf(2) and perf_event_open(2) system calls:
 create each map (or open it where it is pinned), put the maps' fds into the instructions,
-load each function when it is first asked for (the kernel verifies it then), and attach the
+load each function when it is first asked for (the kernel verifies it then) or, for those
+asked for later, on threads of their own meanwhile (`load_in_background`), and attach the
 `tracepoint__<category>__<name>` functions to their tracepoints at once, as bcc does. Every
 start loads this way, whether the image was compiled a moment ago (producer/probes.py, with
 bcc) or read from the cache, so there is one path to trust.
@@ -17,7 +18,10 @@ import errno
 import fcntl
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 from typing import Any, Final
 
@@ -326,20 +330,38 @@ class BpfMap:
 
 class LoadedObject:
     """An image's maps, created (or opened where `pinned` names a path), its tracepoint
-    functions attached, and its other functions loaded as they are asked for."""
+    functions attached, and its other functions loaded as they are asked for.
+
+    The maps named in `later` (unless pinned, or used by a tracepoint function) are not made
+    at once: `load_in_background` makes them on its threads before any function that uses
+    them, and `map` or a function that uses them, asked for first, waits for them (or makes
+    them then). Until they are made they are not in `maps`."""
 
     def __init__(self, image: Image, pinned: Mapping[str, Path] | None = None,
-                 tracefs: Path = TRACEFS) -> None:
+                 tracefs: Path = TRACEFS, later: frozenset[str] = frozenset()) -> None:
         self.image = image
+        #: Guards _fds, _programs and _pending: loader threads add to them (bpf(2) lets go
+        #: of the GIL while the kernel verifies, and they carry on meanwhile).
+        self._lock = threading.Lock()
         self._fds: list[int] = []  # everything we hold, closed by close()
         self._programs: dict[tuple[str, int, int], int] = {}
+        #: Functions being loaded on a loader thread, or that failed to load there (the
+        #: future keeps the error, raised to whoever asks for the function).
+        self._pending: dict[tuple[str, int, int], Future[int]] = {}
         self.maps: dict[str, BpfMap] = {}
         self.tracepoints: dict[str, int] = {}
+        tracepoints = [spec.name for spec in image.programs
+                       if spec.name.startswith(TRACEPOINT_PREFIX)]
+        at_once = {index for name in tracepoints for _, index in image.program(name).relocations}
+        #: The maps made later (by index in the image), and the future of their making.
+        self._later: dict[int, MapSpec] = {
+            index: spec for index, spec in enumerate(image.maps)
+            if spec.name in later and index not in at_once and spec.name not in (pinned or {})}
+        self._later_made: Future[None] | None = None
         try:
-            map_fds = [self._map(spec, (pinned or {}).get(spec.name)) for spec in image.maps]
-            self._map_fds = map_fds
-            tracepoints = [spec.name for spec in image.programs
-                           if spec.name.startswith(TRACEPOINT_PREFIX)]
+            self._map_fds = [-1 if index in self._later else
+                             self._map(spec, (pinned or {}).get(spec.name))
+                             for index, spec in enumerate(image.maps)]
             self.preload(tracepoints, BPF_PROG_TYPE_TRACEPOINT)
             for name in tracepoints:
                 self._attach_tracepoint(name, tracefs)
@@ -357,7 +379,7 @@ class LoadedObject:
                 raise SetupError(f"the BPF map pinned at {pin} cannot be opened: "
                                  f"{exc.strerror}") from exc
             else:
-                self._fds.append(fd)
+                self._keep(fd)
                 have = map_spec(fd, spec.name)
                 if (have.map_type, have.key_size, have.value_size, have.max_entries) != (
                         spec.map_type, spec.key_size, spec.value_size, spec.max_entries):
@@ -365,15 +387,7 @@ class LoadedObject:
                                      f"{spec.name}: {have}")
                 self.maps[spec.name] = BpfMap(fd, spec)
                 return fd
-        name = spec.name.encode()[:15]
-        try:
-            fd = bpf(BPF_MAP_CREATE, _MapCreate(
-                map_type=spec.map_type, key_size=spec.key_size, value_size=spec.value_size,
-                max_entries=spec.max_entries, map_flags=spec.flags, map_name=name))
-        except OSError as exc:
-            raise SetupError(f"the BPF map {spec.name} cannot be created: {exc.strerror}"
-                             ) from exc
-        self._fds.append(fd)
+        fd = self._create(spec)
         if pin is not None:
             try:
                 obj_pin(fd, pin)
@@ -383,53 +397,192 @@ class LoadedObject:
         self.maps[spec.name] = BpfMap(fd, spec)
         return fd
 
+    def _create(self, spec: MapSpec) -> int:
+        """A new map of `spec`'s shape, kept until close; SetupError if the kernel refuses."""
+        try:
+            fd = bpf(BPF_MAP_CREATE, _MapCreate(
+                map_type=spec.map_type, key_size=spec.key_size, value_size=spec.value_size,
+                max_entries=spec.max_entries, map_flags=spec.flags,
+                map_name=spec.name.encode()[:15]))
+        except OSError as exc:
+            raise SetupError(f"the BPF map {spec.name} cannot be created: {exc.strerror}"
+                             ) from exc
+        self._keep(fd)
+        return fd
+
+    def _make_later_maps(self) -> None:
+        """Make the maps left for later (whichever thread runs it: once)."""
+        for index, spec in self._later.items():
+            fd = self._create(spec)
+            with self._lock:
+                self.maps[spec.name] = BpfMap(fd, spec)
+                self._map_fds[index] = fd
+
+    def _maps_ready(self) -> None:
+        """Wait for the maps left for later (a loader thread makes them), or make them now
+        if nothing is; SetupError if they cannot be made."""
+        with self._lock:
+            future = self._later_made
+            mine = future is None and bool(self._later)
+            if mine:
+                future = self._later_made = Future()
+                future.set_running_or_notify_cancel()  # under way here: not to be cancelled
+        if future is None:
+            return
+        if mine:
+            try:
+                self._make_later_maps()
+            except BaseException as exc:
+                future.set_exception(exc)
+                raise
+            future.set_result(None)
+            return
+        try:
+            future.result()
+        except CancelledError:
+            raise SetupError("the BPF maps were closed before they were made") from None
+
+    def _uses_later(self, function: str) -> bool:
+        """Whether `function` uses a map left for later (one not in the image: no, and
+        loading it says so)."""
+        if not self._later:
+            return False
+        try:
+            relocations = self.image.program(function).relocations
+        except KeyError:
+            return False
+        return any(index in self._later for _, index in relocations)
+
+    def made(self, name: str) -> bool:
+        """Whether the map `name` is made (without waiting)."""
+        with self._lock:
+            return name in self.maps
+
     def map(self, name: str) -> BpfMap:
+        """The map `name`; one left for later is waited for (or made now)."""
+        with self._lock:
+            found = self.maps.get(name)
+        if found is not None:
+            return found
+        self._maps_ready()
         return self.maps[name]
 
     def preload(self, names: list[str], prog_type: int = BPF_PROG_TYPE_KPROBE,
                 attach_type: int = -1) -> None:
         """Load these functions now, on as many threads as there are CPUs: the kernel
         verifies each (the HTTP capture's: ~16 ms each, 23 of them), outside the GIL.
-        OSError as `program` says (whatever else loaded is kept, and freed by close)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        todo = [n for n in dict.fromkeys(names)
-                if (n, prog_type, attach_type) not in self._programs]
-        if len(todo) < 2:
-            for name in todo:
-                self.program(name, prog_type, attach_type)
-            return
-        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-            futures = [(n, pool.submit(self._load, n, prog_type, attach_type)) for n in todo]
-        failure: BaseException | None = None
-        for name, future in futures:
+        OSError as `program` says, the first of `names` that failed (whatever else loaded is
+        kept, and freed by close)."""
+        todo = list(dict.fromkeys(names))
+        if len(todo) > 1:
+            self.load_in_background(todo, prog_type, attach_type)
+        failure: OSError | None = None
+        for name in todo:  # each waited for: none is loading once this returns
             try:
-                fd = future.result()
-            except BaseException as exc:  # the first is raised, below
+                self.program(name, prog_type, attach_type)
+            except OSError as exc:
                 failure = failure or exc
-                continue
-            self._fds.append(fd)
-            self._programs[(name, prog_type, attach_type)] = fd
         if failure is not None:
             raise failure
+
+    def load_in_background(self, names: list[str], prog_type: int = BPF_PROG_TYPE_KPROBE,
+                           attach_type: int = -1, threads: int | None = None) -> None:
+        """Start loading these functions on threads of their own (`threads`, else as many as
+        there are CPUs; fewer for fewer functions; they end when the last is loaded) and
+        return at once. `program` waits for one still loading, and raises its error where it
+        failed; `background_failure` says, without waiting, whether one has."""
+        with self._lock:
+            todo = [key for key in dict.fromkeys((n, prog_type, attach_type) for n in names)
+                    if key not in self._programs and key not in self._pending]
+            if not todo:
+                return
+            pool = ThreadPoolExecutor(max_workers=min(len(todo), threads or os.cpu_count() or 1),
+                                      thread_name_prefix="gf-bpfload")
+            try:
+                if self._later_made is None and any(self._uses_later(n) for n, _, _ in todo):
+                    self._later_made = pool.submit(self._make_later_maps)  # first: they wait
+                for key in todo:
+                    self._pending[key] = pool.submit(self._load_kept, *key)
+            finally:
+                pool.shutdown(wait=False)  # its threads end once the queue is done
+
+    def _load_kept(self, name: str, prog_type: int, attach_type: int) -> int:
+        """A loader thread's: load one function and keep its fd, as `program` would."""
+        fd = self._load(name, prog_type, attach_type)
+        self._keep(fd, (name, prog_type, attach_type))
+        return fd
+
+    def _keep(self, fd: int, program: tuple[str, int, int] | None = None) -> None:
+        """Hold `fd` until close (and know it as `program`'s), whichever thread made it."""
+        with self._lock:
+            self._fds.append(fd)
+            if program is not None:
+                self._programs[program] = fd
+
+    def background_failure(self) -> tuple[bool, BaseException | None]:
+        """Without waiting: whether every function loading in the background is done, and
+        the error of the first (in the order they were asked for) that failed, if one has."""
+        with self._lock:
+            futures: list[Future[Any]] = list(self._pending.values())
+            if self._later_made is not None:
+                futures.insert(0, self._later_made)
+        done = all(future.done() for future in futures)
+        for future in futures:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                return done, future.exception()
+        return done, None
+
+    def wait_loaded(self) -> None:
+        """Wait until nothing is loading in the background; the first failure (in the order
+        they were asked for) is raised, as `program` would."""
+        self._maps_ready()
+        with self._lock:
+            keys = list(self._pending)
+        for key in keys:
+            self.program(*key)
 
     def program(self, name: str, prog_type: int = BPF_PROG_TYPE_KPROBE,
                 attach_type: int = -1) -> int:
         """The fd of function `name` loaded as `prog_type` for `attach_type` (-1: none),
-        loaded (and verified by the kernel) the first time it is asked for. OSError, with
-        the verifier's last words where it refused."""
-        known = self._programs.get((name, prog_type, attach_type))
+        loaded (and verified by the kernel) the first time it is asked for, or when a loader
+        thread has it (`load_in_background`: this waits for it). OSError, with the
+        verifier's last words where it refused."""
+        key = (name, prog_type, attach_type)
+        with self._lock:
+            known = self._programs.get(key)
+            pending = self._pending.get(key)
         if known is not None:
             return known
+        if pending is not None:
+            try:
+                return pending.result()  # the loader thread's error, if it failed
+            except CancelledError:
+                raise OSError(errno.ECANCELED, f"{name}: closed while it was loading"
+                              ) from None
         fd = self._load(name, prog_type, attach_type)
-        self._fds.append(fd)
-        self._programs[(name, prog_type, attach_type)] = fd
+        self._keep(fd, key)
         return fd
+
+    def stop_loading(self) -> None:
+        """Loads not started are dropped, and those under way finished (their fds kept for
+        close): nothing is loading once this returns. A load takes milliseconds, so this
+        never waits long."""
+        with self._lock:
+            futures: list[Future[Any]] = list(self._pending.values())
+            if self._later_made is not None:
+                futures.append(self._later_made)
+        for future in futures:
+            future.cancel()
+        wait_for(futures)
 
     def _load(self, name: str, prog_type: int, attach_type: int) -> int:
         """Load one function; the caller keeps the fd."""
         spec = self.image.program(name)
-        insns = ctypes.create_string_buffer(spec.with_fds(self._map_fds), len(spec.insns))
+        if self._uses_later(name):
+            self._maps_ready()
+        with self._lock:
+            map_fds = list(self._map_fds)
+        insns = ctypes.create_string_buffer(spec.with_fds(map_fds), len(spec.insns))
         license = ctypes.create_string_buffer(self.image.license.encode())
         attr = ProgLoad(prog_type=prog_type, insn_cnt=len(spec.insns) // 8,
                         insns=ctypes.addressof(insns), license=ctypes.addressof(license),
@@ -471,7 +624,7 @@ class LoadedObject:
         except OSError as exc:
             raise SetupError(f"the tracepoint {category}:{event} cannot be opened: "
                              f"{exc.strerror}") from exc
-        self._fds.append(fd)
+        self._keep(fd)
         try:
             fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog)
             fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
@@ -481,17 +634,21 @@ class LoadedObject:
         self.tracepoints[f"{category}:{event}"] = fd
 
     def fds(self) -> list[int]:
-        return list(self._fds)
+        with self._lock:
+            return list(self._fds)
 
     def close(self) -> int:
         """Close every fd (tracepoints, programs, maps: the kernel frees what nothing else
         holds); how many failed (never raises)."""
+        self.stop_loading()
         failed = 0
-        fds, self._fds = self._fds, []
+        with self._lock:
+            fds, self._fds = self._fds, []
+            self._programs.clear()
+            self._pending.clear()
         for fd in reversed(fds):
             try:
                 os.close(fd)
             except OSError:
                 failed += 1
-        self._programs.clear()
         return failed

@@ -322,7 +322,9 @@ class Capture:
         self._next_rescan = time.monotonic() + self.settings.rescan_interval_s
 
     def step(self, timeout_s: float | None = None) -> None:
-        """Handle loader notifications, rescan when due, drain the ring."""
+        """Handle loader notifications, rescan when due, drain the ring. SetupError if a
+        BPF program loading in the background failed (Probes.check_loaded)."""
+        self.probes.check_loaded()
         timeout = self.settings.poll_interval_s if timeout_s is None else timeout_s
         notes = self.probes.poll_loader(timeout)
         if notes:
@@ -373,7 +375,7 @@ class Capture:
         if requests is not None and self.utilization is not None:
             self._feed_utilization(requests, self.utilization)
         while True:
-            drained = self.probes.ring.drain(BATCH_EVENTS)
+            drained = self.probes.drain_events(BATCH_EVENTS)
             # After the events: each launch drained was committed after its name.
             names = self.probes.drain_names()
             self.enricher.kernels.add(names)

@@ -110,6 +110,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
             kafka_sink.on_delivered = ledger.delivered
             ledger.collect_dead(read_pinned_tally)
     capture.start()
+    capture.probes.wait_loaded()  # ready means every program loaded (a failure ends here)
     status = StatusFile(status_file) if status_file is not None else None
     started = time.monotonic()
     samples: queue.SimpleQueue[list[wire.GpuSample]] = queue.SimpleQueue()

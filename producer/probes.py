@@ -22,6 +22,7 @@ import select
 import struct
 import sysconfig
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from producer.records import (
     DROP_LOADER,
     DROP_NAMES,
     DROP_SLOTS,
+    EVENT_DTYPE,
     FILE_ID_DTYPE,
     FORWARDED,
     LOADER_EVENT_DTYPE,
@@ -116,6 +118,10 @@ _CONN_KEY = struct.Struct("<Ii")
 _ONE_BYTE = b"\x01"
 #: The tally's maps (bpf/cudart.bpf.c: BPF_TABLE_PINNED), pinned in settings.tally_dir.
 TALLY_PINNED = ("committed", "settled")
+#: Maps only the CUDA API programs use (this process reads them once those may have run, or
+#: waits for them): made with those programs, on the loader thread, while the command starts
+#: (~20 ms of the kernel's: the rings' 48 MiB and the tables' entries are allocated up front).
+LATER_MAPS = frozenset({"events", "names", "inflight", "ctx_device", "runtime_text"})
 
 
 class Probes:
@@ -131,8 +137,11 @@ class Probes:
                               _file_walk_cflags if settings.quiet_loads_on else None)
         pinned = ({name: settings.tally_dir / name for name in TALLY_PINNED}
                   if settings.tally_dir is not None else {})
-        self._bpf = bpfload.LoadedObject(image, pinned)
+        self._bpf = bpfload.LoadedObject(image, pinned, later=LATER_MAPS)
         self._program_type: int = bpfload.BPF_PROG_TYPE_KPROBE
+        #: Whether CUDA programs may still be loading in the background (_load_programs).
+        self._loading = False
+        self._load_programs()
         self.attached: dict[tuple[int, int], AttachedFile] = {}
         self.failed: dict[tuple[int, int], SkippedFile] = {}
         #: The fds that hold each attached file's probes (closing them detaches).
@@ -141,8 +150,11 @@ class Probes:
         self._loader_ring = RingBufferReader(maps["loader_events"].fd,
                                              maps["loader_events"].spec.max_entries,
                                              LOADER_EVENT_DTYPE)
-        self._names_ring = RingBufferReader(maps["names"].fd, maps["names"].spec.max_entries,
-                                            NAME_EVENT_DTYPE)
+        #: The name records' ring (LATER_MAPS): its reader is made once the loader thread
+        #: has made the map, by the names thread (or drain_names, whichever comes first).
+        self._names_ring: RingBufferReader | None = None
+        #: The events ring's (LATER_MAPS), made at its first use (`ring`).
+        self._events_ring: RingBufferReader | None = None
         # Loader notifications wake the capture loop at once (a process is held).
         self._wake = select.epoll()
         self._wake.register(self._loader_ring.fileno(), select.EPOLLIN)
@@ -155,35 +167,76 @@ class Probes:
         self._names_moved: list[npt.NDArray[np.void]] = []
         self._names_stop = threading.Event()
         self._names_wake = select.epoll()
-        self._names_wake.register(self._names_ring.fileno(), select.EPOLLIN)
         self._names_kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # close() wakes it
         self._names_wake.register(self._names_kick, select.EPOLLIN)
         self._names_thread: threading.Thread | None = threading.Thread(
             target=self._move_names, name="gf-names", daemon=True)
         self._names_thread.start()
-        self._runtime_text = maps["runtime_text"]
         #: The files the kernel lets a dlopen map unheld (None: the filter is off).
         self._quiet = maps.get("quiet_files")
         self._quiet_known: set[bytes] = set()
-        self.ring = RingBufferReader(maps["events"].fd, settings.ringbuf_bytes)
         self._scope = maps["scope_pids"]
-        self._load_programs()
+
+    def drain_events(self, max_events: int | None = None) -> npt.NDArray[np.void]:
+        """The events committed so far (EVENT_DTYPE, up to `max_events`), oldest first. None
+        before the loader thread has made the ring: no CUDA program can have run then."""
+        if self._events_ring is None and not self._bpf.made("events"):
+            return np.empty(0, dtype=EVENT_DTYPE)
+        return self.ring.drain(max_events)
+
+    @property
+    def ring(self) -> RingBufferReader:
+        """The events ring's reader; the first use waits for the loader thread to have made
+        the ring (LATER_MAPS; SetupError if it could not)."""
+        if self._events_ring is None:
+            events = self._bpf.map("events")
+            self._events_ring = RingBufferReader(events.fd, self._settings.ringbuf_bytes)
+        return self._events_ring
 
     def _load_programs(self) -> None:
-        """Load (the kernel verifies) every program now, ~1 ms each, rather than at the first
-        file that needs it: then a process is held while we attach, ~0.2 s for a driver."""
-        cookies = self._settings.attach_cookies
-        programs = set()
-        for name in _PROBED["runtime"] | _PROBED["driver"]:
-            row = _PROBE_ROWS[name]
-            programs.add(row.program("entry", cookies))
-            if row.returns:
-                programs.add(row.program("return", cookies))
+        """Load (the kernel verifies) what a traced command needs from its first instruction
+        now: the tracepoint programs (bpfload, as it opens the image) and the loader's.
+        The CUDA API programs, ~0.1 ms of the kernel's each, ~70 of them, and the maps only
+        they use (LATER_MAPS) are needed only when a runtime or driver file is first attached
+        (a PyTorch start-up maps one tens of ms in at the earliest): they are made on a
+        thread of their own meanwhile, so that the command starts without waiting for them.
+        An attach that needs one still loading waits for it (so do the rings' readers); one
+        that failed is a SetupError, as it was when all loaded here: raised by the first
+        attach that needs it, or by `check_loaded` (each turn of the capture loop) if no
+        attach comes first, never a probe missing unsaid."""
         try:
-            self._bpf.preload(sorted(programs), self._program_type, self._uprobes.attach_type)
             self._program("on_loader_change")
         except Exception as exc:
             raise SetupError(f"the BPF program did not load: {exc}") from exc
+        cookies = self._settings.attach_cookies
+        programs: dict[str, None] = {}  # the runtime's first: a runtime file comes first
+        for kind in ("runtime", "driver"):
+            for name in sorted(_PROBED[kind]):
+                row = _PROBE_ROWS[name]
+                programs[row.program("entry", cookies)] = None
+                if row.returns:
+                    programs[row.program("return", cookies)] = None
+        self._loading = True
+        self._bpf.load_in_background(list(programs), self._program_type,
+                                     self._uprobes.attach_type, threads=_loader_threads())
+
+    def check_loaded(self) -> None:
+        """Without waiting: SetupError if a program loading in the background failed (the
+        capture cannot go on without it)."""
+        if not self._loading:
+            return
+        done, failure = self._bpf.background_failure()
+        if failure is not None:
+            raise SetupError(f"the BPF program did not load: {failure}") from failure
+        self._loading = not done
+
+    def wait_loaded(self) -> None:
+        """Wait for the programs loading in the background; SetupError if one failed."""
+        try:
+            self._bpf.wait_loaded()
+        except Exception as exc:
+            raise SetupError(f"the BPF program did not load: {exc}") from exc
+        self._loading = False
 
     # -- attaching --------------------------------------------------------
 
@@ -212,6 +265,9 @@ class Probes:
                 attached = self._attach_loader(library, fds)
             else:
                 attached = self._attach_runtime(library, fds)
+        except SetupError:  # a program did not load: nothing of the file stays attached
+            self._detach(fds)
+            raise
         except AttachError as exc:
             self._detach(fds)
             if not os.path.exists(library.host_path):
@@ -255,8 +311,17 @@ class Probes:
 
     def _program(self, name: str) -> int:
         """The fd of the loaded BPF program `name` (each is loaded once), loaded for the
-        way UprobeLinks attaches it."""
-        return self._bpf.program(name, self._program_type, self._uprobes.attach_type)
+        way UprobeLinks attaches it; waits for one still loading in the background.
+        SetupError if it did not load: not a function's or a file's failure, the capture's."""
+        started = time.monotonic()
+        try:
+            return self._bpf.program(name, self._program_type, self._uprobes.attach_type)
+        except Exception as exc:
+            raise SetupError(f"the BPF program did not load: {exc}") from exc
+        finally:
+            waited = time.monotonic() - started
+            if waited > 0.001:  # still loading on the loader thread (or loaded just now)
+                log.debug("waited %.1f ms for %s to load", waited * 1000, name)
 
     def _attach_function(
         self, library: LibraryFile, name: str, offset: int, fds: list[int]
@@ -388,10 +453,10 @@ class Probes:
         for i, (start, end) in enumerate(spans):
             value["start"][0][i] = start
             value["end"][0][i] = end
-        self._runtime_text.update(_U32.pack(pid), value.tobytes())
+        self._bpf.map("runtime_text").update(_U32.pack(pid), value.tobytes())
 
     def forget_pid(self, pid: int) -> None:
-        self._runtime_text.delete(_U32.pack(pid))
+        self._bpf.map("runtime_text").delete(_U32.pack(pid))
 
     # -- scope ------------------------------------------------------------
 
@@ -427,6 +492,8 @@ class Probes:
 
         Drain the events ring first, then this: a launch is committed after the name
         record of its handle, so every launch drained has its name here."""
+        if self._names_ring is None and self._bpf.made("names"):
+            self._open_names()  # the names thread has not yet: launches may be named there
         self._take_names()
         with self._names_lock:
             moved, self._names_moved = self._names_moved, []
@@ -434,17 +501,34 @@ class Probes:
             return np.empty(0, dtype=NAME_EVENT_DTYPE)
         return moved[0] if len(moved) == 1 else np.concatenate(moved)
 
+    def _open_names(self) -> None:
+        """Make the name ring's reader (either thread, once), waiting for the loader thread
+        to have made the ring. SetupError if it could not."""
+        names = self._bpf.map("names")
+        with self._names_lock:
+            if self._names_stop.is_set() or self._names_ring is not None:
+                return
+            ring = RingBufferReader(names.fd, names.spec.max_entries, NAME_EVENT_DTYPE)
+            self._names_wake.register(ring.fileno(), select.EPOLLIN)
+            self._names_ring = ring
+
     def _take_names(self) -> None:
         """Move what the name ring holds out of it (either thread)."""
         with self._names_lock:
-            if self._names_stop.is_set():
+            if self._names_stop.is_set() or self._names_ring is None:
                 return
             batch = self._names_ring.drain()
             if len(batch):
                 self._names_moved.append(batch)
 
     def _move_names(self) -> None:
-        """The name records' thread: waits for records, moves them out, until close."""
+        """The name records' thread: waits for the ring, then for records, moves them out,
+        until close."""
+        try:
+            self._open_names()
+        except Exception as exc:  # not made (check_loaded says so), or closed meanwhile
+            log.debug("the name records' thread ends: %s", exc)
+            return
         while not self._names_stop.is_set():
             try:
                 self._names_wake.poll(1.0)
@@ -541,6 +625,7 @@ class Probes:
         costs the kernel ~0.1 s (it waits for a grace period), one probe after another:
         with `background`, a detached grandchild that inherited the probes releases them,
         and we return at once."""
+        self._bpf.stop_loading()  # nothing loads while the releaser is forked
         with self._names_lock:
             self._names_stop.set()
         if self._names_thread is not None:
@@ -549,7 +634,9 @@ class Probes:
             self._names_thread.join(timeout=5)
             with contextlib.suppress(OSError):
                 os.close(self._names_kick)
-        for ring in (self.ring, self._loader_ring, self._names_ring):
+        for ring in (self._events_ring, self._loader_ring, self._names_ring):
+            if ring is None:
+                continue
             try:
                 ring.close()
             except Exception as exc:
@@ -963,6 +1050,13 @@ def _strerror(err: int) -> str:
 
 def _reason(exc: OSError) -> str:
     return _strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+
+
+def _loader_threads() -> int:
+    """Threads for the CUDA programs loading while the command starts: every CPU but one,
+    left to this process and the command (they are what a start-up waits for; the loads are
+    not: ~10 ms on one thread, wanted ~0.3 s later)."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def _raise_open_files_limit() -> bool:

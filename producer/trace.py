@@ -1,6 +1,7 @@
 """`gpuflight trace -- CMD`: run a command under capture and summarise it.
 
-The command starts only once the probes are loaded and it is in scope, and
+The command starts once what it needs from its first instruction is loaded (the CUDA
+programs go on loading meanwhile: producer/probes.py) and it is in scope, and
 every library it maps (at start-up, by dlopen, after exec) is attached while
 it is held, so not even its first call is missed.
 """
@@ -22,7 +23,7 @@ from producer import discover
 from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import TRACE_CAPABILITIES, check_can_probe
-from producer.errors import UsageError
+from producer.errors import SetupError, UsageError
 from producer.nvml import NvmlSampler, UtilizationFeed
 from producer.pricing import PriceBook
 from producer.probes import CUDA_KINDS, DropCounts, Probes
@@ -266,10 +267,17 @@ def run(
     os.close(release)
     status: int | None = None
     ended = started
+    #: A BPF program that failed to load after the command started (Probes.check_loaded):
+    #: the command runs on untraced, and trace ends with that error once it is over.
+    unloaded: SetupError | None = None
     try:
         while status is None:
             try:
                 capture.step()
+            except SetupError as exc:
+                unloaded = exc
+                log.error("%s: %s runs on, untraced from here", exc, argv[0])
+                break
             except Exception as exc:  # capture broke: the command must not pay for it
                 log.error("capture failed (%s): %s runs on, untraced from here",
                           _reason(exc), argv[0])
@@ -350,4 +358,6 @@ def run(
     if drops.names:
         log.warning("%d kernel-name records were dropped in the kernel (their ring was full): "
                     "those kernels' launches are named by address", drops.names)
+    if unloaded is not None:  # as when it failed before the command started: the same error
+        raise unloaded
     return result

@@ -8,7 +8,9 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,6 +116,141 @@ def test_preloading_keeps_every_program_loaded() -> None:
         loaded.close()
     assert not any(Path(f"/proc/self/fd/{fd}").exists() and
                    "prog_type" in Path(f"/proc/self/fdinfo/{fd}").read_text() for fd in fds)
+
+
+class GatedObject(bpfload.LoadedObject):
+    """Loads on a loader thread wait for `gate` (this thread's do not); counts every load."""
+
+    def __init__(self, image: Image, later: frozenset[str] = frozenset()) -> None:
+        self.gate = threading.Event()
+        self.loads: Counter[str] = Counter()
+        self.threads: set[str] = set()
+        super().__init__(image, later=later)
+
+    def _load(self, name: str, prog_type: int, attach_type: int) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            assert self.gate.wait(60), "the gate was never opened"
+        self.loads[name] += 1
+        self.threads.add(threading.current_thread().name)
+        return super()._load(name, prog_type, attach_type)
+
+
+def test_a_program_loading_in_the_background_is_waited_for_not_loaded_twice() -> None:
+    programs = tuple(ProgramSpec(f"p{i}", RETURNS_ZERO, ()) for i in range(5))
+    loaded = GatedObject(image(*programs))
+    try:
+        loaded.load_in_background([p.name for p in programs])
+        assert loaded.background_failure() == (False, None)  # nothing loaded yet: the gate
+        got: list[int] = []
+        asker = threading.Thread(target=lambda: got.append(loaded.program("p3")))
+        asker.start()  # asks while p3 is held at the gate: must wait for the loader thread's
+        loaded.gate.set()
+        asker.join(60)
+        loaded.wait_loaded()
+        assert loaded.background_failure() == (True, None)
+        assert loaded.loads == {p.name: 1 for p in programs}  # each loaded once, p3 too
+        assert all(name.startswith("gf-bpfload") for name in loaded.threads)
+        assert got == [loaded.program("p3")]
+        info = Path(f"/proc/self/fdinfo/{got[0]}").read_text()
+        assert "prog_type:\t2" in info
+        fds = {loaded.program(p.name) for p in programs}
+        assert len(fds) == 5 and set(loaded.fds()) >= fds
+    finally:
+        assert loaded.close() == 0
+    assert not any(Path(f"/proc/self/fd/{fd}").exists() and
+                   "prog_type" in Path(f"/proc/self/fdinfo/{fd}").read_text() for fd in fds)
+
+
+def test_a_program_refused_in_the_background_is_its_error_when_asked_for() -> None:
+    programs = (ProgramSpec("good", RETURNS_ZERO, ()), ProgramSpec("bad", READS_R2, ()),
+                ProgramSpec("also_good", RETURNS_ZERO, ()))
+    loaded = bpfload.LoadedObject(image(*programs))
+    try:
+        loaded.load_in_background([p.name for p in programs])
+        with pytest.raises(OSError) as raised:
+            loaded.program("bad")  # waits for the loader thread, then its error
+        assert raised.value.errno == errno.EACCES
+        assert "R2 !read_ok" in str(raised.value)
+        with pytest.raises(OSError, match="R2 !read_ok"):
+            loaded.wait_loaded()
+        assert loaded.background_failure() == (True, raised.value)
+        assert loaded.program("good") != loaded.program("also_good")  # the others loaded
+        with pytest.raises(OSError, match="R2 !read_ok"):
+            loaded.program("bad")  # asked again: the same error, not a second load
+    finally:
+        assert loaded.close() == 0
+
+
+def test_closing_while_programs_load_drops_the_rest_and_frees_them_all() -> None:
+    """close() drops the loads not begun, waits for those under way (never long: the
+    kernel's verification), and closes their fds: none is left behind."""
+    programs = tuple(ProgramSpec(f"p{i}", RETURNS_ZERO, ()) for i in range(40))
+    before = set(os.listdir("/proc/self/fd"))
+    loaded = GatedObject(image(*programs))
+    loaded.load_in_background([p.name for p in programs])
+    futures = list(loaded._pending.values())
+    closer = threading.Thread(target=loaded.close)
+    closer.start()
+    while not all(f.cancelled() or f.running() for f in futures):  # close() drops the rest
+        assert closer.is_alive()
+    loaded.gate.set()  # the loads under way go on, and close() waits for them
+    closer.join(60)
+    assert not closer.is_alive()
+    begun = sum(1 for f in futures if not f.cancelled())
+    assert 1 <= begun <= (os.cpu_count() or 1) < 40
+    assert sum(loaded.loads.values()) == begun
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_maps_left_for_later_are_made_before_the_programs_that_use_them() -> None:
+    """`later` maps are not made at once; the loader threads make them before any function
+    that uses them, and `map` waits for them; one a tracepoint function uses is made at once."""
+    tracepoint = "tracepoint__sched__sched_process_fork"
+    programs = (ProgramSpec("uses_map", USES_MAP, bpfimage.relocations(USES_MAP, {99: 0})),
+                ProgramSpec(tracepoint, USES_MAP, bpfimage.relocations(USES_MAP, {99: 1})))
+    maps = (MapSpec("pids", HASH, 4, 8, 64, 0), MapSpec("drops", HASH, 4, 8, 4, 0))
+    loaded = GatedObject(image(*programs, maps=maps), later=frozenset({"pids", "drops"}))
+    try:
+        assert "pids" not in loaded.maps and "drops" in loaded.maps  # drops: the tracepoint's
+        loaded.load_in_background(["uses_map"])
+        loaded.gate.set()
+        fd = loaded.program("uses_map")
+        pids = loaded.map("pids")
+        info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+        assert "prog_type:\t2" in info
+        map_info = Path(f"/proc/self/fdinfo/{pids.fd}").read_text()
+        assert "map_type:\t1" in map_info and "max_entries:\t64" in map_info
+        pids.update(U32.pack(1), U64.pack(2))
+        assert loaded.map("pids").lookup(U32.pack(1)) == U64.pack(2)
+    finally:
+        assert loaded.close() == 0
+
+
+def test_a_map_left_for_later_is_made_when_first_asked_for() -> None:
+    loaded = bpfload.LoadedObject(image(), later=frozenset({"pids"}))
+    try:
+        assert "pids" not in loaded.maps
+        loaded.map("pids").update(U32.pack(3), U64.pack(30))  # made now, on this thread
+        assert loaded.maps["pids"].lookup(U32.pack(3)) == U64.pack(30)
+        assert loaded.program("uses_map") > 0
+    finally:
+        assert loaded.close() == 0
+
+
+def test_a_map_the_kernel_refuses_later_is_the_error_of_what_needs_it() -> None:
+    refused = MapSpec("pids", HASH, 4, 8, 0, 0)  # no entries: EINVAL
+    maps = (refused, MapSpec("ring", RINGBUF, 0, 0, 1 << 16, 0))
+    loaded = bpfload.LoadedObject(image(maps=maps), later=frozenset({"pids"}))
+    try:
+        loaded.load_in_background(["uses_map"])
+        with pytest.raises(SetupError, match="the BPF map pids cannot be created: Invalid"):
+            loaded.program("uses_map")
+        _done, failure = loaded.background_failure()
+        assert isinstance(failure, SetupError) and "pids cannot be created" in str(failure)
+        with pytest.raises(SetupError, match="pids cannot be created"):
+            loaded.wait_loaded()
+    finally:
+        assert loaded.close() == 0
 
 
 def test_pinned_maps_are_made_once_and_found_again(bpffs_dir: Path) -> None:

@@ -10,10 +10,12 @@ The oracle is tests/workloads/expected.py, written from the workload's script.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -294,6 +296,126 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     assert tracing.run([str(binary), "--iters", "5"], output=second,
                        print_summary=False).exit_code == 0
     assert_exact(want, read_events(second))
+
+
+def test_the_cuda_programs_load_after_the_command_starts_and_capture_is_exact(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA API programs and the maps only they use (the events and names rings among
+    them) are made on a thread of their own (Probes._load_programs) while the command
+    starts; here they are held back until the command's runtime is being attached, so that
+    the capture loop runs without the rings meanwhile and the attach has to wait for them:
+    it uses each loader thread's program (none is loaded twice), and the capture is exact."""
+    from producer import bpfload
+    from producer import trace as tracing
+    from producer.probes import Probes
+
+    gate = threading.Event()
+    loads: Counter[tuple[str, int, int]] = Counter()
+    waiting_at_attach: list[bool] = []
+    real_load = bpfload.LoadedObject._load
+    real_maps = bpfload.LoadedObject._make_later_maps
+    real_attach = Probes._attach_runtime
+    rings_at_attach: list[bool] = []
+
+    def gated_maps(self: bpfload.LoadedObject) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            assert gate.wait(60), "no runtime was attached"
+        real_maps(self)
+
+    def gated_load(self: bpfload.LoadedObject, name: str, prog_type: int,
+                   attach_type: int) -> int:
+        if (prog_type == bpfload.BPF_PROG_TYPE_KPROBE
+                and threading.current_thread() is not threading.main_thread()):
+            assert gate.wait(60), "no runtime was attached"
+        loads[(name, prog_type, attach_type)] += 1
+        return real_load(self, name, prog_type, attach_type)
+
+    def attach_runtime(self: Probes, library: Any, fds: list[int]) -> Any:
+        done, _failure = self._bpf.background_failure()
+        waiting_at_attach.append(not done)
+        rings_at_attach.append(self._bpf.made("events") or self._bpf.made("names"))
+        gate.set()
+        return real_attach(self, library, fds)
+
+    monkeypatch.setattr(bpfload.LoadedObject, "_load", gated_load)
+    monkeypatch.setattr(bpfload.LoadedObject, "_make_later_maps", gated_maps)
+    monkeypatch.setattr(Probes, "_attach_runtime", attach_runtime)
+    binary = build.build_capture(bindir, "stub")
+    out = tmp_path / "out.jsonl"
+    result = tracing.run([str(binary), "--threads", "2", "--iters", "10", "--all-apis"],
+                         output=out, print_summary=False)
+    assert result.exit_code == 0
+    assert waiting_at_attach[:1] == [True]  # the runtime came while its programs were loading
+    assert rings_at_attach[:1] == [False]  # and before the rings were made
+    assert loads and max(loads.values()) == 1
+    assert_exact(expected.capture_events(2, 10, all_apis=True), read_events(out))
+    assert result.dropped == 0
+
+
+def test_before_the_rings_are_made_there_is_nothing_to_drain_and_nothing_waits(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capture loop drains the events and names rings from its first turn; until the
+    loader thread has made them (no CUDA program can have run), a drain finds nothing
+    rather than waiting, and the readers are made once the rings are."""
+    from producer import bpfload
+    from producer.probes import Probes
+    from producer.settings import CaptureSettings
+
+    gate = threading.Event()
+    real_maps = bpfload.LoadedObject._make_later_maps
+
+    def gated_maps(self: bpfload.LoadedObject) -> None:
+        assert gate.wait(60)
+        real_maps(self)
+
+    monkeypatch.setattr(bpfload.LoadedObject, "_make_later_maps", gated_maps)
+    probes = Probes(CaptureSettings(pids=frozenset()))
+    try:
+        assert not probes._bpf.made("events") and not probes._bpf.made("names")
+        assert len(probes.drain_events(10)) == 0 and len(probes.drain_names()) == 0
+        assert probes._bpf.background_failure() == (False, None)
+        probes.check_loaded()  # still loading: no error
+        gate.set()
+        probes.wait_loaded()
+        assert probes._bpf.made("events") and probes._bpf.made("names")
+        assert len(probes.drain_events(10)) == 0 and len(probes.drain_names()) == 0
+        assert probes._events_ring is not None and probes._names_ring is not None
+    finally:
+        gate.set()
+        probes.close(background=False)
+
+
+def test_a_cuda_program_that_fails_to_load_after_the_command_starts_ends_trace_clearly(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA API program the kernel refuses on its loader thread: trace ends with the error
+    it gave when every program loaded before the command (SetupError, "the BPF program did
+    not load: ..."), no probe missing unsaid; the command, already started, runs to its end
+    untraced, and nothing hangs."""
+    from producer import bpfload
+    from producer import trace as tracing
+    from producer.errors import SetupError
+
+    real_load = bpfload.LoadedObject._load
+
+    def refusing_load(self: bpfload.LoadedObject, name: str, prog_type: int,
+                      attach_type: int) -> int:
+        if (prog_type == bpfload.BPF_PROG_TYPE_KPROBE
+                and threading.current_thread() is not threading.main_thread()):
+            raise OSError(errno.EACCES, "Permission denied: R2 !read_ok (as a test refuses)")
+        return real_load(self, name, prog_type, attach_type)
+
+    monkeypatch.setattr(bpfload.LoadedObject, "_load", refusing_load)
+    binary = build.build_capture(bindir, "stub")
+    marker = tmp_path / "done"
+    with pytest.raises(SetupError) as raised:
+        tracing.run(["sh", "-c", f'"{binary}" --iters 5; touch "{marker}"; exit 3'],
+                    output=tmp_path / "out.jsonl", print_summary=False)
+    assert str(raised.value) == (f"the BPF program did not load: [Errno {errno.EACCES}] "
+                                 "Permission denied: R2 !read_ok (as a test refuses)")
+    assert marker.exists()  # the command ran to its end
 
 
 def _links_to(path: Path) -> int:

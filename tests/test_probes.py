@@ -56,14 +56,25 @@ class FakeUprobes:
 
 class FakeProgram:
     """The loaded program (bpfload.LoadedObject): functions by name, each with an fd of its
-    own."""
+    own; those named in `unloaded` failed to load (as the verifier refuses one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, unloaded: frozenset[str] = frozenset()) -> None:
         self.closed = False
         self.loaded: dict[str, int] = {}
+        self.unloaded = unloaded
 
     def program(self, name: str, _kind: int = 2, attach_type: int = -1) -> int:
+        if name in self.unloaded:
+            raise OSError(errno.EACCES, f"Permission denied: {name}: R2 !read_ok")
         return self.loaded.setdefault(name, 100 + len(self.loaded))
+
+    def background_failure(self) -> tuple[bool, BaseException | None]:
+        if self.unloaded:
+            return True, OSError(errno.EACCES, "Permission denied: R2 !read_ok")
+        return True, None
+
+    def stop_loading(self) -> None:
+        pass
 
     def close(self) -> int:
         self.closed = True
@@ -90,10 +101,11 @@ def make_probes(uprobes: FakeUprobes, cookies: bool = True) -> Probes:
     probes._settings = Settings(cookies)
     probes.attached, probes.failed, probes._links = {}, {}, {}
     probes._bpf, probes._uprobes, probes._program_type = FakeProgram(), uprobes, 2  # type: ignore[assignment]
-    probes.ring = probes._loader_ring = probes._names_ring = FakeRing()  # type: ignore[assignment]
+    probes._events_ring = probes._loader_ring = probes._names_ring = FakeRing()  # type: ignore[assignment]
     probes._wake = probes._names_wake = select.epoll()
     probes._names_lock, probes._names_stop = threading.Lock(), threading.Event()
     probes._names_thread = None
+    probes._loading = True
     return probes
 
 
@@ -253,6 +265,34 @@ def test_a_loader_refused_for_another_reason_is_only_skipped() -> None:
     probes.check_permitted(_loader())
     assert probes.failed[(5, 6)].errno == errno.EINVAL
     assert probes.skipped_cuda() == []
+
+
+def test_a_program_that_did_not_load_is_a_setup_error_and_no_half_probed_file(
+    stub_runtime: Path
+) -> None:
+    """The CUDA programs load in the background (Probes._load_programs): one the kernel
+    refused there is the capture's error, raised by the first attach that needs it, never a
+    function skipped as if the kernel had refused its probe; what was attached to the file
+    before it is detached, and the file is neither probed nor skipped."""
+    memcpy_return = next(p for p in PROBES if p.name == "cudaMemcpy").program("return", True)
+    uprobes = FakeUprobes()
+    probes = make_probes(uprobes)
+    probes._bpf = FakeProgram(frozenset({memcpy_return}))  # type: ignore[assignment]
+    target = runtime(stub_runtime)
+    with pytest.raises(SetupError) as raised:
+        probes.attach(target)
+    assert str(raised.value) == (f"the BPF program did not load: [Errno {errno.EACCES}] "
+                                 f"Permission denied: {memcpy_return}: R2 !read_ok")
+    assert uprobes.detached and not uprobes.held  # what the file had is taken back
+    assert target.key not in probes.attached and target.key not in probes.failed
+    with pytest.raises(SetupError, match=r"the BPF program did not load: .*R2 !read_ok"):
+        probes.check_loaded()  # the capture loop's check says the same, without waiting
+
+
+def test_programs_still_loading_or_loaded_are_no_error() -> None:
+    probes = make_probes(FakeUprobes())
+    probes.check_loaded()
+    assert not probes._loading  # all done: not asked again
 
 
 def test_a_failing_detach_is_logged_and_the_rest_are_detached(
