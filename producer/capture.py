@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -28,9 +29,11 @@ from producer.errors import SetupError
 from producer.nvml import UtilizationFeed
 from producer.probes import DropCounts, HttpProbes, Probes
 from producer.records import EVENT_DTYPE
-from producer.requesttrack import RequestTracker
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, Guarded
+
+if TYPE_CHECKING:
+    from producer.requesttrack import RequestTracker
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,8 @@ class Capture:
         if settings.http:
             # From the start, so that what is made before a lazy HTTP capture is up (no request
             # can be in flight then) is counted as work outside requests.
+            from producer.requesttrack import RequestTracker  # --http only: ~8 ms to import
+
             self.requests = RequestTracker(self.enricher.clock_offset_ns,
                                            host_salt=socket.gethostname().encode())
             if not settings.http_on_listen:
@@ -153,11 +158,10 @@ class Capture:
         """Attach our own dynamic loader first. It is probed anyway (a traced command is a
         copy of us until it execs; node-wide we are one of the processes), and a kernel that
         refuses uprobes to us says so here, in one line, rather than file after file."""
-        own = discover.scan_pid(Path("/proc"), os.getpid(), cache=self._classifier)
-        for library in own.libraries.values():
-            if library.kind == "loader":
-                self.probes.check_permitted(library)
-                return
+        loader = discover.loader_of(Path("/proc"), os.getpid(), cache=self._classifier)
+        if loader is not None:
+            self.probes.check_permitted(loader)
+            return
         log.debug("no dynamic loader of our own to try a probe on")
 
     # -- discovery ---------------------------------------------------------

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from producer import discover
 from producer.capture import Capture
@@ -27,12 +28,14 @@ from producer.errors import SetupError, UsageError
 from producer.nvml import NvmlSampler, UtilizationFeed
 from producer.pricing import PriceBook
 from producer.probes import CUDA_KINDS, DropCounts, Probes
-from producer.requesttrack import Answered
 from producer.routes import RouteTable, render_http, route_table
 from producer.routes import render as render_routes
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, JsonLinesSink, SummarySink
 from producer.summary import ProbedFile, Summary, render
+
+if TYPE_CHECKING:
+    from producer.requesttrack import Answered
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +238,11 @@ def run(
     if output is not None:
         sinks.append(JsonLinesSink(output, enricher.kernels))
     options = requests or RequestOptions()
-    nvml = open_nvml() if settings.http else None
+    # NVML (the GPU's name, per-process utilisation) is opened once the command runs: its
+    # initialisation takes tens to hundreds of ms on a GPU node, which the command need not
+    # wait for. Only an OTLP export that needs the GPU's name from its first span opens it
+    # before.
+    nvml = open_nvml() if settings.http and options.otlp and not options.gpu_model else None
     gpu = (options.gpu_model or gpu_name(None, nvml)) if nvml is not None else options.gpu_model
     if not settings.http:
         gpu = None
@@ -248,11 +255,6 @@ def run(
     capture = Capture(settings, sinks, enricher)
     if capture.requests is not None and options.otlp:
         capture.requests.count_kernels = True
-    if nvml is not None:
-        if capture.requests is not None:  # its own thread: never the capture loop's
-            capture.utilization = UtilizationFeed(nvml, NVML_INTERVAL_S)
-        else:
-            nvml.close()
     pid, release = _spawn_held(argv)
     capture.probes.add_to_scope([pid])
     capture.watch_http([pid])
@@ -265,6 +267,16 @@ def run(
     started = time.monotonic()
     os.write(release, b"x")
     os.close(release)
+    if settings.http:
+        if nvml is None:
+            nvml = open_nvml()
+            if nvml is not None and gpu is None:
+                gpu = gpu_name(None, nvml)
+        if nvml is not None:
+            if capture.requests is not None:  # its own thread: never the capture loop's
+                capture.utilization = UtilizationFeed(nvml, NVML_INTERVAL_S)
+            else:
+                nvml.close()
     status: int | None = None
     ended = started
     #: A BPF program that failed to load after the command started (Probes.check_loaded):
