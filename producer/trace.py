@@ -195,6 +195,28 @@ def _wait(pid: int, proc_root: Path) -> int:
         _continue_tree(proc_root, pid)
 
 
+def _utilization(
+    capture: Capture, nvml: NvmlSampler | None, gpu: str | None
+) -> tuple[str | None, UtilizationFeed | None]:
+    """NVML, opened now if not before: the GPU's name (unless named) and the per-process
+    utilisation feed requests are costed from. The command runs meanwhile, and may be held
+    at its next dlopen: nothing here may keep the capture loop from starting."""
+    try:
+        if nvml is None:
+            nvml = open_nvml()
+            if nvml is not None and gpu is None:
+                gpu = gpu_name(None, nvml)
+        if nvml is None:
+            return gpu, None
+        if capture.requests is not None:  # its own thread: never the capture loop's
+            return gpu, UtilizationFeed(nvml, NVML_INTERVAL_S)
+        nvml.close()
+    except Exception as exc:
+        log.warning("NVML failed (%s): request GPU time is the time work was queued",
+                    _reason(exc))
+    return gpu, None
+
+
 def _exit_code(status: int) -> int:
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
@@ -268,15 +290,7 @@ def run(
     os.write(release, b"x")
     os.close(release)
     if settings.http:
-        if nvml is None:
-            nvml = open_nvml()
-            if nvml is not None and gpu is None:
-                gpu = gpu_name(None, nvml)
-        if nvml is not None:
-            if capture.requests is not None:  # its own thread: never the capture loop's
-                capture.utilization = UtilizationFeed(nvml, NVML_INTERVAL_S)
-            else:
-                nvml.close()
+        gpu, capture.utilization = _utilization(capture, nvml, gpu)
     status: int | None = None
     ended = started
     #: A BPF program that failed to load after the command started (Probes.check_loaded):

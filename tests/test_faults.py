@@ -21,6 +21,7 @@ from producer import trace
 from producer.capture import Capture
 from producer.probes import Probes, UprobeLinks
 from producer.records import EVENT_DTYPE
+from producer.settings import CaptureSettings
 from producer.sinks import Guarded, JsonLinesSink
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import GPUFLIGHT, read_events, wait_for_probe_releases
@@ -222,6 +223,37 @@ def test_the_command_outlives_a_broken_capture(
                         f'touch "{marker}"; exit 3'], print_summary=False)
     assert result.exit_code == 3
     assert marker.exists()  # the command ran to its end
+
+
+@pytest.mark.bpf
+def test_nvml_failing_once_the_command_runs_costs_it_nothing(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVML is opened once the command is released (its start takes tens to hundreds of ms on
+    a GPU node): a failure there is one line, and the capture goes on, exact."""
+    from producer import trace as tracing
+
+    class BrokenSampler:
+        devices: tuple[object, ...] = ()
+
+        def close(self) -> None:
+            pass
+
+    def broken_feed(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    monkeypatch.setattr(tracing, "open_nvml", BrokenSampler)
+    monkeypatch.setattr(tracing, "UtilizationFeed", broken_feed)
+    binary = build.build_capture(bindir, "stub")
+    out = tmp_path / "out.jsonl"
+    with caplog.at_level(logging.WARNING):
+        result = trace.run([str(binary), "--iters", "10"], output=out, print_summary=False,
+                           settings=CaptureSettings(http=True))  # NVML: for requests' cost
+    assert result.exit_code == 0
+    assert result.summary.launches == 40
+    assert len(read_events(out)) == len(expected.capture_events(1, 10))
+    assert any("NVML failed (RuntimeError: NVML_ERROR_GPU_IS_LOST)" in r.getMessage()
+               for r in caplog.records)
 
 
 @pytest.mark.bpf
