@@ -222,16 +222,24 @@ _WALK: Final = (
 def socket_offsets(btf: Btf) -> SocketOffsets:
     """The offsets of the fd → socket walk; BtfError when a member moved out of reach
     (a bitfield, another size), so the caller falls back to the accept's address family."""
-    values: dict[str, int] = {}
     sock_common_in_sock, _ = btf.member("sock", "__sk_common")
-    for name, struct_name, member, size in _WALK:
+    values = _offsets(btf, _WALK)
+    for name, struct_name, _member, _size in _WALK:
+        if struct_name == "sock_common":
+            values[name] += sock_common_in_sock
+    return SocketOffsets(**values)
+
+
+def _offsets(btf: Btf, walk: tuple[tuple[str, str, str, int], ...]) -> dict[str, int]:
+    """Each (field, struct, member, size) of `walk`: the member's offset by field; BtfError
+    when one is missing or of another size than the walk reads."""
+    values: dict[str, int] = {}
+    for name, struct_name, member, size in walk:
         offset, actual = btf.member(struct_name, member)
         if actual != size:
             raise BtfError(f"{struct_name}.{member} is {actual} bytes, expected {size}")
-        if struct_name == "sock_common":
-            offset += sock_common_in_sock
         values[name] = offset
-    return SocketOffsets(**values)
+    return values
 
 
 @dataclass(frozen=True)
@@ -273,12 +281,7 @@ _FILE_WALK: Final = (
 def file_offsets(btf: Btf) -> FileOffsets:
     """The offsets of the fd → file identity walk; BtfError when a member is missing or of
     another size than the walk reads."""
-    values: dict[str, int] = {}
-    for name, struct_name, member, size in _FILE_WALK:
-        offset, actual = btf.member(struct_name, member)
-        if actual != size:
-            raise BtfError(f"{struct_name}.{member} is {actual} bytes, expected {size}")
-        values[name] = offset
+    values = _offsets(btf, _FILE_WALK)
     # Linux 6.7+: i_ctime_sec and i_ctime_nsec; 6.6: __i_ctime, before: i_ctime (each a
     # struct timespec64: tv_sec, then tv_nsec).
     try:

@@ -5,6 +5,7 @@ kernel that refuses uprobes for lack of privilege."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -18,7 +19,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -129,17 +130,10 @@ def test_the_uprobe_pmu_path_still_links_with_no_reference_counter(
         probes.close()
 
 
-def test_a_dlopen_notifies_once_its_objects_are_mapped(tmp_path: Path) -> None:
-    """ld.so calls _dl_debug_state twice for a dlopen that maps something: RT_ADD before it
-    maps anything, RT_CONSISTENT after. Only the second is a notification (and a hold):
-    one per dlopen of a new file, none for a file already loaded."""
-    from gpuflight.demo.build import compile_c
-
-    source = tmp_path / "empty.c"
-    source.write_text("int gf_empty(void) { return 0; }\n")
-    libs = [compile_c(tmp_path / f"libgfempty{i}.so", [source], ["-shared", "-fPIC"])
-            for i in range(3)]
-    probes = Probes(CaptureSettings(pids=frozenset()))
+@contextlib.contextmanager
+def dlopener(probes: Probes) -> Iterator[tuple[subprocess.Popen[str], IO[str], IO[str]]]:
+    """A Python child that dlopens each path written to its stdin and answers "open", in
+    `probes`' scope with its loader probed; (child, its stdin, its stdout)."""
     child = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
             import ctypes, sys
@@ -153,10 +147,28 @@ def test_a_dlopen_notifies_once_its_objects_are_mapped(tmp_path: Path) -> None:
     assert stdin is not None and stdout is not None
     try:
         assert stdout.readline().strip() == "ready"
-        own = discover.scan_pid(Path("/proc"), child.pid)
-        loader = next(lib for lib in own.libraries.values() if lib.kind == "loader")
-        assert probes.attach(loader) is not None
+        loader = discover.loader_of(Path("/proc"), child.pid)
+        assert loader is not None and probes.attach(loader) is not None
         probes.add_to_scope([child.pid])
+        yield child, stdin, stdout
+    finally:
+        child.kill()
+        child.communicate()  # waits, and closes the pipes
+        probes.close(background=False)
+
+
+def test_a_dlopen_notifies_once_its_objects_are_mapped(tmp_path: Path) -> None:
+    """ld.so calls _dl_debug_state twice for a dlopen that maps something: RT_ADD before it
+    maps anything, RT_CONSISTENT after. Only the second is a notification (and a hold):
+    one per dlopen of a new file, none for a file already loaded."""
+    from gpuflight.demo.build import compile_c
+
+    source = tmp_path / "empty.c"
+    source.write_text("int gf_empty(void) { return 0; }\n")
+    libs = [compile_c(tmp_path / f"libgfempty{i}.so", [source], ["-shared", "-fPIC"])
+            for i in range(3)]
+    probes = Probes(CaptureSettings(pids=frozenset()))
+    with dlopener(probes) as (child, stdin, stdout):
 
         def notifications_for(path: Path) -> int:
             stdin.write(f"{path}\n")
@@ -167,10 +179,6 @@ def test_a_dlopen_notifies_once_its_objects_are_mapped(tmp_path: Path) -> None:
 
         assert [notifications_for(lib) for lib in libs] == [1, 1, 1]
         assert notifications_for(libs[0]) == 0  # loaded already: the link map is unchanged
-    finally:
-        child.kill()
-        child.communicate()  # waits, and closes the pipes
-        probes.close(background=False)
 
 
 def test_a_dlopen_of_quiet_files_only_is_neither_notified_nor_held(tmp_path: Path) -> None:
@@ -199,23 +207,7 @@ def test_a_dlopen_of_quiet_files_only_is_neither_notified_nor_held(tmp_path: Pat
     before = written.stat().st_ctime_ns
     while written.stat().st_ctime_ns == before:  # changed since (its content could be too)
         os.utime(written)
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent("""
-            import ctypes, sys
-            print("ready", flush=True)
-            for line in sys.stdin:
-                ctypes.CDLL(line.strip())
-                print("open", flush=True)
-        """)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    stdin, stdout = child.stdin, child.stdout
-    assert stdin is not None and stdout is not None
-    try:
-        assert stdout.readline().strip() == "ready"
-        own = discover.scan_pid(Path("/proc"), child.pid)
-        loader = next(lib for lib in own.libraries.values() if lib.kind == "loader")
-        assert probes.attach(loader) is not None
-        probes.add_to_scope([child.pid])
+    with dlopener(probes) as (child, stdin, stdout):
 
         def holds_for(path: Path) -> list[bool]:
             """Whether each notification of this dlopen held the child (released at once)."""
@@ -240,10 +232,6 @@ def test_a_dlopen_of_quiet_files_only_is_neither_notified_nor_held(tmp_path: Pat
         assert holds_for(both) == [True]  # libgfneeded.so is not known to be quiet
         assert holds_for(written) == [True]  # not the file it was when called quiet
         assert probes.drops().quiet_loads == 1
-    finally:
-        child.kill()
-        child.communicate()  # waits, and closes the pipes
-        probes.close(background=False)
 
 
 # ---- beside another tracer -----------------------------------------------------------------
