@@ -538,8 +538,14 @@ class LoadedObject:
         self._maps_ready()
         with self._lock:
             keys = list(self._pending)
-        for key in keys:
-            self.program(*key)
+        first: OSError | None = None
+        for key in keys:  # every one waited for, even after a failure: then nothing loads
+            try:
+                self.program(*key)
+            except OSError as error:
+                first = first or error
+        if first is not None:
+            raise first
 
     def program(self, name: str, prog_type: int = BPF_PROG_TYPE_KPROBE,
                 attach_type: int = -1) -> int:
