@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -198,9 +199,9 @@ def _wait(pid: int, proc_root: Path) -> int:
 def _utilization(
     capture: Capture, nvml: NvmlSampler | None, gpu: str | None
 ) -> tuple[str | None, UtilizationFeed | None]:
-    """NVML, opened now if not before: the GPU's name (unless named) and the per-process
-    utilisation feed requests are costed from. The command runs meanwhile, and may be held
-    at its next dlopen: nothing here may keep the capture loop from starting."""
+    """(The NVML opener's thread.) NVML, opened now if not before: the GPU's name (unless
+    named), and the per-process utilisation feed requests are costed from, handed to the
+    capture (whose loop takes it up from its next turn). Never raises."""
     try:
         if nvml is None:
             nvml = open_nvml()
@@ -209,7 +210,9 @@ def _utilization(
         if nvml is None:
             return gpu, None
         if capture.requests is not None:  # its own thread: never the capture loop's
-            return gpu, UtilizationFeed(nvml, NVML_INTERVAL_S)
+            feed = UtilizationFeed(nvml, NVML_INTERVAL_S)
+            capture.utilization = feed
+            return gpu, feed
         nvml.close()
     except Exception as exc:
         log.warning("NVML failed (%s): request GPU time is the time work was queued",
@@ -289,8 +292,15 @@ def run(
     started = time.monotonic()
     os.write(release, b"x")
     os.close(release)
+    # NVML on a thread of its own: importing and initialising it (~10 ms here, where it is
+    # not even installed; tens to hundreds of ms on a GPU node) would otherwise hold up the
+    # capture loop, and with it the command at its first hold (its exec).
+    opened: list[tuple[str | None, UtilizationFeed | None]] = []
+    opener: threading.Thread | None = None
     if settings.http:
-        gpu, capture.utilization = _utilization(capture, nvml, gpu)
+        opener = threading.Thread(target=lambda: opened.append(_utilization(capture, nvml, gpu)),
+                                  name="gf-nvml", daemon=True)
+        opener.start()
     status: int | None = None
     ended = started
     #: A BPF program that failed to load after the command started (Probes.check_loaded):
@@ -315,6 +325,10 @@ def run(
     finally:
         if status is None:  # the loop broke: no probe may hold the command from here on
             _untrace(capture)
+        if opener is not None:  # before the last drain: it takes NVML's last word
+            opener.join()
+            if opened:
+                gpu = opened[0][0]
         drops = _close(capture)
         if capture.utilization is not None:
             capture.utilization.stop()

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gpuflight.demo.build import SIMGPU_SONAME
 from gpuflight.simgpu.build import SimGpu, read_counts
 from gpuflight.simgpu.build import build as build_sim
 from tests.conftest import bpf_unavailable_reason, require
@@ -241,14 +242,30 @@ def test_producer_covers_a_late_dlopen(producer: Producer, bindir: Path, tmp_pat
     assert_exact(expected.dlopen_events(20), of_pid(events, proc.pid))
 
 
+def _wait_mapped(pid: int, name: str, timeout_s: float = 60) -> None:
+    """Wait until process `pid` maps a file called `name`."""
+    deadline = time.monotonic() + timeout_s
+    while name not in Path(f"/proc/{pid}/maps").read_text():
+        assert time.monotonic() < deadline, f"{pid} never mapped {name}"
+        time.sleep(0.01)
+
+
 def test_producer_pid_filter(bindir: Path, tmp_path: Path) -> None:
     binary = build.build_capture(bindir, "stub")
     wait_for_probe_releases()
-    # The delay outlasts the producer's start-up (compiling the BPF program).
-    wanted = subprocess.Popen([str(binary), "--start-delay-ms", "5000", "--iters", "3"])
-    other = subprocess.Popen([str(binary), "--start-delay-ms", "5000", "--iters", "3"])
+    # Both map the runtime, then wait (stopped) until the producer has probed it: however long
+    # its start takes, their calls come after.
+    wanted = subprocess.Popen([str(binary), "--start-delay-ms", "60000", "--iters", "3"])
+    other = subprocess.Popen([str(binary), "--start-delay-ms", "60000", "--iters", "3"])
+    for child in (wanted, other):
+        _wait_mapped(child.pid, SIMGPU_SONAME)
+        os.kill(child.pid, signal.SIGSTOP)
     running = Producer(tmp_path / "pid.jsonl", "--pid", str(wanted.pid))
     try:
+        running.wait_for_library(SIMGPU_SONAME)
+        for child in (wanted, other):  # the start delay ended: the calls begin
+            os.kill(child.pid, signal.SIGUSR1)
+            os.kill(child.pid, signal.SIGCONT)
         assert wanted.wait(timeout=60) == 0 and other.wait(timeout=60) == 0
         events = running.stop()
     finally:

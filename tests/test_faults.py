@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -254,6 +255,39 @@ def test_nvml_failing_once_the_command_runs_costs_it_nothing(
     assert len(read_events(out)) == len(expected.capture_events(1, 10))
     assert any("NVML failed (RuntimeError: NVML_ERROR_GPU_IS_LOST)" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.bpf
+def test_a_slow_nvml_start_holds_up_neither_the_capture_nor_the_command(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML's start (tens to hundreds of ms on a GPU node) runs beside the capture loop: here
+    it lasts until the loop has released the command from a hold, which it could never do if
+    the loop waited for NVML."""
+    from producer import capture as capturing
+    from producer import trace as tracing
+
+    released = threading.Event()
+    real_release = capturing.Capture._release
+
+    def release(self: capturing.Capture, pid: int, held_since_ns: int = 0) -> None:
+        real_release(self, pid, held_since_ns)
+        released.set()
+
+    waited: list[bool] = []
+
+    def slow_nvml() -> None:
+        waited.append(released.wait(60))  # NVML still starting as the command is released
+
+    monkeypatch.setattr(capturing.Capture, "_release", release)
+    monkeypatch.setattr(tracing, "open_nvml", slow_nvml)
+    binary = build.build_capture(bindir, "stub")
+    out = tmp_path / "out.jsonl"
+    result = trace.run([str(binary), "--iters", "10"], output=out, print_summary=False,
+                       settings=CaptureSettings(http=True))  # NVML: for requests' cost
+    assert waited == [True]
+    assert result.exit_code == 0 and result.holds >= 1
+    assert len(read_events(out)) == len(expected.capture_events(1, 10))
 
 
 @pytest.mark.bpf

@@ -65,3 +65,22 @@ def test_gpuflight_trace_runs_from_the_installed_wheel(wheel: Path, tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     assert "gpuflight trace of 'true'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("setting", [None, "3"])
+def test_numpy_starts_no_blas_threads_and_commands_keep_their_environment(
+    setting: str | None,
+) -> None:
+    """gpuflight does no linear algebra: numpy's OpenBLAS starts no thread of its own (it
+    would start one per CPU) unless the user says otherwise, and what gpuflight runs sees the
+    environment as it was."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if setting is not None:
+        env["OPENBLAS_NUM_THREADS"] = setting
+    code = ("import os, gpuflight, numpy; "
+            "print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'))")
+    threads, seen = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True,
+                                   capture_output=True, text=True).stdout.split()
+    assert seen == str(setting)
+    if setting is None:
+        assert threads == "1"

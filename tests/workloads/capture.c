@@ -6,7 +6,8 @@
  * tests/workloads/expected.py is the oracle for what this program calls: keep
  * the two in step.
  *
- * 1. Sleep D ms before the first CUDA call (lets a tracer attach first, or not).
+ * 1. Sleep D ms before the first CUDA call (lets a tracer attach first, or not);
+ *    SIGUSR1 ends the sleep early (a test starts the calls once its tracer is ready).
  * 2. T pthreads, t = 0..T-1, each:
  *      cudaMalloc(&d, 1<<24); cudaMallocHost(&h, 1<<20);
  *      (when a call fails, as with the real runtime and no driver, the pointer
@@ -80,6 +81,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,6 +121,23 @@ static const void *kaddr(kernel_fn f)
 }
 
 static long iters = 1;
+
+static volatile sig_atomic_t start_now;
+
+static void on_start_now(int sig)
+{
+	(void)sig;
+	start_now = 1;
+}
+
+/* The start delay: nanosleep is never restarted after a handler, so SIGUSR1 ends it. */
+static void start_delay(long ms)
+{
+	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+
+	while (ms > 0 && !start_now && nanosleep(&ts, &ts) != 0) {
+	}
+}
 
 static void sleep_ms(long ms)
 {
@@ -298,7 +317,8 @@ int main(int argc, char **argv)
 	if (threads > 256) /* the H2D copy of thread t reads 4096*(t+1) bytes of h */
 		usage();
 
-	sleep_ms(start_delay_ms);
+	signal(SIGUSR1, on_start_now);
+	start_delay(start_delay_ms);
 
 	tids = calloc((size_t)threads + 1, sizeof(*tids));
 	if (!tids)
