@@ -106,14 +106,12 @@ def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path,
     cache = Path(tempfile.mkdtemp(dir=tmp))
     run_env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
     run_env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    # The command's environment (LD_PRELOAD of the simulated GPU) reaches it through env, not
+    # gpuflight's own Python, and alone the same command runs: the two differ by `trace` only.
+    argv = ["env", f"LD_PRELOAD={run_env.pop('LD_PRELOAD')}", *argv]
     if traced:
         run_env["PYTHONPATH"] = str(ROOT)
-        # The command's environment (LD_PRELOAD of the simulated GPU) reaches it through env.
-        argv = [
-            sys.executable, "-m", "gpuflight", "trace", "--",
-            "env", f"LD_PRELOAD={env['LD_PRELOAD']}", *argv,
-        ]
-        run_env.pop("LD_PRELOAD")
+        argv = [sys.executable, "-m", "gpuflight", "trace", "--", *argv]
     started = time.perf_counter()
     proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - started
