@@ -3,9 +3,8 @@
 The only module that imports bcc, and only to compile: bcc turns bpf/cudart.bpf.c into an
 image (producer/bpfimage.py), kept in the cache folder so that the next start skips the ~1 s
 compile; producer/bpfload.py loads the image and reads its maps. The uprobes are attached
-here, with BPF uprobe_multi links (one per program a file's functions run; UprobeLinks: why not
-bcc's attach_uprobe, and why not the uprobe PMU where the kernel has those links, is told
-there). Attachment is once per library
+here, a BPF uprobe_multi link each (UprobeLinks: why not bcc's attach_uprobe, and why not the
+uprobe PMU where the kernel has those links, is told there). Attachment is once per library
 file (inode): a uprobe on a file covers every process that maps it, now or later.
 """
 
@@ -24,7 +23,7 @@ import struct
 import sysconfig
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -346,51 +345,6 @@ class Probes:
         fds += (entry, ret)
         return 2
 
-    def _attach_grouped(
-        self, library: LibraryFile, chosen: list[tuple[str, int]], fds: list[int]
-    ) -> int | None:
-        """Where uprobe_multi links are used: one link per program the file's functions run
-        (a family's functions share one, told apart by their cookies), not one per probe.
-        Releasing a link waits for a grace period of its own, and releases are serialised:
-        80 links of one probe ~0.2 s, 8 of ten ~40 ms (bench/RESULTS.md, run 14); a PyTorch
-        start's 342 probes were ~2 s of an earlier trace's releaser, slowing the next trace.
-        Every program is fetched first, so that the kernel registers the file's probes in one
-        burst (the first registration after a pause waits for an RCU grace period).
-
-        How many probes, or None where links are not uprobe_multi, or where the kernel refused
-        one of them: then each function is attached on its own, to find which (what was linked
-        here is released first). OSError of FILE_ERRNOS: the whole file's failure."""
-        attach_many = getattr(self._uprobes, "attach_many", None)
-        if attach_many is None or not getattr(self._uprobes, "multi", False) or not chosen:
-            return None
-        cookies = self._settings.attach_cookies
-        groups: dict[tuple[str, bool], list[tuple[int, int]]] = {}
-        for name, offset in chosen:
-            row = _PROBE_ROWS[name]
-            cookie = row.cookie if cookies else 0
-            groups.setdefault((row.program("entry", cookies), False), []).append(
-                (offset, cookie))
-            if row.returns:
-                groups.setdefault((row.program("return", cookies), True), []).append(
-                    (offset, cookie))
-        programs = {program: self._program(program) for program, _ in groups}
-        made: list[int] = []
-        try:
-            for (program, retprobe), where in groups.items():
-                made.append(attach_many(programs[program], library.host_path,
-                                        [offset for offset, _ in where], retprobe,
-                                        [cookie for _, cookie in where]))
-        except OSError as exc:
-            self._detach(made)
-            if exc.errno in FILE_ERRNOS:
-                raise AttachError(f"cannot attach to {library.path}: {_reason(exc)}",
-                                  exc.errno) from exc
-            log.debug("%s: a probe was refused (%s): attaching function by function",
-                      library.path, _reason(exc))
-            return None
-        fds += made
-        return sum(len(where) for where in groups.values())
-
     def _attach_runtime(self, library: LibraryFile, fds: list[int]) -> AttachedFile:
         """A runtime or driver file: its API functions and its name functions."""
         offsets = dict(_plan(library).offsets)
@@ -399,6 +353,7 @@ class Probes:
         functions = frozenset(offsets)
         if not functions & (RUNTIME_SYMBOLS | DRIVER_SYMBOLS):
             raise AttachError(f"defines none of the CUDA {library.kind} functions we probe")
+        probes = 0
         unprobed: dict[str, str] = {}
         first_errno: int | None = None
         claimed: dict[int, str] = {}
@@ -412,10 +367,6 @@ class Probes:
                 log.debug("%s: %s is %s, probed once", library.path, name, claimed[offset])
                 continue
             claimed[offset] = name
-        chosen = [(name, offset) for offset, name in claimed.items()]
-        grouped = self._attach_grouped(library, chosen, fds)
-        probes = grouped or 0
-        for name, offset in chosen if grouped is None else ():
             try:
                 probes += self._attach_function(library, name, offset, fds)
             except OSError as exc:
@@ -854,10 +805,9 @@ def _kernel_headers() -> Path | None:
 # other came first. bcc also falls back to tracefs events, whose removal fails with EBUSY while
 # a copy of the fd is open, and stops at 1000 open probes per process.
 #
-# So, as libbpf does: where the kernel has them (Linux 6.6+), BPF uprobe_multi links,
-# ref_ctr_offset 0: one per program a file's functions run, holding each of its functions'
-# offsets with their cookies (Probes._attach_grouped), one per probe where that fails. Not the
-# uprobe PMU: releasing a perf-event uprobe takes the kernel ~100 ms, one after another however many
+# So, as libbpf does: where the kernel has them (Linux 6.6+), a BPF uprobe_multi link per probe
+# (one offset each: each function has a program of its own), ref_ctr_offset 0. Not the uprobe
+# PMU: releasing a perf-event uprobe takes the kernel ~100 ms, one after another however many
 # threads close them, a link ~50 ms alone and ~2.7 ms 32 at a time; and while perf uprobes are
 # being released (an earlier trace's releaser), registering one took 1-11 ms where a link took
 # 0.1-0.3 ms: a traced PyTorch start-up was held ~7 s at its dlopens for ~320 probes, ~0.1 s
@@ -995,40 +945,20 @@ class UprobeLinks:
                 raise
         return self._attach(prog_fd, path, offset, retprobe, cookie)
 
-    def attach_many(self, prog_fd: int, path: str, offsets: Sequence[int], retprobe: bool,
-                    cookies: Sequence[int]) -> int:
-        """(uprobe_multi links only.) One fd holding a uprobe at each of `offsets` of the
-        file at `path`, each running `prog_fd` with its cookie: all or none (OSError as
-        `attach`; EOPNOTSUPP without uprobe_multi links)."""
-        try:
-            return self._attach_many(prog_fd, path, offsets, retprobe, cookies)
-        except OSError as exc:
-            if exc.errno != errno.EMFILE or not _raise_open_files_limit():
-                raise
-        return self._attach_many(prog_fd, path, offsets, retprobe, cookies)
-
-    def _attach_many(self, prog_fd: int, path: str, offsets: Sequence[int], retprobe: bool,
-                     cookies: Sequence[int]) -> int:
-        if not self.multi:
-            raise OSError(errno.EOPNOTSUPP, "no uprobe_multi links on this kernel")
-        if len(offsets) != len(cookies) or not offsets:
-            raise ValueError("one cookie per offset, and at least one offset")
-        name = ctypes.create_string_buffer(os.fsencode(path))
-        where = (ctypes.c_uint64 * len(offsets))(*offsets)
-        told = (ctypes.c_uint64 * len(cookies))(*cookies)
-        multi = _UprobeMultiLink(
-            prog_fd=prog_fd, attach_type=BPF_TRACE_UPROBE_MULTI,
-            path=ctypes.addressof(name), offsets=ctypes.addressof(where),
-            cookies=ctypes.addressof(told), cnt=len(offsets),
-            multi_flags=_BPF_F_UPROBE_MULTI_RETURN if retprobe else 0,
-        )
-        return self._call(_NR_BPF, _BPF_LINK_CREATE, ctypes.byref(multi), ctypes.sizeof(multi))
-
     def _attach(self, prog_fd: int, path: str, offset: int, retprobe: bool,
                 cookie: int) -> int:
-        if self.multi:
-            return self._attach_many(prog_fd, path, [offset], retprobe, [cookie])
         name = ctypes.create_string_buffer(os.fsencode(path))
+        if self.multi:
+            offsets = (ctypes.c_uint64 * 1)(offset)
+            cookies = (ctypes.c_uint64 * 1)(cookie)
+            multi = _UprobeMultiLink(
+                prog_fd=prog_fd, attach_type=BPF_TRACE_UPROBE_MULTI,
+                path=ctypes.addressof(name), offsets=ctypes.addressof(offsets),
+                cookies=ctypes.addressof(cookies), cnt=1,
+                multi_flags=_BPF_F_UPROBE_MULTI_RETURN if retprobe else 0,
+            )
+            return self._call(_NR_BPF, _BPF_LINK_CREATE, ctypes.byref(multi),
+                              ctypes.sizeof(multi))
         attr = bpfload.PerfEventAttr(
             type=self._type,
             size=ctypes.sizeof(bpfload.PerfEventAttr),

@@ -8,7 +8,7 @@ import errno
 import logging
 import select
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,35 +52,6 @@ class FakeUprobes:
             raise OSError(errno.EBUSY, "Device or resource busy")
         del self.held[fd]
         self.detached.append(fd)
-
-
-class FakeManyUprobes(FakeUprobes):
-    """As the kernel's uprobe_multi links: `attach_many` holds one probe per offset in one fd,
-    all or none (an offset `refuse` refuses fails the link)."""
-
-    multi = True
-
-    def __init__(self, refuse: Callable[[str, int, bool], int | None] = lambda *_: None) -> None:
-        super().__init__(refuse)
-        #: fd -> (program fd, each (offset, cookie), return probes)
-        self.links: dict[int, tuple[int, list[tuple[int, int]], bool]] = {}
-
-    def attach_many(self, prog_fd: int, path: str, offsets: Sequence[int], retprobe: bool,
-                    cookies: Sequence[int]) -> int:
-        assert len(offsets) == len(cookies) > 0
-        for offset in offsets:
-            err = self.refuse(path, offset, retprobe)
-            if err is not None:
-                raise OSError(err, f"refused ({err})")
-        self._next += 1
-        self.held[self._next] = (path, offsets[0], retprobe)
-        self.links[self._next] = (prog_fd, list(zip(offsets, cookies, strict=True)), retprobe)
-        return self._next
-
-    def probed(self) -> dict[tuple[int, bool], tuple[int, int]]:
-        """(offset, return probe) -> (program fd, cookie), over the links still held."""
-        return {(offset, ret): (prog, cookie) for fd, (prog, rows, ret) in self.links.items()
-                if fd in self.held for offset, cookie in rows}
 
 
 class FakeProgram:
@@ -196,62 +167,6 @@ def test_each_row_runs_its_program_with_its_cookie(stub_runtime: Path, cookies: 
         assert rows["cudaMalloc"].arg != rows["cudaMallocHost"].arg  # one program, two kinds
         assert len(loaded) < len({n for n, _ in got.values()}) + 1
         assert len({n for n, _ in got.values()}) < len(got) / 2
-
-
-def test_with_uprobe_multi_links_each_program_is_one_link_for_every_row_it_serves(
-    stub_runtime: Path,
-) -> None:
-    """Where links are uprobe_multi, a family's rows share one link (each offset with its own
-    cookie), not a link each: the same probes, the same programs and cookies, fewer links."""
-    one_each = FakeUprobes()
-    alone = make_probes(one_each).attach(runtime(stub_runtime))
-    uprobes = FakeManyUprobes()
-    probes = make_probes(uprobes)
-    attached = probes.attach(runtime(stub_runtime))
-    assert alone is not None and attached is not None and not attached.unprobed
-    assert (attached.probes, attached.functions) == (alone.probes, alone.functions)
-    expected = {(offset, ret): one_each.programs[fd] for fd, (_p, offset, ret)
-                in one_each.held.items()}
-    assert uprobes.probed() == expected  # each probe once, its program, its cookie
-    assert set(uprobes.held) == set(uprobes.links)  # nothing attached one by one
-    programs = {(prog, ret) for prog, _rows, ret in uprobes.links.values()}
-    assert len(uprobes.links) == len(programs) < attached.probes / 2
-    assert probes._links[runtime(stub_runtime).key] == list(uprobes.links)
-
-
-def test_with_uprobe_multi_links_a_refused_function_still_costs_only_itself(
-    stub_runtime: Path,
-) -> None:
-    """A link holds all its offsets or none: one refused function makes the file's links be
-    taken back, and its functions attached one by one, to find the one."""
-    refused = offset_of(stub_runtime, "cudaDeviceSynchronize")
-    uprobes = FakeManyUprobes(lambda _p, offset, _r: ENOTSUPP if offset == refused else None)
-    whole = make_probes(FakeManyUprobes()).attach(runtime(stub_runtime))
-    attached = make_probes(uprobes).attach(runtime(stub_runtime))
-    assert whole is not None and attached is not None
-    assert list(attached.unprobed) == ["cudaDeviceSynchronize"]
-    assert attached.probes == whole.probes - 2
-    assert not set(uprobes.links) & set(uprobes.held)  # the links made first, all taken back
-    assert set(uprobes.detached) == set(uprobes.links)
-    assert not any(offset == refused for _p, offset, _r in uprobes.held.values())
-
-
-@pytest.mark.parametrize("err", [errno.EMFILE, errno.ENOENT])
-def test_with_uprobe_multi_links_a_failure_of_the_whole_file_skips_it(
-    stub_runtime: Path, err: int
-) -> None:
-    calls = [0]
-
-    def refuse(_path: str, _offset: int, _ret: bool) -> int | None:
-        calls[0] += 1
-        return err if calls[0] > 20 else None
-
-    uprobes = FakeManyUprobes(refuse)
-    probes = make_probes(uprobes)
-    target = runtime(stub_runtime)
-    assert probes.attach(target) is None
-    assert not uprobes.held and uprobes.links and set(uprobes.detached) == set(uprobes.links)
-    assert probes.failed[target.key].errno == err
 
 
 def test_a_function_the_kernel_refuses_costs_only_itself(
