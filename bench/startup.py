@@ -96,6 +96,9 @@ _COMMAND_TIME = re.compile(r"\(([0-9.]+) s, \d+ process\(es\)")
 _HOLDS = re.compile(r"held while probing: (\d+) time\(s\), ([0-9.]+) s in all, longest (\d+) ms")
 #: Per traced run: (the command's own seconds, holds, seconds held, longest hold in ms).
 TRACED_DETAILS: dict[str, list[tuple[float, int, float, int]]] = {}
+#: Per traced variant ("script, variant"): its wall times by whether the run just before it
+#: was traced too (a trace's end leaves the kernel releasing its probes for a while).
+AFTER_TRACED: dict[str, dict[bool, list[float]]] = {}
 
 
 def timed(argv: list[str], env: dict[str, str], traced: bool, tmp: Path,
@@ -154,10 +157,15 @@ def wall_times(
             timed(argv, envs["traced, cache warm"], True, tmp)  # fills the verdict cache
         times: dict[str, list[float]] = {variant: [] for variant in envs}
         variants = list(envs)
+        previous_traced = "warm" in caches
         for i in range(rounds):
             for variant in variants[i % len(variants):] + variants[:i % len(variants)]:
                 t = timed(argv, envs[variant], variant != "alone", tmp, f"{script}, {variant}")
                 times[variant].append(t)
+                if variant != "alone":
+                    AFTER_TRACED.setdefault(f"{script}, {variant}", {True: [], False: []})[
+                        previous_traced].append(t)
+                previous_traced = variant != "alone"
                 print(f"  {script} {variant:<20} {t:7.2f} s", file=sys.stderr)
         results[script] = times
     return results
@@ -462,8 +470,21 @@ def main() -> None:
     for script, w in walls.items():
         alone = statistics.median(w["alone"])
         cells = [f"{statistics.median(w[v]):.2f} s ({runs(w[v])})" for v in variants]
-        ratios = [f"{statistics.median(w[v]) / alone:.1f}x" for v in traced]
+        ratios = [f"{statistics.median(w[v]) / alone:.2f}x" for v in traced]
         print(f"| {script} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+    print("\nThe traced runs by the run just before them (median, / alone): an untraced one, or "
+          "a traced one, whose end leaves the kernel releasing its probes and tracepoints for "
+          "a while:\n")
+    print("| program | variant | after an untraced run | after a traced run |")
+    print("| --- | --- | --- | --- |")
+    for script, w in walls.items():
+        alone = statistics.median(w["alone"])
+        for v in traced:
+            split = AFTER_TRACED.get(f"{script}, {v}", {})
+            medians = {k: statistics.median(split[k]) for k in (False, True) if split.get(k)}
+            cells = [f"{medians[k]:.2f} s ({medians[k] / alone:.2f}x, {len(split[k])} runs)"
+                     if k in medians else "—" for k in (False, True)]
+            print(f"| {script} | {v} | {' | '.join(cells)} |")
     print("\nUnder trace, the command itself (exec to exit, as trace's summary gives it; the "
           "rest of the wall time is gpuflight's own start and exit) and how it was held "
           "(median of the runs; the longest hold is the longest of any run):\n")
