@@ -256,8 +256,10 @@ def test_a_message_from_the_future_moves_no_clock(
     from streams import report
     from streams.settings import InfluxSettings
 
+    # --idle 60: the host is silent while the second worker starts and catches up; the wall
+    # clock must not close its windows meanwhile (under load that took longer than 5 s + grace).
     worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
-                          window_s=1.0, grace_s=1.0, env=RESTARTS_SOON)
+                          window_s=1.0, grace_s=1.0, env=RESTARTS_SOON, extra=("--idle", "60"))
     feed = Feed(kafka_bootstrap, names)
     host = f"{names}-f"
     t0 = past_window(90)
@@ -281,8 +283,17 @@ def test_a_message_from_the_future_moves_no_clock(
         feed.events(host, 320, 1, launches([t0 + w * W + 2 for w in range(20, 40)], 320, 8, 64))
         feed.flush()
         worker.start("second")
-        wait_for(lambda: sum_of(influx_url, "launches", "count", "clock:320", t0, host=host)
-                 == 39, 120, "the launches after the restart counted", worker)
+        sums: list[int] = []
+
+        def all_counted() -> bool:
+            sums.append(sum_of(influx_url, "launches", "count", "clock:320", t0, host=host))
+            return sums[-1] == 39
+
+        try:
+            wait_for(all_counted, 120, "the launches after the restart counted", worker)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\ncounted {sums[-1:]}, not counted (late, future) "
+                                 f"{uncounted(influx_url, 'clock:320')}") from None
         assert uncounted(influx_url, "clock:320") == (0, 1)
         summary = report.job_summary(InfluxSettings(url=influx_url), "clock:320", t0,
                                      time.time_ns() + W)
