@@ -257,19 +257,25 @@ def test_producer_pid_filter(bindir: Path, tmp_path: Path) -> None:
     # its start takes, their calls come after.
     wanted = subprocess.Popen([str(binary), "--start-delay-ms", "60000", "--iters", "3"])
     other = subprocess.Popen([str(binary), "--start-delay-ms", "60000", "--iters", "3"])
-    for child in (wanted, other):
-        _wait_mapped(child.pid, SIMGPU_SONAME)
-        os.kill(child.pid, signal.SIGSTOP)
-    running = Producer(tmp_path / "pid.jsonl", "--pid", str(wanted.pid))
     try:
-        running.wait_for_library(SIMGPU_SONAME)
-        for child in (wanted, other):  # the start delay ended: the calls begin
-            os.kill(child.pid, signal.SIGUSR1)
-            os.kill(child.pid, signal.SIGCONT)
-        assert wanted.wait(timeout=60) == 0 and other.wait(timeout=60) == 0
-        events = running.stop()
+        for child in (wanted, other):
+            _wait_mapped(child.pid, SIMGPU_SONAME)
+            os.kill(child.pid, signal.SIGSTOP)
+        running = Producer(tmp_path / "pid.jsonl", "--pid", str(wanted.pid))
+        try:
+            running.wait_for_library(SIMGPU_SONAME)
+            for child in (wanted, other):  # the start delay ended: the calls begin
+                os.kill(child.pid, signal.SIGUSR1)
+                os.kill(child.pid, signal.SIGCONT)
+            assert wanted.wait(timeout=60) == 0 and other.wait(timeout=60) == 0
+            events = running.stop()
+        finally:
+            running.kill()
     finally:
-        running.kill()
+        for child in (wanted, other):  # none left stopped if the producer failed
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     assert Counter(e["pid"] for e in events) == {wanted.pid: len(expected.capture_events(1, 3))}
 
 
