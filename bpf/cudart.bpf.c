@@ -19,16 +19,26 @@
  *   GF_HOLD_ON_LOAD   1: a scoped process that execs or changes its link map is
  *                     stopped (SIGSTOP) until user space has attached to what
  *                     it mapped
- *   GF_WATCH_EXEC     1: exec is reported like a link-map change (needs tracefs)
- *   GF_HOLD_ON_LISTEN 1: a listen(2) in scope is reported, and held (needs tracefs)
+ *   GF_WATCH_EXEC     1: exec is reported like a link-map change
+ *   GF_HOLD_ON_LISTEN 1: a listen(2) in scope is reported, and held
  *   GF_ATTACH_COOKIE  1: the kernel has bpf_get_attach_cookie (5.15)
  *   GF_NAMES_PAGES    size of the `names` ring buffer in pages (power of two)
  *   GF_TALLY_DIR_SET  1: keep the tally, pinned in the bpffs directory GF_TALLY_DIR (a string),
  *                     for up to GF_TALLY_PIDS processes
  *   GF_QUIET_LOADS    1: a dlopen that mapped only files in `quiet_files` is neither notified
  *                     nor held; needs the walk's offsets, GF_FILE_OFF_* (the running kernel's)
+ *   GF_TASK_OFF_PID   where task_struct keeps `pid` in the running kernel (its BTF): forks are
+ *                     followed on the raw tracepoint then, else on the tracepoint perf event
+ *
+ * Tracepoints are raw ones (BPF_RAW_TRACEPOINT_OPEN) wherever the program can read what it
+ * needs from the raw arguments. A tracepoint perf event, once closed, is released by the
+ * kernel with two RCU grace periods waited for under its event_mutex, which opening any
+ * tracepoint perf event takes too: the five this program had took ~0.37 s to release, and a
+ * trace started meanwhile waited 0.12-0.18 s for its first. A raw tracepoint's release waits
+ * for nothing (~1 ms for four).
  */
 #include <uapi/linux/ptrace.h>
+#include <asm/unistd.h>
 #include "events.h"
 
 #ifndef GF_RINGBUF_PAGES
@@ -793,9 +803,9 @@ static __always_inline int gf_device_finish(struct pt_regs *ctx, u32 op)
 }
 
 #if GF_WATCH_EXEC
-/* A thread that exits leaves no device behind for a later thread given its id (needs tracefs,
- * as GF_WATCH_EXEC does; without it, the LRU map ages such entries out). */
-TRACEPOINT_PROBE(sched, sched_process_exit)
+/* A thread that exits leaves no device behind for a later thread given its id (where exec is
+ * not watched, the LRU map ages such entries out). In the exiting thread. */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
 	u64 id = bpf_get_current_pid_tgid();
 	thread_device.delete(&id);
@@ -1100,15 +1110,21 @@ static __always_inline int gf_file_of_fd(s32 fd, struct gf_file_id *id)
 	return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+/* mmap(2), from the raw sys_enter tracepoint (below): the registers it was called with. */
+static __always_inline int gf_on_mmap(struct pt_regs *regs)
 {
-	if (!(args->prot & GF_PROT_EXEC) || (s64)args->fd < 0)
+	u64 prot = 0;
+	s64 fd = -1;
+	if (bpf_probe_read_kernel(&prot, sizeof(prot), &PT_REGS_PARM3(regs)) ||
+	    bpf_probe_read_kernel(&fd, sizeof(fd), &PT_REGS_PARM5(regs)))
+		return 0;
+	if (!(prot & GF_PROT_EXEC) || (s32)fd < 0)
 		return 0;
 	u64 id = bpf_get_current_pid_tgid();
 	if (!gf_in_scope(id >> 32))
 		return 0;
 	struct gf_file_id file = {};
-	if (gf_file_of_fd((s32)args->fd, &file) == 0 && quiet_files.lookup(&file))
+	if (gf_file_of_fd((s32)fd, &file) == 0 && quiet_files.lookup(&file))
 		return 0;
 	u32 tid = (u32)id;
 	u8 one = 1;
@@ -1194,26 +1210,54 @@ int on_loader_change(struct pt_regs *ctx)
 
 #if GF_WATCH_EXEC
 /* A new image: its own loader (a container's, say) or a static runtime in the
- * executable is mapped before any of its code runs. */
-TRACEPOINT_PROBE(sched, sched_process_exec) { return gf_loader_notify(GF_LOADER_MAPPED); }
+ * executable is mapped before any of its code runs. In the task that exec'd. */
+RAW_TRACEPOINT_PROBE(sched_process_exec) { return gf_loader_notify(GF_LOADER_MAPPED); }
 #endif
 
+/* Every system call of the machine enters here while the program is attached (only trace
+ * attaches it: a process in scope is held), so the call's number is looked at first. trace:
+ * mmap(2) for the quiet-load filter (above); listen(2), as the HTTP capture is set up when a
+ * process in scope first listens, held meanwhile (nothing is accepted before a listen); user
+ * space releases later ones at once. A 32-bit task's numbers are its own table's, read as
+ * this one's: at worst a hold not needed. */
+#if defined(GF_QUIET) || GF_HOLD_ON_LISTEN
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+	long nr = (long)ctx->args[1];
+#ifdef GF_QUIET
+	if (nr == __NR_mmap)
+		return gf_on_mmap((struct pt_regs *)ctx->args[0]);
+#endif
 #if GF_HOLD_ON_LISTEN
-/* trace: the HTTP capture is set up when a process in scope first listens, held meanwhile
- * (nothing is accepted before a listen); user space releases later ones at once. */
-TRACEPOINT_PROBE(syscalls, sys_enter_listen) { return gf_loader_notify(GF_LOADER_LISTEN); }
+	if (nr == __NR_listen)
+		return gf_loader_notify(GF_LOADER_LISTEN);
+#endif
+	return 0;
+}
 #endif
 
 #if GF_FOLLOW_FORKS
-/* Children of processes in scope are in scope from their first instruction. */
-TRACEPOINT_PROBE(sched, sched_process_fork)
+/* Children of processes in scope are in scope from their first instruction. In the parent. */
+static __always_inline int gf_on_fork(u32 child)
 {
 	u32 parent = bpf_get_current_pid_tgid() >> 32;
 	if (!scope_pids.lookup(&parent))
 		return 0;
-	u32 child = args->child_pid;
 	u8 one = 1;
 	scope_pids.update(&child, &one);
 	return 0;
 }
+
+#ifdef GF_TASK_OFF_PID
+/* The raw arguments: the parent's task_struct, then the child's. */
+RAW_TRACEPOINT_PROBE(sched_process_fork)
+{
+	u32 child = 0;
+	if (bpf_probe_read_kernel(&child, sizeof(child), (u8 *)ctx->args[1] + GF_TASK_OFF_PID))
+		return 0;
+	return gf_on_fork(child);
+}
+#else
+TRACEPOINT_PROBE(sched, sched_process_fork) { return gf_on_fork(args->child_pid); }
+#endif
 #endif

@@ -4,7 +4,8 @@ What bcc would do after compiling, with the bpf(2) and perf_event_open(2) system
 create each map (or open it where it is pinned), put the maps' fds into the instructions,
 load each function when it is first asked for (the kernel verifies it then) or, for those
 asked for later, on threads of their own meanwhile (`load_in_background`), and attach the
-`tracepoint__<category>__<name>` functions to their tracepoints at once, as bcc does. Every
+`tracepoint__<category>__<name>` functions to their tracepoints (as perf events) and the
+`raw_tracepoint__<name>` ones to their raw tracepoints at once, as bcc does. Every
 start loads this way, whether the image was compiled a moment ago (producer/probes.py, with
 bcc) or read from the cache, so there is one path to trust.
 
@@ -42,10 +43,12 @@ BPF_PROG_LOAD: Final = 5
 BPF_OBJ_PIN: Final = 6
 BPF_OBJ_GET: Final = 7
 BPF_OBJ_GET_INFO_BY_FD: Final = 15
+BPF_RAW_TRACEPOINT_OPEN: Final = 17
 BPF_MAP_UPDATE_BATCH: Final = 26
 _ENOTSUPP: Final = 524  # the kernel's own "not supported", which a batch command may answer
 BPF_PROG_TYPE_KPROBE: Final = 2
 BPF_PROG_TYPE_TRACEPOINT: Final = 5
+BPF_PROG_TYPE_RAW_TRACEPOINT: Final = 17
 #: enum bpf_map_type: the per-CPU kinds, whose lookups return a value per possible CPU.
 PERCPU_MAP_TYPES: Final = frozenset({5, 6, 10})  # percpu hash, percpu array, LRU percpu hash
 PERF_TYPE_TRACEPOINT: Final = 2
@@ -53,6 +56,7 @@ PERF_FLAG_FD_CLOEXEC: Final = 1 << 3
 PERF_EVENT_IOC_ENABLE: Final = 0x2400
 PERF_EVENT_IOC_SET_BPF: Final = 0x40042408
 TRACEPOINT_PREFIX: Final = "tracepoint__"
+RAW_TRACEPOINT_PREFIX: Final = "raw_tracepoint__"
 #: The verifier's log for a program it refuses (the message's last lines are kept).
 _LOG_BYTES: Final = 1 << 20
 
@@ -91,6 +95,14 @@ class ProgLoad(ctypes.Structure):
         ("prog_name", ctypes.c_char * 16),
         ("prog_ifindex", ctypes.c_uint32),
         ("expected_attach_type", ctypes.c_uint32),
+    ]
+
+
+class _RawTracepointOpen(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_uint64),
+        ("prog_fd", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
     ]
 
 
@@ -330,7 +342,8 @@ class BpfMap:
 
 class LoadedObject:
     """An image's maps, created (or opened where `pinned` names a path), its tracepoint
-    functions attached, and its other functions loaded as they are asked for.
+    and raw tracepoint functions attached, and its other functions loaded as they are asked
+    for.
 
     The maps named in `later` (unless pinned, or used by a tracepoint function) are not made
     at once: `load_in_background` makes them on its threads before any function that uses
@@ -349,10 +362,14 @@ class LoadedObject:
         #: future keeps the error, raised to whoever asks for the function).
         self._pending: dict[tuple[str, int, int], Future[int]] = {}
         self.maps: dict[str, BpfMap] = {}
+        #: The attached tracepoints' fds: "category:name" (a perf event) or "raw:name".
         self.tracepoints: dict[str, int] = {}
         tracepoints = [spec.name for spec in image.programs
                        if spec.name.startswith(TRACEPOINT_PREFIX)]
-        at_once = {index for name in tracepoints for _, index in image.program(name).relocations}
+        raw = [spec.name for spec in image.programs
+               if spec.name.startswith(RAW_TRACEPOINT_PREFIX)]
+        at_once = {index for name in [*tracepoints, *raw]
+                   for _, index in image.program(name).relocations}
         #: The maps made later (by index in the image), and the future of their making.
         self._later: dict[int, MapSpec] = {
             index: spec for index, spec in enumerate(image.maps)
@@ -362,7 +379,10 @@ class LoadedObject:
             self._map_fds = [-1 if index in self._later else
                              self._map(spec, (pinned or {}).get(spec.name))
                              for index, spec in enumerate(image.maps)]
+            self.load_in_background(raw, BPF_PROG_TYPE_RAW_TRACEPOINT)
             self.preload(tracepoints, BPF_PROG_TYPE_TRACEPOINT)
+            for name in raw:
+                self._attach_raw_tracepoint(name)
             for name in tracepoints:
                 self._attach_tracepoint(name, tracefs)
         except BaseException:
@@ -638,6 +658,25 @@ class LoadedObject:
             raise SetupError(f"the tracepoint {category}:{event} cannot run the program: "
                              f"{exc.strerror}") from exc
         self.tracepoints[f"{category}:{event}"] = fd
+
+    def _attach_raw_tracepoint(self, function: str) -> None:
+        event = function[len(RAW_TRACEPOINT_PREFIX):]
+        try:
+            prog = self.program(function, BPF_PROG_TYPE_RAW_TRACEPOINT)
+        except OSError as exc:
+            raise SetupError(f"the raw tracepoint {event}'s program was refused: "
+                             f"{exc.strerror}") from exc
+        name = ctypes.create_string_buffer(event.encode())
+        try:
+            fd = bpf(BPF_RAW_TRACEPOINT_OPEN,
+                     _RawTracepointOpen(name=ctypes.addressof(name), prog_fd=prog))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise SetupError(f"the raw tracepoint {event} is not there") from exc
+            raise SetupError(f"the raw tracepoint {event} cannot run the program: "
+                             f"{exc.strerror}") from exc
+        self._keep(fd)
+        self.tracepoints[f"raw:{event}"] = fd
 
     def fds(self) -> list[int]:
         with self._lock:

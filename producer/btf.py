@@ -302,3 +302,13 @@ def file_offsets(btf: Btf) -> FileOffsets:
     if sec_size != 8 or nsec_size not in (4, 8):
         raise BtfError(f"inode's change time is {sec_size}+{nsec_size} bytes, expected 8+4")
     return FileOffsets(**values, inode_ctime_sec=sec, inode_ctime_nsec=nsec)
+
+
+def task_pid_cflags(btf: Btf) -> list[str]:
+    """Where task_struct keeps `pid` (the thread's id; a process's first thread's is the
+    process's): the raw fork tracepoint reads the child's there (bpf/cudart.bpf.c,
+    GF_TASK_OFF_PID). BtfError when it is missing or not 4 bytes."""
+    offset, size = btf.member("task_struct", "pid")
+    if size != 4:
+        raise BtfError(f"task_struct.pid is {size} bytes, expected 4")
+    return [f"-DGF_TASK_OFF_PID={offset}"]

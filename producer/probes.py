@@ -134,7 +134,7 @@ class Probes:
             raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
         self._uprobes: Uprobes = UprobeLinks()
         image = program_image(source, settings.cflags(), settings.verdict_cache_dir,
-                              _file_walk_cflags if settings.quiet_loads_on else None)
+                              lambda: _kernel_cflags(settings))
         pinned = ({name: settings.tally_dir / name for name in TALLY_PINNED}
                   if settings.tally_dir is not None else {})
         self._bpf = bpfload.LoadedObject(image, pinned, later=LATER_MAPS)
@@ -686,16 +686,34 @@ def _plan(library: LibraryFile) -> attachplan.Plan:
 # ---- the program: compiled by bcc, or read from the cache ------------------------------------
 
 
-def _file_walk_cflags() -> list[str]:
-    """The offsets the quiet-load filter's fd → file walk reads, from the kernel's BTF; none
-    (the filter compiled out: every dlopen is held) where they cannot be read."""
-    from producer.btf import Btf, BtfError, file_offsets
+def _kernel_cflags(settings: CaptureSettings) -> list[str]:
+    """What the program reads of the running kernel's structs, from its BTF: the offsets of
+    the quiet-load filter's fd → file walk (without them the filter is compiled out: every
+    dlopen is held), and where a task keeps its pid (without it, forks are followed on a
+    tracepoint perf event instead of the raw tracepoint, whose release costs the kernel
+    more)."""
+    if not (settings.quiet_loads_on or settings.follow_forks):
+        return []
+    from producer.btf import Btf, BtfError, file_offsets, task_pid_cflags
 
     try:
-        return file_offsets(Btf.from_file()).cflags()
+        btf = Btf.from_file()
     except (BtfError, OSError) as exc:
-        log.info("every dlopen is held: the kernel's file structs are unknown (%s)", exc)
+        log.info("the kernel's BTF cannot be read (%s): every dlopen is held, and forks are "
+                 "followed on a tracepoint perf event", exc)
         return []
+    flags: list[str] = []
+    if settings.quiet_loads_on:
+        try:
+            flags += file_offsets(btf).cflags()
+        except BtfError as exc:
+            log.info("every dlopen is held: the kernel's file structs are unknown (%s)", exc)
+    if settings.follow_forks:
+        try:
+            flags += task_pid_cflags(btf)
+        except BtfError as exc:
+            log.info("forks are followed on a tracepoint perf event: %s", exc)
+    return flags
 
 
 def program_image(

@@ -293,6 +293,46 @@ def test_pinned_maps_are_made_once_and_found_again(bpffs_dir: Path) -> None:
         bpfload.LoadedObject(image(ProgramSpec("p", RETURNS_ZERO, ()), maps=other), pin)
 
 
+# *(u32 *)(fp - 4) = 0; r2 = fp - 4; r1 = map; r0 = lookup(r1, r2); if r0: *(u64 *)r0 += 1
+COUNTS = (insn(0x62, 10, 0, -4, 0) + insn(0xBF, 2, 10) + insn(0x07, 2, 0, 0, -4)
+          + insn(0x18, 1, 1, 0, 99) + insn(0) + insn(0x85, 0, 0, 0, 1)
+          + insn(0x15, 0, 0, 2, 0) + insn(0xB7, 1, 0, 0, 1) + insn(0xDB, 0, 1, 0, 0)
+          + insn(0xB7, 0, 0, 0, 0) + insn(0x95))
+ARRAY = 2
+
+
+def test_raw_tracepoint_functions_are_attached_and_run() -> None:
+    """`raw_tracepoint__<name>` functions go to their raw tracepoints (no perf event, whose
+    release would wait under the kernel's event_mutex), and run there: this one counts the
+    forks of the machine."""
+    name = "raw_tracepoint__sched_process_fork"
+    counts = (MapSpec("forks", ARRAY, 4, 8, 1, 0),)
+    loaded = bpfload.LoadedObject(image(
+        ProgramSpec(name, COUNTS, bpfimage.relocations(COUNTS, {99: 0})), maps=counts))
+    try:
+        assert list(loaded.tracepoints) == ["raw:sched_process_fork"]
+        link = loaded.tracepoints["raw:sched_process_fork"]
+        assert "link_type:\traw_tracepoint" in Path(f"/proc/self/fdinfo/{link}").read_text()
+        prog = loaded.program(name, bpfload.BPF_PROG_TYPE_RAW_TRACEPOINT)
+        assert "prog_type:\t17" in Path(f"/proc/self/fdinfo/{prog}").read_text()
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+        forks = U64.unpack(loaded.map("forks").lookup(U32.pack(0)) or bytes(8))[0]
+        assert forks >= 1
+    finally:
+        assert loaded.close() == 0
+
+
+def test_a_missing_raw_tracepoint_is_one_error() -> None:
+    name = "raw_tracepoint__gpuflight_no_such_event"
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(SetupError, match="raw tracepoint gpuflight_no_such_event is not there"):
+        bpfload.LoadedObject(image(ProgramSpec(name, RETURNS_ZERO, ())))
+    assert set(os.listdir("/proc/self/fd")) <= before  # what it made is closed again
+
+
 def test_tracepoint_functions_are_attached_and_a_missing_one_is_one_error(
         tmp_path: Path) -> None:
     name = "tracepoint__sched__sched_process_fork"

@@ -279,6 +279,43 @@ def test_producer_pid_filter(bindir: Path, tmp_path: Path) -> None:
     assert Counter(e["pid"] for e in events) == {wanted.pid: len(expected.capture_events(1, 3))}
 
 
+@pytest.mark.parametrize("task_layout", ["known", "unknown"])
+def test_forks_are_followed_on_the_raw_tracepoint_or_else_the_perf_event(
+    task_layout: str, bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tracepoint of trace's program is a raw one (their release waits for nothing,
+    where a tracepoint perf event's holds the kernel's event_mutex for two grace periods);
+    the fork one reads the child's pid where the kernel's BTF says. Where that is unknown,
+    forks are followed on the tracepoint perf event. Either way a grandchild (sh forks it)
+    is traced from its first call."""
+    from producer import bpfload, btf
+    from producer import trace as tracing
+    from producer.btf import BtfError
+
+    if task_layout == "unknown":
+        def unknown(_btf: btf.Btf) -> list[str]:
+            raise BtfError("struct task_struct has no member pid")
+        monkeypatch.setattr(btf, "task_pid_cflags", unknown)
+    monkeypatch.setenv("GPUFLIGHT_CACHE_DIR", str(tmp_path / "cache"))  # compiled afresh
+    attached: list[list[str]] = []
+    real_init = bpfload.LoadedObject.__init__
+
+    def init(self: bpfload.LoadedObject, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        attached.append(sorted(self.tracepoints))
+    monkeypatch.setattr(bpfload.LoadedObject, "__init__", init)
+
+    binary = build.build_capture(bindir, "stub")
+    out = tmp_path / "out.jsonl"
+    result = tracing.run(["sh", "-c", f'"{binary}" --iters 5; true'], output=out,
+                         print_summary=False)
+    assert result.exit_code == 0
+    assert_exact(expected.capture_events(1, 5), read_events(out))
+    fork = "raw:sched_process_fork" if task_layout == "known" else "sched:sched_process_fork"
+    assert attached[0] == sorted(["raw:sched_process_exec", "raw:sched_process_exit",
+                                  "raw:sys_enter", fork])
+
+
 def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,7 +22,14 @@ import pytest
 
 from producer import httprecords as hr
 from producer.bpfsource import bundle
-from producer.btf import VMLINUX, Btf, BtfError, file_offsets, socket_offsets
+from producer.btf import (
+    VMLINUX,
+    Btf,
+    BtfError,
+    file_offsets,
+    socket_offsets,
+    task_pid_cflags,
+)
 from producer.http import HttpParser
 from tests.conftest import REPO, bpf_unavailable_reason, require
 
@@ -233,6 +240,22 @@ def test_file_offsets_of_the_running_kernel() -> None:
     flags = offsets.cflags()
     assert len(flags) == 11 and all(f.startswith("-DGF_FILE_OFF_") for f in flags)
     assert offsets.inode_ctime_nsec > offsets.inode_ctime_sec
+
+
+def test_where_a_task_keeps_its_pid() -> None:
+    """The raw fork tracepoint reads the child's pid where the kernel's BTF says; one of
+    another size is refused (the program then follows forks on the tracepoint perf event)."""
+    assert task_pid_cflags(_Members({("task_struct", "pid"): (2456, 4)})) == [
+        "-DGF_TASK_OFF_PID=2456"]
+    with pytest.raises(BtfError, match=r"task_struct\.pid is 8 bytes"):
+        task_pid_cflags(_Members({("task_struct", "pid"): (2456, 8)}))
+    with pytest.raises(BtfError, match="no member pid"):
+        task_pid_cflags(_Members({}))
+    require(None if VMLINUX.is_file() else f"{VMLINUX} is missing (a kernel without BTF)")
+    btf = Btf.from_file()
+    (flag,) = task_pid_cflags(btf)
+    pid = int(flag.rpartition("=")[2])
+    assert btf.member("task_struct", "tgid") == (pid + 4, 4)  # declared one after the other
 
 
 # -- on the kernel --------------------------------------------------------------------------
