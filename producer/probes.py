@@ -132,6 +132,7 @@ class Probes:
         source = settings.bpf_dir / "cudart.bpf.c"
         if not source.is_file():
             raise SetupError(f"BPF source {source} is missing (set GPUFLIGHT_BPF_DIR)")
+        grow_fd_table()  # before this starts any thread
         self._uprobes: Uprobes = UprobeLinks()
         image = program_image(source, settings.cflags(), settings.verdict_cache_dir,
                               lambda: _kernel_cflags(settings))
@@ -1075,6 +1076,43 @@ def _loader_threads() -> int:
     left to this process and the command (they are what a start-up waits for; the loads are
     not: ~10 ms on one thread, wanted ~0.3 s later)."""
     return max(1, (os.cpu_count() or 1) - 1)
+
+
+#: The file descriptors this process's table is grown to at once (grow_fd_table): a PyTorch
+#: start-up's probes, programs and maps hold ~450.
+FD_TABLE_SLOTS = 1024
+
+
+def grow_fd_table(slots: int = FD_TABLE_SLOTS) -> int:
+    """Have the kernel make room for `slots` file descriptors now (up to the open files
+    limit); the room there is then (FDSize). The kernel grows a process's table by doubling
+    it (64, 128, 256, ... slots) as descriptors are opened, and in a process with threads
+    each growth waits for an RCU grace period (expand_fdtable: 4-30 ms here): each probe is
+    a descriptor, so three such waits fell in the holds of a traced PyTorch start-up. Grown
+    at once before any thread starts, it waits for nothing. Never raises."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = (slots if soft == resource.RLIM_INFINITY else min(slots, soft)) - 1
+    try:
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            # The lowest free descriptor from `top` on: no open one is touched.
+            os.close(fcntl.fcntl(null, fcntl.F_DUPFD_CLOEXEC, top))
+        finally:
+            os.close(null)
+    except OSError as exc:
+        log.debug("the fd table was not grown ahead: %s", exc)
+    return _fd_table_size()
+
+
+def _fd_table_size() -> int:
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"FDSize:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _raise_open_files_limit() -> bool:

@@ -338,3 +338,28 @@ def test_kernel_releases_are_compared_by_number() -> None:
     assert not kernel_at_least(5, 15, "5.10.0-28-amd64")
     assert not kernel_at_least(6, 6, "6.1.0-18-amd64")
     assert not kernel_at_least(5, 15, "garbage")
+
+
+@pytest.mark.parametrize("limit", [None, 300])
+def test_the_fd_table_is_grown_at_once_and_nothing_is_left_open(limit: int | None) -> None:
+    """Each probe holds a file descriptor; the kernel grows a process's fd table by doubling,
+    waiting for an RCU grace period each time once the process has threads. Probes grows it
+    at once (to 1024 slots, or what the open files limit allows) before it starts any: no
+    descriptor is touched or left open, and a low limit is no error."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, resource\n"
+        f"limit = {limit!r}\n"
+        "if limit: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))\n"
+        "from producer.probes import grow_fd_table, _fd_table_size\n"
+        "before, fds = _fd_table_size(), sorted(os.listdir('/proc/self/fd'))\n"
+        "after = grow_fd_table()\n"
+        "print(before, after, fds == sorted(os.listdir('/proc/self/fd')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout.split()
+    before, after, unchanged = int(out[0]), int(out[1]), out[2] == "True"
+    assert unchanged
+    assert after >= (1024 if limit is None else 256) and after >= before

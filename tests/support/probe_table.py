@@ -68,9 +68,10 @@ def compiler() -> str:
 def bpf_programs(tmp_path: Path, cookies: bool = False) -> tuple[set[str], set[str]]:
     """The functions with `_entry` and with `_return` programs in the preprocessed BPF source
     (`cookies`: as compiled where programs read attach cookies, GF_ATTACH_COOKIE=1)."""
-    stub = tmp_path / "include" / "uapi" / "linux"
-    stub.mkdir(parents=True, exist_ok=True)
-    (stub / "ptrace.h").write_text("")  # the kernel's header: no programs in it
+    for header in ("uapi/linux/ptrace.h", "asm/unistd.h"):  # the kernel's: no programs in them
+        stub = tmp_path / "include" / header
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        stub.write_text("")
     out = subprocess.run(
         [compiler(), "-E", "-P", "-nostdinc", "-I", str(tmp_path / "include"),
          f"-DGF_ATTACH_COOKIE={int(cookies)}", str(SOURCE)],
