@@ -209,13 +209,16 @@ class Worker:
         self._catch_up_to: dict[int, int] = {}
         #: Events partitions caught up since they were assigned.
         self._caught_up: set[int] = set()
+        #: Events partitions taken from since they were assigned: what was taken of one before
+        #: it went elsewhere says nothing of where it is when it comes back (_behind).
+        self._taken_here: set[int] = set()
         self._last_uncounted_ns = 0
 
     # -- the agent -----------------------------------------------------------------------------
 
     async def handle(self, message: Any) -> None:
         self.stats.messages += 1
-        self._positions[message.topic, message.partition] = message.offset
+        self._took(message.topic, message.partition, message.offset)
         topic = message.topic
         try:
             if topic == self.topics.events:
@@ -230,6 +233,12 @@ class Worker:
                 await self._metrics(message)
         except (wire.WireError, KeyError, TypeError, ValueError) as exc:
             await self._dead_letter(message, reason="malformed", detail=str(exc))
+
+    def _took(self, topic: str, partition: int, offset: int) -> None:
+        """Note the message at `offset` of `topic`'s `partition` as taken."""
+        self._positions[topic, partition] = offset
+        if topic == self.topics.events:
+            self._taken_here.add(partition)
 
     async def _metrics(self, message: Any) -> None:
         """Pipeline counters now; the drops by pid once each pid's job is known (metrics name
@@ -479,7 +488,8 @@ class Worker:
             if highwater is None:  # not fetched from yet: nothing says it has caught up
                 return True
             target = self._catch_up_to[partition] = int(highwater)
-        taken = self._positions.get((tp.topic, partition))
+        taken = (self._positions.get((tp.topic, partition))
+                 if partition in self._taken_here else None)
         if taken is not None:
             upto: int | None = taken + 1
         else:  # nothing taken since it was assigned: where the consumer fetches from next
@@ -574,6 +584,7 @@ class Worker:
         self._indexed.clear()
         self._inflight.clear()
         self._acked.clear()
+        self._taken_here.clear()
         self._catch_up_to.clear()
         self._caught_up.clear()
 

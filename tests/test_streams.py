@@ -893,19 +893,19 @@ def test_a_worker_behind_a_backlog_takes_no_host_for_silent_until_it_has_caught_
     assert host_time(t) == latest  # nothing fetched yet: not known to have caught up
     consumer.high, consumer.next = 40, 12  # restarted at its committed offset 12, of 40
     assert host_time(t + 10 * s) == latest  # the highwater now is the offset to reach
-    worker._positions[events] = 30
+    worker._took(*events, 30)
     consumer.high = 45  # produced meanwhile: not waited for
     assert host_time(t + 60 * s) == latest  # a minute behind: still not silent
-    worker._positions[events] = 39  # the 40 it found there taken
+    worker._took(*events, 39)  # the 40 it found there taken
     # Silent from the last tick it was behind at (t + 60 s): for 5 s, then advanced.
     assert host_time(t + 61 * s) == latest
     assert host_time(t + 67 * s) == latest + 2 * s
-    worker._positions[events] = 41
+    worker._took(*events, 41)
     assert host_time(t + 70 * s) == latest + 5 * s  # caught up for good: the wall clock goes on
-    # Reassigned (a rebalance): caught up again from where the consumer is.
+    # Reassigned (a rebalance; another worker took offsets 42-49 meanwhile): caught up again
+    # from where the consumer is, not from what this worker took before.
     worker.forget_partitions()
     consumer.high, consumer.next = 50, 50
-    worker._positions.clear()
     assert host_time(t + 80 * s) == latest + 15 * s
 
 
