@@ -40,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
+from startup import archive  # noqa: E402  (bench/startup.py: this file's folder is on the path)
+
 from gpuflight.simgpu.build import SimGpu  # noqa: E402
 from gpuflight.simgpu.build import build as build_sim  # noqa: E402
 
@@ -100,13 +102,6 @@ print(json.dumps({"start": start, "close": close, "after": after, "off": off, "o
 """
 
 
-def tree_of(rev: str, into: Path) -> Path:
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True,
-                         check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
-    return into
-
-
 def one_round(tree: Path, cache: Path, loop: Path, calls: int, *, gap: float,
               sim: SimGpu) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree), "GPUFLIGHT_CACHE_DIR": str(cache),
@@ -137,8 +132,7 @@ def main() -> int:
         sim = build_sim(work / "simgpu", runtimes=(13,))
         trees = {"this tree": ROOT}
         if args.baseline:
-            (work / "base").mkdir()
-            trees[args.baseline] = tree_of(args.baseline, work / "base")
+            trees[args.baseline] = archive(args.baseline, work / "base")
         caches = {name: work / f"cache-{i}" for i, name in enumerate(trees)}
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in trees}
         for name, tree in trees.items():  # fills each cache (the compiled program): not timed
