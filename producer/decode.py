@@ -45,12 +45,24 @@ MAX_GRAPHS = 65536
 
 _GRAPH_TYPES = (EventType.GRAPH_CAPTURE, EventType.GRAPH_INSTANTIATE, EventType.GRAPH_LAUNCH)
 
-def monotonic_to_wall_offset_ns() -> int:
-    """Offset that turns bpf_ktime_get_ns() (CLOCK_MONOTONIC) into wall-clock ns."""
+def monotonic_to_wall_offset_ns(tries: int = 5) -> int:
+    """Offset that turns bpf_ktime_get_ns() (CLOCK_MONOTONIC) into wall-clock ns: the wall
+    clock read between two monotonic reads, of `tries` the one read most tightly (a thread
+    preempted between the reads would be off by half the time it lost)."""
+    gap, offset = _clock_pair()
+    for _ in range(tries - 1):
+        other_gap, other = _clock_pair()
+        if other_gap < gap:
+            gap, offset = other_gap, other
+    return offset
+
+
+def _clock_pair() -> tuple[int, int]:
+    """(ns between the two monotonic reads, wall clock minus their midpoint)."""
     before = time.monotonic_ns()
     wall = time.time_ns()
     after = time.monotonic_ns()
-    return wall - (before + after) // 2
+    return after - before, wall - (before + after) // 2
 
 
 class AllocationSizes:

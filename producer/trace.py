@@ -60,6 +60,10 @@ class TraceResult:
     longest_hold_s: float = 0.0
     #: The dlopens let through unheld: they mapped only files known to hold nothing probed.
     unheld: int = 0
+    #: What turned the events' CLOCK_MONOTONIC times into the wall-clock `ts_ns` of the
+    #: output: a time the command took with time.monotonic_ns(), plus this, is on the
+    #: events' time line, whatever the wall clock did meanwhile.
+    clock_offset_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -373,6 +377,7 @@ def run(
         held_s=capture.stats.held_ns_total / 1e9,
         longest_hold_s=capture.stats.held_ns_max / 1e9,
         unheld=drops.quiet_loads,
+        clock_offset_ns=enricher.clock_offset_ns,
     )
     if result.holds:
         attach_lines.append(

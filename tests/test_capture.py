@@ -307,10 +307,16 @@ def test_forks_are_followed_on_the_raw_tracepoint_or_else_the_perf_event(
 
     binary = build.build_capture(bindir, "stub")
     out = tmp_path / "out.jsonl"
+    before = time.monotonic_ns()
     result = tracing.run(["sh", "-c", f'"{binary}" --iters 5; true'], output=out,
                          print_summary=False)
+    after = time.monotonic_ns()
     assert result.exit_code == 0
-    assert_exact(expected.capture_events(1, 5), read_events(out))
+    events = read_events(out)
+    assert_exact(expected.capture_events(1, 5), events)
+    # The output's wall-clock times, less the trace's offset, are the probes' own monotonic
+    # times: within the run, whatever the wall clock did.
+    assert all(before <= e["ts_ns"] - result.clock_offset_ns <= after for e in events)
     fork = "raw:sched_process_fork" if task_layout == "known" else "sched:sched_process_fork"
     assert attached[0] == sorted(["raw:sched_process_exec", "raw:sched_process_exit",
                                   "raw:sys_enter", fork])

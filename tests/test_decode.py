@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from producer.decode import Enricher, to_events
 from producer.records import API_IDS, EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType
@@ -272,3 +273,17 @@ def test_summary_tables_align_counts_right_and_text_left() -> None:
         "    (1024,1,1)    12,345  0.1%",
     ]
     assert _table([], ["grid", "launches"]) == ["    grid  launches"]
+
+
+def test_the_clock_offset_is_taken_from_the_tightest_of_its_reads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wall clock is read between two monotonic reads; a read the thread was preempted in
+    (here the first, 40 ms between its monotonic reads) is off by half of that, so the
+    tightest of the tries is kept."""
+    from producer import decode
+
+    monotonic = iter([1_000, 40_001_000, 50_000_000, 50_000_100, 60_000_000, 60_000_300])
+    wall = iter([9_000_000_000, 9_050_000_000, 9_060_000_000])
+    monkeypatch.setattr("producer.decode.time.monotonic_ns", lambda: next(monotonic))
+    monkeypatch.setattr("producer.decode.time.time_ns", lambda: next(wall))
+    assert decode.monotonic_to_wall_offset_ns(tries=3) == 9_050_000_000 - 50_000_050

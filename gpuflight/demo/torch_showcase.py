@@ -151,7 +151,9 @@ def measure(python: Path, sim: SimGpu, major: int, tmp: Path, *, mode: str,
     bounds = json.loads(result.read_text())
     with events.open("rb") as f:
         decoded = [orjson.loads(line) for line in f if line.strip()]
-    data = window_summary(decoded, bounds["start_ns"], bounds["end_ns"])
+    offset = traced.clock_offset_ns  # the events' ts_ns are wall clock, by this offset
+    data = window_summary(decoded, bounds["start_monotonic_ns"] + offset,
+                          bounds["end_monotonic_ns"] + offset)
     data["gpu_util"] = _utilization(report)
     return data
 
