@@ -59,6 +59,9 @@ TRACEPOINT_PREFIX: Final = "tracepoint__"
 RAW_TRACEPOINT_PREFIX: Final = "raw_tracepoint__"
 #: The verifier's log for a program it refuses (the message's last lines are kept).
 _LOG_BYTES: Final = 1 << 20
+#: Loads of one program before an EAGAIN (a signal arrived while the verifier ran) is its
+#: error: libbpf's count.
+PROG_LOAD_ATTEMPTS: Final = 5
 
 
 class PerfEventAttr(ctypes.Structure):
@@ -615,13 +618,20 @@ class LoadedObject:
                         kern_version=self.image.kern_version,
                         prog_name=name.encode()[:15],
                         expected_attach_type=max(attach_type, 0))
-        try:
-            fd = bpf(BPF_PROG_LOAD, attr)
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.EACCES, errno.E2BIG):
-                raise
-            raise OSError(exc.errno, f"{exc.strerror}: {self._verifier_says(attr)}") from None
-        return fd
+        attempts = PROG_LOAD_ATTEMPTS
+        while True:
+            try:
+                return bpf(BPF_PROG_LOAD, attr)
+            except OSError as exc:
+                attempts -= 1
+                # The verifier gives up with EAGAIN when a signal is pending for the loading
+                # thread (a child's SIGCHLD, say): loaded again, as libbpf does.
+                if exc.errno == errno.EAGAIN and attempts > 0:
+                    continue
+                if exc.errno not in (errno.EINVAL, errno.EACCES, errno.E2BIG):
+                    raise
+                raise OSError(exc.errno,
+                              f"{exc.strerror}: {self._verifier_says(attr)}") from None
 
     @staticmethod
     def _verifier_says(attr: ProgLoad) -> str:

@@ -343,3 +343,32 @@ def test_tracepoint_functions_are_attached_and_a_missing_one_is_one_error(
         loaded.close()
     with pytest.raises(SetupError, match="tracepoint sched:sched_process_fork is not there"):
         bpfload.LoadedObject(image(ProgramSpec(name, RETURNS_ZERO, ())), tracefs=tmp_path)
+
+
+@pytest.mark.parametrize("eagains", [2, bpfload.PROG_LOAD_ATTEMPTS])
+def test_a_load_the_verifier_gave_up_on_for_a_signal_is_tried_again(
+        eagains: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verifier answers EAGAIN when a signal is pending for the loading thread (a child's
+    SIGCHLD): the load is tried again, up to PROG_LOAD_ATTEMPTS times in all, as libbpf does;
+    then EAGAIN is its error."""
+    real = bpfload.bpf
+    refused: list[int] = []
+
+    def interrupted(command: int, attr: object) -> int:
+        if command == bpfload.BPF_PROG_LOAD and len(refused) < eagains:
+            refused.append(command)
+            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        return real(command, attr)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bpfload, "bpf", interrupted)
+    loaded = bpfload.LoadedObject(image())
+    try:
+        if eagains < bpfload.PROG_LOAD_ATTEMPTS:
+            assert loaded.program("uses_map") > 0
+        else:
+            with pytest.raises(OSError) as raised:
+                loaded.program("uses_map")
+            assert raised.value.errno == errno.EAGAIN
+        assert len(refused) == eagains
+    finally:
+        assert loaded.close() == 0
