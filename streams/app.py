@@ -19,10 +19,7 @@ closes its windows at replay speed, not at once — and, once the host has been 
 `host_idle_s`, advanced by the wall clock beyond that, so the windows of a host that stopped
 still close. Hence host time never runs ahead of the host's real time by more than it takes
 its events to arrive: an event is late only when it arrives more than host_idle_s + grace
-after it happened (a producer cut off from Kafka for longer, say). Silence is only silence
-once the worker has caught up: a partition this worker was given behind a backlog (a restart,
-a rebalance, an outage of the workers) keeps its hosts' clocks where their events put them
-until it has taken every message the partition held when the worker first looked at it.
+after it happened (a producer cut off from Kafka for longer, say).
 
 A message whose process identity (processes topic, read by another thread) has not arrived
 yet is parked in the table, never waited for in the agent (streams/parking.py): the other
@@ -38,7 +35,6 @@ PREFIX.alerts.v1 as JSON, keyed by host.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import defaultdict
@@ -73,9 +69,6 @@ MAX_POLL_MESSAGES: Final = 32
 #: (1 MiB), which the worker's uncompressed messages (and their headers) must fit; late events
 #: are sent in as many events messages as it takes, a malformed message in parts.
 DEAD_LETTER_MAX_BYTES: Final = 900_000
-#: How long a tick waits for the consumer to say where it fetches an events partition from,
-#: when nothing was taken from it yet (Worker._behind): the agent waits meanwhile.
-POSITION_WAIT_S: Final = 0.2
 
 Token = tuple[bytes, int, int, bool]
 
@@ -204,21 +197,13 @@ class Worker:
         self._parking = ParkingLot()
         #: (topic, partition) → offset of the last message taken.
         self._positions: dict[tuple[str, int], int] = {}
-        #: Events partition → the offset to reach to have caught up (its highwater when this
-        #: worker first looked at it), until it is reached (_behind).
-        self._catch_up_to: dict[int, int] = {}
-        #: Events partitions caught up since they were assigned.
-        self._caught_up: set[int] = set()
-        #: Events partitions taken from since they were assigned: what was taken of one before
-        #: it went elsewhere says nothing of where it is when it comes back (_behind).
-        self._taken_here: set[int] = set()
         self._last_uncounted_ns = 0
 
     # -- the agent -----------------------------------------------------------------------------
 
     async def handle(self, message: Any) -> None:
         self.stats.messages += 1
-        self._took(message.topic, message.partition, message.offset)
+        self._positions[message.topic, message.partition] = message.offset
         topic = message.topic
         try:
             if topic == self.topics.events:
@@ -233,12 +218,6 @@ class Worker:
                 await self._metrics(message)
         except (wire.WireError, KeyError, TypeError, ValueError) as exc:
             await self._dead_letter(message, reason="malformed", detail=str(exc))
-
-    def _took(self, topic: str, partition: int, offset: int) -> None:
-        """Note the message at `offset` of `topic`'s `partition` as taken."""
-        self._positions[topic, partition] = offset
-        if topic == self.topics.events:
-            self._taken_here.add(partition)
 
     async def _metrics(self, message: Any) -> None:
         """Pipeline counters now; the drops by pid once each pid's job is known (metrics name
@@ -413,13 +392,12 @@ class Worker:
         await self._resolve_parked(partition)
         keys |= self._by_partition.get(partition, set())
         now = time.time_ns()
-        behind = await self._behind(partition)
         for key in sorted(keys):
             state = self._states[key]
             changed = False
             for token in self._acked.pop(key, ()):
                 changed |= state.acknowledge(token[1], token[2], token[3])
-            host_now = self._host_now(state, now, behind=behind)
+            host_now = self._host_now(state, now)
             writes, closed = state.due(host_now, settings, self.gpu.mean, self.price)
             changed |= bool(closed.memory_bound)
             for write in writes:
@@ -447,19 +425,13 @@ class Worker:
         return exited is not None and host_now >= exited + round(
             self.settings.forget_ended_after_s * 1e9)
 
-    def _host_now(self, state: JobState, now: int, *, behind: bool = False) -> int:
-        """The host's time: its latest event's, advanced by the wall clock once it has been
-        silent for host_idle_s. Not while its partition is `behind` (_behind): the events
-        of a host that seems silent may be among those not taken yet."""
+    def _host_now(self, state: JobState, now: int) -> int:
         # A state recovered from a changelog written before events ahead of the clock were
         # refused may hold such a time: it moves the host no further than they may be ahead.
         max_ts = min(state.max_ts_ns, now + round(self.settings.max_future_s * 1e9))
         latest, seen = self._clocks.setdefault(state.host, (max_ts, now))
         if max_ts > latest:  # recovered from the changelog, not seen since
             latest, seen = self._clocks[state.host] = (max_ts, now)
-        if behind:  # not silent as far as this worker can tell: its silence starts later
-            self._clocks[state.host] = (latest, now)
-            return latest
         if self._parking.holds(state.host):
             # Its batches wait for an identity: the host is not silent, and its windows from
             # the earliest waiting event on stay open.
@@ -467,45 +439,6 @@ class Worker:
             held = self._parking.hold_ns(state.host)
             return latest if held is None else min(latest, held)
         return latest + max(now - seen - round(self.settings.host_idle_s * 1e9), 0)
-
-    async def _behind(self, partition: int) -> bool:
-        """Whether this worker is still catching up on events `partition`: it has not yet
-        taken every message the partition held (its highwater) when the worker first looked
-        at it. Once caught up, it never is behind again until the partition is reassigned
-        (a worker that falls behind under load is what host_idle_s + grace allows for)."""
-        if partition in self._caught_up:
-            return False
-        consumer = getattr(self.app, "consumer", None)
-        if consumer is None:
-            return False
-        tp = next((tp for tp in consumer.assignment()
-                   if tp.topic == self.topics.events and tp.partition == partition), None)
-        if tp is None:  # not this worker's (a rebalance under way)
-            return False
-        target = self._catch_up_to.get(partition)
-        if target is None:
-            highwater = consumer.highwater(tp)
-            if highwater is None:  # not fetched from yet: nothing says it has caught up
-                return True
-            target = self._catch_up_to[partition] = int(highwater)
-        taken = (self._positions.get((tp.topic, partition))
-                 if partition in self._taken_here else None)
-        if taken is not None:
-            upto: int | None = taken + 1
-        else:  # nothing taken since it was assigned: where the consumer fetches from next
-            try:
-                upto = await asyncio.wait_for(consumer.position(tp), POSITION_WAIT_S)
-            except TimeoutError:  # still being reset: not known to be caught up
-                return True
-            except Exception as exc:  # not assigned any more
-                log.debug("no position for events partition %d: %s", partition, exc)
-                return False
-        if upto is None or upto < target:
-            return True
-        self._caught_up.add(partition)
-        self._catch_up_to.pop(partition, None)
-        log.debug("events partition %d caught up (offset %d)", partition, upto)
-        return False
 
     def _written(self, token: Token) -> None:
         self._inflight.discard(token)
@@ -584,9 +517,6 @@ class Worker:
         self._indexed.clear()
         self._inflight.clear()
         self._acked.clear()
-        self._taken_here.clear()
-        self._catch_up_to.clear()
-        self._caught_up.clear()
 
     # -- out -----------------------------------------------------------------------------------
 

@@ -256,10 +256,10 @@ def test_a_message_from_the_future_moves_no_clock(
     from streams import report
     from streams.settings import InfluxSettings
 
-    # The host is silent while the second worker starts and catches up: the wall clock does
-    # not close its windows meanwhile (Worker._behind), however long that takes under load.
+    # --idle 60: the host is silent while the second worker starts and catches up; the wall
+    # clock must not close its windows meanwhile (under load that took longer than 5 s + grace).
     worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
-                          window_s=1.0, grace_s=1.0, env=RESTARTS_SOON)
+                          window_s=1.0, grace_s=1.0, env=RESTARTS_SOON, extra=("--idle", "60"))
     feed = Feed(kafka_bootstrap, names)
     host = f"{names}-f"
     t0 = past_window(90)
@@ -841,90 +841,3 @@ def test_a_forgotten_job_leaves_no_gpu_samples() -> None:
         gpu.forget("h", f"c:{pid}")
     assert len(gpu._job) == len(gpu._job_gpu) == 1  # only c:500's
     assert gpu.mean("h", "c:7", 0, 1000) == 50  # the host's mean, as for any unknown job
-
-
-class _Consumer:
-    """What the worker asks of Faust's consumer about one events partition: its highwater
-    and where it fetches from next."""
-
-    def __init__(self, topic: str, highwater: int | None, position: int | None) -> None:
-        from faust.types import TP
-
-        self.tp = TP(topic, 0)
-        self.high = highwater
-        self.next = position
-
-    def assignment(self) -> set[object]:
-        return {self.tp}
-
-    def highwater(self, _tp: object) -> int | None:
-        return self.high
-
-    async def position(self, _tp: object) -> int | None:
-        return self.next
-
-
-def test_a_worker_behind_a_backlog_takes_no_host_for_silent_until_it_has_caught_up() -> None:
-    """A worker given a partition behind a backlog (restarted, say) cannot tell a host that
-    stopped from one whose events it has not taken yet: its hosts' time is where their events
-    put it, not advanced by the wall clock, until it has taken every message the partition
-    held when it first looked (the highwater then). From there a silent host's idle clock
-    starts; messages produced meanwhile do not make it wait again."""
-    import asyncio
-    from types import SimpleNamespace
-
-    from streams.app import Worker
-    from streams.settings import StreamSettings
-
-    settings = StreamSettings(host_idle_s=5.0)
-    consumer = _Consumer(f"{settings.topic_prefix}.events.v1", highwater=None, position=None)
-    worker = Worker(settings, SimpleNamespace(consumer=consumer), {})
-    state = JobState("h", "job:1", 0)
-    latest = 1_000 * W
-    state.max_ts_ns = latest
-    events = (consumer.tp.topic, 0)
-    s = 1_000_000_000
-
-    def host_time(now: int) -> int:
-        behind = asyncio.run(worker._behind(0))
-        return worker._host_now(state, now, behind=behind)
-
-    t = 2_000 * s
-    assert host_time(t) == latest  # nothing fetched yet: not known to have caught up
-    consumer.high, consumer.next = 40, 12  # restarted at its committed offset 12, of 40
-    assert host_time(t + 10 * s) == latest  # the highwater now is the offset to reach
-    worker._took(*events, 30)
-    consumer.high = 45  # produced meanwhile: not waited for
-    assert host_time(t + 60 * s) == latest  # a minute behind: still not silent
-    worker._took(*events, 39)  # the 40 it found there taken
-    # Silent from the last tick it was behind at (t + 60 s): for 5 s, then advanced.
-    assert host_time(t + 61 * s) == latest
-    assert host_time(t + 67 * s) == latest + 2 * s
-    worker._took(*events, 41)
-    assert host_time(t + 70 * s) == latest + 5 * s  # caught up for good: the wall clock goes on
-    # Reassigned (a rebalance; another worker took offsets 42-49 meanwhile): caught up again
-    # from where the consumer is, not from what this worker took before.
-    worker.forget_partitions()
-    consumer.high, consumer.next = 50, 50
-    assert host_time(t + 80 * s) == latest + 15 * s
-
-
-def test_an_idle_host_of_a_caught_up_partition_advances_by_the_wall_clock() -> None:
-    """Nothing to catch up on (the consumer starts at the highwater): the host's time is
-    advanced from the wall clock once it has been silent host_idle_s, as before."""
-    import asyncio
-    from types import SimpleNamespace
-
-    from streams.app import Worker
-    from streams.settings import StreamSettings
-
-    settings = StreamSettings(host_idle_s=5.0)
-    consumer = _Consumer(f"{settings.topic_prefix}.events.v1", highwater=7, position=7)
-    worker = Worker(settings, SimpleNamespace(consumer=consumer), {})
-    state = JobState("h", "job:1", 0)
-    state.max_ts_ns = latest = 1_000 * W
-    s = 1_000_000_000
-    t = 2_000 * s
-    assert not asyncio.run(worker._behind(0))
-    assert worker._host_now(state, t) == latest
-    assert worker._host_now(state, t + 8 * s) == latest + 3 * s
