@@ -75,7 +75,10 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
     """ns per run of one program over one loop of n iterations."""
     from bcc import BPF
 
+    from producer import attachplan
     from producer.capture import BATCH_EVENTS
+    from producer.probes import UprobeLinks
+    from producer.records import PROBES
     from producer.ringbuf import RingBufferReader
     from producer.settings import CaptureSettings
 
@@ -83,9 +86,21 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
     settings = CaptureSettings()
     cflags = [f if not f.startswith("-I") else f"-I{source.parent}" for f in settings.cflags()]
     bpf: Any = BPF(src_file=str(source).encode(), cflags=cflags)
+    # As the producer attaches: the program a row runs (with attach cookies, its family's,
+    # told the row by the cookie), at the offset its plan gives, through a BPF link.
+    row = next((p for p in PROBES if f"{p.name}_entry" == program), None)
+    cookie = 0
+    if row is not None:
+        program = row.program("entry", settings.attach_cookies)
+        cookie = row.cookie if settings.attach_cookies else 0
     fn = bpf.load_func(program.encode(), BPF.KPROBE)
-    bpf.attach_uprobe(name=str(calls_bin.parent / library).encode(), sym=symbol.encode(),
-                      fn_name=program.encode())
+    path = str(calls_bin.parent / library)
+    kind = "driver" if library.startswith("libcuda.") else "runtime"
+    offset = attachplan.read_plan(path, kind, os.stat(path).st_size).offset(symbol)
+    if offset is None:
+        raise RuntimeError(f"{label}: no {symbol} in {path}")
+    links = UprobeLinks(multi=False)  # a kprobe program as bcc loads it: the uprobe PMU
+    link = links.attach(fn.fd, path, offset, retprobe=False, cookie=cookie)
     stop = threading.Event()
     reader = None
     if source.name == "cudart.bpf.c":
@@ -108,6 +123,7 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
         if reader is not None:
             reader.join()
             ring.close()
+        links.detach(link)
         bpf.cleanup()
     if c1 - c0 < n:
         raise RuntimeError(f"{label}: {c1 - c0} runs for {n} calls")

@@ -7,8 +7,11 @@
  * family's macro, written once for both layers; producer/probes.py attaches them by
  * these names.
  * Events go to one ring buffer as fixed-size records (events.h) that user
- * space maps and decodes in bulk; a reservation that fails is counted, never
- * silent. Each carries the calling thread's CUDA device, from one lookup of the
+ * space maps and decodes in bulk; under overload (a process over its share of a
+ * ring under pressure, or a full ring) an event is counted exactly in the
+ * `aggregates` table instead ("overload" below), and one that fits in neither
+ * is counted lost, never silent. Each carries the calling thread's CUDA device,
+ * from one lookup of the
  * `thread_device` map that the device probes (cudaSetDevice, the driver's context
  * calls: rows of GF_NAME_PROBES) keep; see "the calling thread's device" below.
  *
@@ -29,6 +32,8 @@
  *                     nor held; needs the walk's offsets, GF_FILE_OFF_* (the running kernel's)
  *   GF_TASK_OFF_PID   where task_struct keeps `pid` in the running kernel (its BTF): forks are
  *                     followed on the raw tracepoint then, else on the tracepoint perf event
+ *   GF_PRESSURE_BYTES, GF_SHARE_EVENTS, GF_AGGREGATES_MAX
+ *                     overload (below): half the ring, an eighth of it, 16384 entries
  *
  * Tracepoints are raw ones (BPF_RAW_TRACEPOINT_OPEN) wherever the program can read what it
  * needs from the raw arguments. A tracepoint perf event, once closed, is released by the
@@ -88,6 +93,44 @@ BPF_RINGBUF_OUTPUT(names, GF_NAMES_PAGES);
 /* Counters by enum gf_drop_slot (events.h): what was lost, and driver calls left out. */
 BPF_PERCPU_ARRAY(drops, u64, GF_DROP_SLOTS);
 BPF_HASH(drops_by_pid, u32, u64, 16384);
+
+/* ---- overload: a fair share of the ring, and exact counts of what it cannot hold --------
+ *
+ * Under pressure (more than GF_PRESSURE_BYTES of the ring not read yet), a process may add
+ * GF_SHARE_EVENTS events before the reader has taken every one it added (`ring_share`); past
+ * that, its events of the kinds that carry no state user space follows (launches, graph
+ * launches, copies, memsets, syncs) are shed: counted in `aggregates` (events.h struct
+ * gf_agg_key) instead of recorded, so that one process flooding the ring cannot leave a
+ * small one unseen. An event the ring has no room for at all is counted there too; only
+ * when that table is full as well is it lost (GF_DROP_EVENTS, drops_by_pid). Without
+ * pressure this costs one bpf_ringbuf_query per event. */
+#define GF_RING_BYTES ((u64)GF_RINGBUF_PAGES * PAGE_SIZE)
+/* A record of `events`: the kernel's 8-byte header, then one gf_event. */
+#define GF_RECORD_BYTES (8 + sizeof(struct gf_event))
+#ifndef GF_PRESSURE_BYTES
+#define GF_PRESSURE_BYTES (GF_RING_BYTES / 2)
+#endif
+#ifndef GF_SHARE_EVENTS
+#define GF_SHARE_EVENTS (GF_RING_BYTES / GF_RECORD_BYTES / 8)
+#endif
+#ifndef GF_AGGREGATES_MAX
+#define GF_AGGREGATES_MAX 16384
+#endif
+/* bcc (0.26) has no method for bpf_ringbuf_query: the helper is given the `events` ring by the
+ * placeholder bcc gives each table, -1 for the first one declared (above; bcc puts the map's
+ * fd in its place, as it does for its own methods). tests/test_records.py checks it is first. */
+#define GF_EVENTS_RING ((void *)bpf_pseudo_fd(1, -1))
+
+BPF_HASH(aggregates, struct gf_agg_key, struct gf_agg_value, GF_AGGREGATES_MAX);
+BPF_ARRAY(agg_state, struct gf_agg_state, 1);
+
+/* pid → the producer position past its latest event admitted under pressure, and how many it
+ * was admitted since the reader last took everything it had added. */
+struct gf_share {
+	u64 until;
+	u64 admitted;
+};
+BPF_TABLE("lru_hash", u32, struct gf_share, ring_share, 16384);
 
 /* The tally (node agent with Kafka only): events committed to `events` per pid, and what the
  * agent says became of them (struct gf_settled), both pinned in GF_TALLY_DIR so that they
@@ -161,7 +204,9 @@ static __always_inline s32 gf_device_of(u64 pid_tgid)
 	return t ? t->device : 0;
 }
 
-static __always_inline void gf_fill(struct gf_event *ev, u64 id, u16 api, u8 type)
+/* `t`: the thread's entry of `thread_device`, if it has one. */
+static __always_inline void gf_fill(struct gf_event *ev, u64 id, u16 api, u8 type,
+				    struct gf_thread_device *t)
 {
 	__builtin_memset(ev, 0, sizeof(*ev));
 	ev->ts_ns = bpf_ktime_get_ns();
@@ -169,7 +214,7 @@ static __always_inline void gf_fill(struct gf_event *ev, u64 id, u16 api, u8 typ
 	ev->tid = (u32)id;
 	ev->api = api;
 	ev->type = type;
-	ev->device = gf_device_of(id);
+	ev->device = t ? t->device : 0;
 }
 
 /* ---- the two layers ------------------------------------------------------
@@ -187,6 +232,15 @@ static __always_inline void gf_fill(struct gf_event *ev, u64 id, u16 api, u8 typ
  * of a runtime file the process maps (`runtime_text`, filled by user space per process).
  * A runtime linked statically into a library whose symbols we cannot see (cuBLAS) is not
  * probed, so its driver calls are counted here, once.
+ *
+ * Tail calls: a runtime function may end in a jump to the driver (`jmp *ptr`, a sibling call)
+ * rather than call it; the driver then returns straight to the runtime's caller, so its return
+ * address is the caller's, outside the runtime. Each runtime probe therefore notes, in the
+ * thread's `thread_device` entry, the stack pointer at its entry and its return address
+ * (GF_RT_IN_FLIGHT instead, until its return probe, where it has one: the return address is
+ * then the kernel's trampoline); a driver call entered at that same stack pointer, with that
+ * return address (or while that runtime call is in flight), is the runtime's tail call. A call
+ * the application makes itself has another return address, or a deeper stack.
  */
 #define GF_LAYER_RUNTIME 0
 #define GF_LAYER_DRIVER 1
@@ -221,47 +275,198 @@ static __always_inline u64 gf_return_address(struct pt_regs *ctx)
 }
 
 /* 1 when a call of `layer` is not recorded: the driver half of a runtime call already
- * recorded (`ret`: its return address). Free for the runtime (`layer` is a constant). */
-static __always_inline int gf_forwarded(int layer, u32 pid, u64 ret)
+ * recorded (`ret`: its return address, `sp` the stack pointer at its entry, `t` the thread's
+ * `thread_device` entry). Free for the runtime (`layer` is a constant). */
+static __always_inline int gf_forwarded(int layer, u32 pid, u64 ret, u64 sp,
+					struct gf_thread_device *t)
 {
-	if (layer != GF_LAYER_DRIVER || !gf_from_runtime(pid, ret))
+	if (layer != GF_LAYER_DRIVER)
 		return 0;
+	if (!gf_from_runtime(pid, ret)) {
+		if (!t || !sp || t->rt_sp != sp ||
+		    (t->rt_ret != ret && t->rt_ret != GF_RT_IN_FLIGHT))
+			return 0;
+		t->rt_sp = 0; /* a runtime call makes one tail call */
+	}
 	gf_count_forwarded();
 	return 1;
 }
 
-/* The return address where the layer needs it (the driver), else 0. */
+/* A runtime probe's entry (see "Tail calls" above): the thread's call, by `sp` and `ret`. */
+static __always_inline void gf_runtime_entered(u64 id, struct gf_thread_device *t, u64 sp,
+					       u64 ret)
+{
+	if (t) {
+		t->rt_sp = sp;
+		t->rt_ret = ret;
+		return;
+	}
+	struct gf_thread_device fresh = {};
+	fresh.rt_sp = sp;
+	fresh.rt_ret = ret;
+	thread_device.update(&id, &fresh);
+}
+
+/* A runtime probe's return: nothing of the thread's is in flight any more. */
+static __always_inline void gf_runtime_returned(u64 id)
+{
+	struct gf_thread_device *t = thread_device.lookup(&id);
+	if (t)
+		t->rt_sp = 0;
+}
+
+/* The return address where a probe with a return half needs it (the driver), else 0. */
 static __always_inline u64 gf_caller(struct pt_regs *ctx, int layer)
 {
 	return layer == GF_LAYER_DRIVER ? gf_return_address(ctx) : 0;
 }
 
+/* ---- overload: fair share and aggregates (above) ---------------------------- */
+
+/* The kinds of event that may be shed under pressure: user space follows no state through
+ * them (allocations, frees, stream capture and instantiation it does: those are kept). */
+static __always_inline int gf_sheddable(u8 type)
+{
+	return type == GF_EV_LAUNCH || type == GF_EV_MEMCPY || type == GF_EV_MEMSET ||
+	       type == GF_EV_SYNC || type == GF_EV_GRAPH_LAUNCH;
+}
+
+/* 1 when the ring is under pressure and `pid` has had its share of it. */
+static __always_inline int gf_over_share(u32 pid)
+{
+	if (bpf_ringbuf_query(GF_EVENTS_RING, BPF_RB_AVAIL_DATA) < GF_PRESSURE_BYTES)
+		return 0;
+	u64 consumed = bpf_ringbuf_query(GF_EVENTS_RING, BPF_RB_CONS_POS);
+	u64 produced = bpf_ringbuf_query(GF_EVENTS_RING, BPF_RB_PROD_POS);
+	struct gf_share *share = ring_share.lookup(&pid);
+	if (!share) {
+		struct gf_share fresh = {};
+		fresh.until = produced + GF_RECORD_BYTES;
+		fresh.admitted = 1;
+		ring_share.update(&pid, &fresh);
+		return 0;
+	}
+	if (consumed >= share->until)
+		share->admitted = 0; /* the reader has taken all it added */
+	if (share->admitted >= GF_SHARE_EVENTS)
+		return 1;
+	share->admitted += 1;
+	share->until = produced + GF_RECORD_BYTES;
+	return 0;
+}
+
+/* Count `ev` in `aggregates` (events.h struct gf_agg_key); lost only when the table is full. */
+static __always_inline void gf_aggregate(struct gf_event *ev)
+{
+	u32 first = 0;
+	struct gf_agg_state *state = agg_state.lookup(&first);
+	struct gf_agg_key key;
+	__builtin_memset(&key, 0, sizeof(key));
+	key.pid = ev->pid;
+	key.api = ev->api;
+	key.type = ev->type;
+	key.flags = ev->flags & (GF_F_ASYNC | GF_F_HAS_RESULT);
+	if ((ev->flags & GF_F_HAS_RESULT) && ev->result != 0)
+		key.flags |= GF_AGG_F_FAILED;
+	key.device = ev->device;
+	u64 bytes = 0;
+	if (ev->type == GF_EV_LAUNCH) {
+		key.handle = ev->handle;
+		key.dim[0] = ev->dim[0];
+		key.dim[1] = ev->dim[1];
+		key.dim[2] = ev->dim[2];
+		key.dim[3] = ev->dim[3];
+		key.dim[4] = ev->dim[4];
+		key.dim[5] = ev->dim[5];
+		bytes = ev->bytes;
+	} else if (ev->type == GF_EV_GRAPH_LAUNCH) {
+		key.handle = ev->handle;
+	} else if (ev->type == GF_EV_FREE) {
+		key.handle = ev->handle != 0;
+	} else {
+		key.dim[0] = ev->dim[0];
+		if (ev->type == GF_EV_MEMCPY || ev->type == GF_EV_MEMSET || ev->type == GF_EV_ALLOC)
+			bytes = ev->bytes;
+	}
+	if (state) {
+		key.gen = state->gen;
+		key.slot = (ev->ts_ns + state->wall_offset_ns) / GF_AGG_SLOT_NS;
+	}
+	struct gf_agg_value *v = aggregates.lookup(&key);
+	if (!v) {
+		struct gf_agg_value fresh = {};
+		fresh.first_ts_ns = ev->ts_ns;
+		fresh.last_ts_ns = ev->ts_ns;
+		aggregates.insert(&key, &fresh); /* another CPU's may be first: then it is added to */
+		v = aggregates.lookup(&key);
+		if (!v) {
+			gf_count_drop(GF_DROP_EVENTS, ev->pid);
+			return;
+		}
+	}
+	__sync_fetch_and_add(&v->count, 1);
+	if (bytes)
+		__sync_fetch_and_add(&v->bytes, bytes);
+	if (ev->flags & GF_F_HAS_RESULT)
+		__sync_fetch_and_add(&v->duration_ns, ev->duration_ns);
+	if (ev->ts_ns < v->first_ts_ns)
+		v->first_ts_ns = ev->ts_ns;
+	if (ev->ts_ns > v->last_ts_ns)
+		v->last_ts_ns = ev->ts_ns;
+	u32 slot = GF_DROP_AGGREGATED;
+	u64 *n = drops.lookup(&slot);
+	if (n)
+		*n += 1;
+}
+
 /* ---- events: entry-only, or parked at entry and completed at return ---- */
 
-/* Reserve an event for an entry-only probe, or NULL (out of scope, forwarded, or full). */
-static __always_inline struct gf_event *gf_reserve(int layer, u64 ret, u16 api, u8 type)
+/* Begin an entry-only event: in a reservation of the ring (`*ring` 1), or in `spare`, the
+ * probe's own on its stack, when it is to be counted rather than recorded (`*ring` 0: under
+ * pressure over its process's share, or the ring full); NULL when it is not to be recorded at
+ * all: out of scope, or the driver half of a runtime call (`ret`: the call's return address,
+ * [sp] at entry). */
+static __always_inline struct gf_event *gf_start(struct pt_regs *ctx, int layer, u64 ret,
+						 u16 api, u8 type, struct gf_event *spare,
+						 u64 *ring)
 {
 	u64 id = bpf_get_current_pid_tgid();
 	u32 pid = id >> 32;
-	if (!gf_in_scope(pid) || gf_forwarded(layer, pid, ret))
+	if (!gf_in_scope(pid))
 		return 0;
-	struct gf_event *ev = events.ringbuf_reserve(sizeof(struct gf_event));
-	if (!ev) {
-		gf_count_drop(GF_DROP_EVENTS, pid);
+	u64 sp = PT_REGS_SP(ctx);
+	struct gf_thread_device *t = thread_device.lookup(&id);
+	if (gf_forwarded(layer, pid, ret, sp, t))
 		return 0;
+	if (layer == GF_LAYER_RUNTIME)
+		gf_runtime_entered(id, t, sp, ret);
+	struct gf_event *ev = 0;
+	if (!gf_sheddable(type) || !gf_over_share(pid))
+		ev = events.ringbuf_reserve(sizeof(struct gf_event));
+	if (ev) {
+		*ring = 1;
+	} else {
+		*ring = 0;
+		ev = spare;
 	}
-	gf_fill(ev, id, api, type);
+	gf_fill(ev, id, api, type, t);
 	return ev;
 }
 
 static __always_inline struct gf_event *gf_begin(struct pt_regs *ctx, int layer, u16 api,
-						 u8 type)
+						 u8 type, struct gf_event *spare, u64 *ring)
 {
-	return gf_reserve(layer, gf_caller(ctx, layer), api, type);
+	return gf_start(ctx, layer, gf_return_address(ctx), api, type, spare, ring);
 }
 
-static __always_inline void gf_commit(struct gf_event *ev)
+/* Record a complete event made by gf_start: commit its reservation (`ring`), or count it in
+ * `aggregates`. */
+static __always_inline void gf_emit(struct gf_event *ev, u64 ring)
 {
+	if (!ring) {
+		gf_aggregate(ev);
+		return;
+	}
 #if GF_TALLY_DIR_SET
 	u32 first = 0;
 	u32 *frozen = tally_frozen.lookup(&first);
@@ -270,9 +475,9 @@ static __always_inline void gf_commit(struct gf_event *ev)
 		u64 zero = 0;
 		u64 *n = committed.lookup_or_try_init(&pid, &zero);
 		if (!n) {
-			/* The tally is full: not committed (counted lost now, not unknown later). */
+			/* The tally is full: not committed (counted here, not unknown later). */
+			gf_aggregate(ev);
 			events.ringbuf_discard(ev, BPF_RB_NO_WAKEUP);
-			gf_count_drop(GF_DROP_EVENTS, pid);
 			return;
 		}
 		__sync_fetch_and_add(n, 1);
@@ -281,6 +486,23 @@ static __always_inline void gf_commit(struct gf_event *ev)
 	/* No wake-up: the reader drains on its own schedule, which keeps the
 	 * per-call cost down to the reservation itself. */
 	events.ringbuf_submit(ev, BPF_RB_NO_WAKEUP);
+}
+
+/* Record an event completed at return (`ev`: in the `inflight` entry): into the ring, or
+ * counted in `aggregates` (under pressure over its process's share, or the ring full). */
+static __always_inline void gf_emit_parked(struct gf_event *ev)
+{
+	if (gf_sheddable(ev->type) && gf_over_share(ev->pid)) {
+		gf_aggregate(ev);
+		return;
+	}
+	struct gf_event *out = events.ringbuf_reserve(sizeof(struct gf_event));
+	if (!out) {
+		gf_aggregate(ev); /* the ring is full */
+		return;
+	}
+	__builtin_memcpy(out, ev, sizeof(*out));
+	gf_emit(out, 1);
 }
 
 /* Entry half of a probe that completes at return: park the event per thread. */
@@ -298,15 +520,21 @@ static __always_inline struct gf_inflight *gf_park_begin(struct pt_regs *ctx, in
 {
 	u64 id = bpf_get_current_pid_tgid();
 	u32 pid = id >> 32;
-	if (!gf_in_scope(pid) || gf_forwarded(layer, pid, gf_caller(ctx, layer)))
+	if (!gf_in_scope(pid))
 		return 0;
+	u64 sp = PT_REGS_SP(ctx);
+	struct gf_thread_device *t = thread_device.lookup(&id);
+	if (gf_forwarded(layer, pid, gf_caller(ctx, layer), sp, t))
+		return 0;
+	if (layer == GF_LAYER_RUNTIME)
+		gf_runtime_entered(id, t, sp, GF_RT_IN_FLIGHT);
 	__builtin_memset(v, 0, sizeof(*v));
 	v->ev.ts_ns = bpf_ktime_get_ns();
 	v->ev.pid = pid;
 	v->ev.tid = (u32)id;
 	v->ev.api = api;
 	v->ev.type = type;
-	v->ev.device = gf_device_of(id);
+	v->ev.device = t ? t->device : 0;
 	return v;
 }
 
@@ -319,13 +547,9 @@ static __always_inline int gf_finish(struct pt_regs *ctx, u16 api)
 	struct gf_inflight *v = inflight.lookup(&key);
 	if (!v)
 		return 0; /* entered before we attached, out of scope, or forwarded */
-	struct gf_event *ev = events.ringbuf_reserve(sizeof(struct gf_event));
-	if (!ev) {
-		gf_count_drop(GF_DROP_EVENTS, key.pid_tgid >> 32);
-		inflight.delete(&key);
-		return 0;
-	}
-	__builtin_memcpy(ev, &v->ev, sizeof(*ev));
+	if (api < GF_DRIVER_API_BASE)
+		gf_runtime_returned(key.pid_tgid);
+	struct gf_event *ev = &v->ev;
 	ev->result = (s32)PT_REGS_RC(ctx);
 	ev->duration_ns = now - ev->ts_ns;
 	ev->flags |= GF_F_HAS_RESULT;
@@ -334,8 +558,8 @@ static __always_inline int gf_finish(struct pt_regs *ctx, u16 api)
 		bpf_probe_read_user(&ptr, sizeof(ptr), (void *)v->out_ptr);
 		ev->handle = ptr;
 	}
+	gf_emit_parked(ev);
 	inflight.delete(&key);
-	gf_commit(ev);
 	return 0;
 }
 
@@ -357,11 +581,13 @@ static __always_inline u64 gf_stack_arg(struct pt_regs *ctx, int index)
  *   stream=[sp+24], params, extra): one read of [sp, sp+32) gives the return address too. */
 static __always_inline int gf_launch(struct pt_regs *ctx, int layer, u16 api)
 {
+	struct gf_event spare;
+	u64 ring = 0;
 	struct gf_event *ev;
 	if (layer == GF_LAYER_DRIVER) {
 		u64 stacked[4] = {}; /* return address, bz, sharedMem, stream */
 		bpf_probe_read_user(stacked, sizeof(stacked), (void *)PT_REGS_SP(ctx));
-		ev = gf_reserve(layer, stacked[0], api, GF_EV_LAUNCH);
+		ev = gf_start(ctx, layer, stacked[0], api, GF_EV_LAUNCH, &spare, &ring);
 		if (!ev)
 			return 0;
 		ev->dim[0] = (u32)PT_REGS_PARM2(ctx);
@@ -373,7 +599,9 @@ static __always_inline int gf_launch(struct pt_regs *ctx, int layer, u16 api)
 		ev->bytes = (u32)stacked[2];
 		ev->stream = stacked[3];
 	} else {
-		ev = gf_reserve(layer, 0, api, GF_EV_LAUNCH);
+		u64 stacked[3] = {}; /* return address, sharedMem, stream: one read, not two */
+		bpf_probe_read_user(stacked, sizeof(stacked), (void *)PT_REGS_SP(ctx));
+		ev = gf_start(ctx, layer, stacked[0], api, GF_EV_LAUNCH, &spare, &ring);
 		if (!ev)
 			return 0;
 		u64 grid_xy = PT_REGS_PARM2(ctx);
@@ -384,13 +612,11 @@ static __always_inline int gf_launch(struct pt_regs *ctx, int layer, u16 api)
 		ev->dim[3] = (u32)block_xy;
 		ev->dim[4] = block_xy >> 32;
 		ev->dim[5] = (u32)PT_REGS_PARM5(ctx);
-		u64 stacked[2] = {}; /* sharedMem, stream: one read, not two */
-		bpf_probe_read_user(stacked, sizeof(stacked), (void *)(PT_REGS_SP(ctx) + 8));
-		ev->bytes = stacked[0];
-		ev->stream = stacked[1];
+		ev->bytes = stacked[1];
+		ev->stream = stacked[2];
 	}
 	ev->handle = PT_REGS_PARM1(ctx);
-	gf_commit(ev);
+	gf_emit(ev, ring);
 	return 0;
 }
 
@@ -410,7 +636,9 @@ struct gf_launch_config {
 
 static __always_inline int gf_launch_ex(struct pt_regs *ctx, int layer, u16 api)
 {
-	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_LAUNCH);
+	struct gf_event spare;
+	u64 ring = 0;
+	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_LAUNCH, &spare, &ring);
 	if (!ev)
 		return 0;
 	struct gf_launch_config cfg = {};
@@ -424,7 +652,7 @@ static __always_inline int gf_launch_ex(struct pt_regs *ctx, int layer, u16 api)
 	ev->dim[5] = cfg.block[2];
 	ev->bytes = layer == GF_LAYER_DRIVER ? cfg.dynamic_smem.driver : cfg.dynamic_smem.runtime;
 	ev->stream = cfg.stream;
-	gf_commit(ev);
+	gf_emit(ev, ring);
 	return 0;
 }
 
@@ -434,7 +662,9 @@ static __always_inline int gf_launch_ex(struct pt_regs *ctx, int layer, u16 api)
 static __always_inline int gf_copy_async(struct pt_regs *ctx, int layer, u16 api, u64 dst,
 					 u64 bytes, u32 kind, u64 stream)
 {
-	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_MEMCPY);
+	struct gf_event spare;
+	u64 ring = 0;
+	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_MEMCPY, &spare, &ring);
 	if (!ev)
 		return 0;
 	ev->flags = GF_F_ASYNC;
@@ -442,7 +672,7 @@ static __always_inline int gf_copy_async(struct pt_regs *ctx, int layer, u16 api
 	ev->bytes = bytes;
 	ev->dim[0] = kind;
 	ev->stream = stream;
-	gf_commit(ev);
+	gf_emit(ev, ring);
 	return 0;
 }
 
@@ -464,14 +694,16 @@ static __always_inline int gf_copy_sync(struct pt_regs *ctx, int layer, u16 api,
 static __always_inline int gf_memset(struct pt_regs *ctx, int layer, u16 api, u64 dst,
 				     u64 bytes, u64 stream, u8 async)
 {
-	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_MEMSET);
+	struct gf_event spare;
+	u64 ring = 0;
+	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_MEMSET, &spare, &ring);
 	if (!ev)
 		return 0;
 	ev->flags = async ? GF_F_ASYNC : 0;
 	ev->handle = dst;
 	ev->bytes = bytes;
 	ev->stream = stream;
-	gf_commit(ev);
+	gf_emit(ev, ring);
 	return 0;
 }
 
@@ -538,13 +770,15 @@ static __always_inline int gf_sync(struct pt_regs *ctx, int layer, u16 api, u32 
 /* cudaGraphLaunch(graphExec, stream) */
 static __always_inline int gf_graph_launch(struct pt_regs *ctx, int layer, u16 api)
 {
-	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_GRAPH_LAUNCH);
+	struct gf_event spare;
+	u64 ring = 0;
+	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_GRAPH_LAUNCH, &spare, &ring);
 	if (!ev)
 		return 0;
 	ev->flags = GF_F_ASYNC;
 	ev->handle = PT_REGS_PARM1(ctx);
 	ev->stream = PT_REGS_PARM2(ctx);
-	gf_commit(ev);
+	gf_emit(ev, ring);
 	return 0;
 }
 
@@ -556,12 +790,14 @@ static __always_inline int gf_graph_launch(struct pt_regs *ctx, int layer, u16 a
 static __always_inline int gf_capture_begin(struct pt_regs *ctx, int layer, u16 api,
 					    u64 stream)
 {
-	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_GRAPH_CAPTURE);
+	struct gf_event spare;
+	u64 ring = 0;
+	struct gf_event *ev = gf_begin(ctx, layer, api, GF_EV_GRAPH_CAPTURE, &spare, &ring);
 	if (!ev)
 		return 0;
 	ev->stream = stream;
 	ev->dim[0] = GF_CAPTURE_BEGIN;
-	gf_commit(ev);
+	gf_emit(ev, ring);
 	return 0;
 }
 
@@ -835,7 +1071,32 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 #define GF_ARG_OF(arg) (arg)
 #define GF_LAYER_OF(layer) (layer)
 #endif
+#if GF_ATTACH_COOKIE
+/* A probe at an instruction the kernel single-steps (GF_COOKIE_STEPPED in its cookie, where
+ * producer/entrypoint.py found nothing it emulates): its calls in scope are counted, so that
+ * the summary can say what the steps cost. Elsewhere one cookie test a call. */
+static __always_inline void gf_count_stepped(struct pt_regs *ctx)
+{
+	if (!(bpf_get_attach_cookie(ctx) & GF_COOKIE_STEPPED))
+		return;
+	if (!gf_in_scope(bpf_get_current_pid_tgid() >> 32))
+		return;
+	u32 slot = GF_DROP_STEPPED;
+	u64 *n = drops.lookup(&slot);
+	if (n)
+		*n += 1;
+}
+#define GF_ENTRY(name)                                                                 \
+	static __always_inline int name##_body(struct pt_regs *ctx);                   \
+	int name##_entry(struct pt_regs *ctx)                                          \
+	{                                                                              \
+		gf_count_stepped(ctx);                                                 \
+		return name##_body(ctx);                                               \
+	}                                                                              \
+	static __always_inline int name##_body(struct pt_regs *ctx)
+#else
 #define GF_ENTRY(name) int name##_entry(struct pt_regs *ctx)
+#endif
 #define GF_RETURN(name) \
 	int name##_return(struct pt_regs *ctx) { return gf_finish(ctx, GF_API_OF(name)); }
 
@@ -1155,7 +1416,17 @@ static __always_inline int gf_load_pending(void)
  * code. User space rescans the process then; a process in scope is also held
  * (SIGSTOP) until that rescan has attached to what it mapped, so not even its
  * first call is missed. The stop is sent only once the notification is
- * queued, so a held process is always released. */
+ * queued, so a held process is always released: by user space, or, where the tracer dies
+ * holding it, by its watchdog (below). */
+#if GF_FILTER_PIDS && GF_HOLD_ON_LOAD
+#define GF_HOLDS 1
+/* The holds not yet over, each by its notification: user space deletes one once it has
+ * continued the process (producer/capture.py); the watchdog that outlives a tracer killed
+ * meanwhile continues those left (producer/holdguard.py), and no other process: one the user
+ * stopped (Ctrl-Z) is not in it. A hold the map has no room for is not made. */
+BPF_HASH(holds, struct gf_loader_event, u8, 4096);
+#endif
+
 static __always_inline int gf_loader_notify(u16 reason)
 {
 	u32 pid = bpf_get_current_pid_tgid() >> 32;
@@ -1172,10 +1443,19 @@ static __always_inline int gf_loader_notify(u16 reason)
 		gf_count_drop(GF_DROP_LOADER, pid);
 		return 0;
 	}
+	u64 now = bpf_ktime_get_ns();
+#ifdef GF_HOLDS
+	if (held) {
+		struct gf_loader_event hold = {.pid = pid, .held = 1, .reason = reason, .ts_ns = now};
+		u8 one = 1;
+		if (holds.update(&hold, &one) != 0)
+			held = 0;
+	}
+#endif
 	e->pid = pid;
 	e->held = held;
 	e->reason = reason;
-	e->ts_ns = bpf_ktime_get_ns();
+	e->ts_ns = now;
 	if (held)
 		bpf_send_signal(GF_SIGSTOP);
 	loader_events.ringbuf_submit(e, 0);

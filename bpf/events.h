@@ -217,12 +217,20 @@ enum gf_api { GF_API_PROBES(GF_API_ENUM) };
 #define GF_CTX_STACK 4
 
 /* The value of `thread_device` (key: pid_tgid): the thread's current device, and the devices
- * current before each cuCtxPushCurrent / cuCtxCreate not yet popped. */
+ * current before each cuCtxPushCurrent / cuCtxCreate not yet popped; and the thread's latest
+ * call of a probed runtime, by its entry probe (bpf/cudart.bpf.c, "tail calls"): the stack
+ * pointer at its entry (0: none to match), and its return address, or GF_RT_IN_FLIGHT while a
+ * call with a return probe has not returned. */
 struct gf_thread_device {
 	__s32 device;
 	__u32 depth;
 	__s32 below[GF_CTX_STACK];
+	__u64 rt_sp;
+	__u64 rt_ret;
 };
+
+/* gf_thread_device.rt_ret of a runtime call whose return probe has not run yet. */
+#define GF_RT_IN_FLIGHT 1
 
 /* The value of the pinned `settled` map (key: pid; producer/records.py SETTLED_DTYPE), written
  * only by the node agent: of the events the kernel committed for the pid (the pinned
@@ -237,13 +245,62 @@ struct gf_settled {
 
 /* Slots of the `drops` per-CPU array (producer/records.py: DropSlot). */
 enum gf_drop_slot {
-	GF_DROP_EVENTS = 0,    /* events lost: the `events` ring buffer was full */
+	GF_DROP_EVENTS = 0,    /* events lost: not in the `events` ring buffer (full) nor counted
+				  in `aggregates` (full too) */
 	GF_DROP_LOADER = 1,    /* loader notifications lost */
 	GF_DROP_RESERVED = 2,  /* never counted (returns without an entry are not losses) */
 	GF_DROP_NAMES = 3,     /* name records lost: the `names` ring buffer was full */
 	GF_DROP_FORWARDED = 4, /* not a loss: driver calls a probed runtime made, recorded once */
 	GF_DROP_QUIET_LOADS = 5, /* not a loss: dlopens in scope that mapped only quiet files */
-	GF_DROP_SLOTS = 6,
+	GF_DROP_AGGREGATED = 6, /* not a loss: events counted in `aggregates` instead of recorded
+				   in the ring (under pressure over their process's share, or full) */
+	GF_DROP_STEPPED = 7,   /* not a loss: calls in scope whose probe the kernel single-steps
+				  (attached with GF_COOKIE_STEPPED) */
+	GF_DROP_SLOTS = 8,
+};
+
+/* In a probe's attach cookie (above the api id and argument: records.Probe.cookie): the probe
+ * is at an instruction the kernel single-steps (producer/entrypoint.py), each hit ~15 us on a
+ * VM; its calls are counted in drops[GF_DROP_STEPPED]. */
+#define GF_COOKIE_STEPPED (1ULL << 63)
+
+/* Under overload (bpf/cudart.bpf.c, "overload"): an event whose details must be shed is
+ * counted, exactly, in the `aggregates` table instead, by what every figure of the trace
+ * summary and the stream windows is counted by (producer/counting.py): its process, api,
+ * kernel (launches: the function handle; graph launches: the exec), shape (launches: grid and
+ * block), copy kind / allocation kind / sync scope (dim[0]), device, whether it failed, and the
+ * wall-clock slot of GF_AGG_SLOT_NS it was made in. User space reads the entries of the
+ * generation (`gen`) the kernel no longer writes, and deletes them (producer/probes.py). */
+#define GF_AGG_SLOT_NS 100000000ULL /* 100 ms: a stream window of whole 100 ms holds each slot */
+#define GF_AGG_F_FAILED 0x4 /* gf_agg_key.flags: the call returned an error */
+
+struct gf_agg_key {
+	__u64 handle; /* launch: function / kernel; graph launch: the exec; free: 1 when the pointer
+			 was not null; else 0 */
+	__u64 slot;   /* (ts_ns + agg_state.wall_offset_ns) / GF_AGG_SLOT_NS */
+	__u32 pid;
+	__u16 api;
+	__u8 type;    /* enum gf_event_type */
+	__u8 flags;   /* GF_F_ASYNC, GF_F_HAS_RESULT, GF_AGG_F_FAILED */
+	__u32 dim[6]; /* launch: grid, block; else dim[0] as gf_event has it */
+	__s32 device;
+	__u32 gen;    /* agg_state.gen when it was counted */
+};
+
+struct gf_agg_value {
+	__u64 count;
+	__u64 bytes;       /* Σ gf_event.bytes (launches, copies, memsets, allocations) */
+	__u64 duration_ns; /* Σ gf_event.duration_ns (calls timed at return) */
+	__u64 first_ts_ns; /* CLOCK_MONOTONIC, the earliest and latest event's */
+	__u64 last_ts_ns;
+};
+
+/* The one value of `agg_state` (written by user space): what turns CLOCK_MONOTONIC into the
+ * wall clock of the events it writes (the slot), and the generation the kernel counts into. */
+struct gf_agg_state {
+	__u64 wall_offset_ns;
+	__u32 gen;
+	__u32 pad;
 };
 
 /* What a record of the `names` ring buffer says (struct gf_name_event). */

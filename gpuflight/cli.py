@@ -9,13 +9,14 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from producer import wire
 from producer.errors import GpuflightError, ServiceError, UsageError
+from producer.files import check_target
 from producer.redact import CMDLINE_MODES
 from producer.settings import CaptureSettings
 
@@ -55,7 +56,8 @@ def _bootstrap(text: str) -> str:
         host, sep, port = server.rpartition(":")
         if not sep or not host or host in ("[", "[]"):
             raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {server!r}")
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
+        # ASCII digits only: str.isdigit() and int() take "٩٠٩٢" too, librdkafka does not.
+        if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise argparse.ArgumentTypeError(f"port must be 1-65535 in {server!r}")
     return ",".join(servers)
 
@@ -109,6 +111,41 @@ def _non_negative(text: str) -> float:
     value = float(text)
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+#: A day: the most any of the stream worker's durations may be (a window, its grace, how long
+#: a host may be silent, how far ahead of the worker's clock an event may be). Beyond it the
+#: worker would hold days of windows, and its nanosecond arithmetic leaves integers.
+DAY_S = 86_400.0
+
+
+def _seconds(low: float, high: float = DAY_S) -> Callable[[str], float]:
+    """An argparse type: seconds from `low` to `high`, both included (nan and inf are not)."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low:g} to {high:g} seconds, got {text}")
+        return value
+
+    return seconds
+
+
+#: The highest process id Linux gives (PID_MAX_LIMIT on 64-bit kernels: 2^22).
+PID_MAX = 4_194_304
+
+
+def _pid(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a process id, got {text!r}") from None
+    if not 1 <= value <= PID_MAX:
+        raise argparse.ArgumentTypeError(f"a process id is 1 to {PID_MAX}, got {text}")
     return value
 
 
@@ -234,7 +271,7 @@ def _parser() -> argparse.ArgumentParser:
         "(--password X, --api-key=X, TOKEN=X, https://user:pass@…) replaced by <redacted>, "
         "or none (default %(default)s)")
     producer.add_argument(
-        "--pid", type=int, action="append", help="capture only this process (repeatable)"
+        "--pid", type=_pid, action="append", help="capture only this process (repeatable)"
     )
     producer.add_argument("--status-file", type=Path, metavar="FILE",
                           help="keep a JSON status here (ready, probed files, counters), "
@@ -249,7 +286,7 @@ def _parser() -> argparse.ArgumentParser:
                         "or an integer with a unit (…ns, …ms) for an exact bound")
     replay.add_argument("--to", dest="to_time", required=True, metavar="TIME")
     replay.add_argument("--host", help="only this host's events")
-    replay.add_argument("--pid", type=int, help="only this process's events")
+    replay.add_argument("--pid", type=_pid, help="only this process's events")
     where = replay.add_mutually_exclusive_group(required=True)
     where.add_argument("--output", "-o", type=Path, help="write JSON lines ('-': stdout)")
     where.add_argument("--to-topic", metavar="TOPIC", help="re-publish into this topic")
@@ -267,10 +304,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_kafka_options(streams, required=False, default="127.0.0.1:9092")
     _add_influx_options(streams)
-    streams.add_argument("--window", type=_positive, default=10.0, metavar="S",
-                         help="tumbling window (default %(default)s s)")
-    streams.add_argument("--grace", type=_non_negative, default=5.0, metavar="S",
-                         help="how late events may come and still count (default %(default)s s)")
+    # A window shorter than a second is not one the worker can close on time (it closes
+    # windows on a 1 s tick) nor one a dashboard shows; 1e-10 s is 0 ns, no window at all.
+    streams.add_argument("--window", type=_seconds(1.0), default=10.0, metavar="S",
+                         help="tumbling window, 1 s to 1 day (default %(default)s s)")
+    streams.add_argument("--grace", type=_seconds(0.0), default=5.0, metavar="S",
+                         help="how late events may come and still count, up to 1 day "
+                         "(default %(default)s s)")
     streams.add_argument("--app-id", default="gpuflight-streams",
                          help="Faust app id: workers with the same id share the partitions "
                          "(default %(default)s)")
@@ -283,12 +323,15 @@ def _parser() -> argparse.ArgumentParser:
     streams.add_argument("--max-pending-points", type=int, default=200_000, metavar="N",
                          help="points waiting for InfluxDB before the worker stops taking "
                          "messages (default %(default)s)")
-    streams.add_argument("--idle", type=_non_negative, default=5.0, metavar="S",
+    streams.add_argument("--idle", type=_seconds(0.0), default=5.0, metavar="S",
                          help="after S seconds without events from a host, its windows close "
-                         "by the wall clock (default %(default)s)")
-    streams.add_argument("--max-future", type=_non_negative, default=300.0, metavar="S",
-                         help="events stamped more than S seconds ahead of this worker's clock "
-                         "are not counted (dead letters) (default %(default)s)")
+                         "by the wall clock, 0 to 1 day (default %(default)s)")
+    # Under a second, a host whose clock is a little ahead (NTP keeps clocks within ms, not
+    # better) would have its events dead-lettered.
+    streams.add_argument("--max-future", type=_seconds(1.0), default=300.0, metavar="S",
+                         help="events stamped, or requests ending, more than S seconds ahead "
+                         "of this worker's clock are not counted (dead letters), 1 s to 1 day "
+                         "(default %(default)s)")
     streams.add_argument("--metrics-interval", type=_positive, default=5.0, metavar="S",
                          help="worker metrics (the streams measurement) every S seconds "
                          "(default %(default)s)")
@@ -322,7 +365,8 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true", help="JSON instead of a table")
 
     demo = sub.add_parser("demo", help="the kernel-fusion showcase on a simulated GPU")
-    demo.add_argument("--steps", type=int, default=None, help="training steps per run")
+    demo.add_argument("--steps", type=_positive_int, default=None,
+                      help="training steps per run")
     demo.add_argument("--python", type=Path, default=None,
                       help="a Python with CUDA PyTorch: the showcase on real PyTorch (eager vs "
                       "torch.compile); default: the frameworks venv if there, else the C showcase")
@@ -355,12 +399,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         argv = list(args.argv)
         if argv and argv[0] == "--":
             argv = argv[1:]
+        check_target(args.output, "--output")  # a FIFO there would hang; before CMD runs
         settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
         return trace.run(argv, output=args.output, settings=settings,
                          requests=_request_options(args)).exit_code
     if args.command == "producer":
         from producer import node
 
+        check_target(args.output, "--output")
+        check_target(args.status_file, "--status-file", replaced=True)
         pids = frozenset(args.pid) if args.pid else None
         settings = CaptureSettings(
             proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages, http=args.http
@@ -375,6 +422,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "replay":
         from producer import replay, timeparse
 
+        check_target(args.output, "--output")
         kafka = _kafka_settings(args)
         from_ns = timeparse.parse_time(args.from_time)
         to_ns = timeparse.parse_time(args.to_time)

@@ -93,8 +93,10 @@ EVERY: Final = "GROUP BY time($__interval)"
 
 
 #: Achieved bandwidth of synchronous copies, over the windows that had some (InfluxQL
-#: divides by 0 as 0, which would read as a stalled link).
-ACHIEVED: Final = f'sum("{Fields.SYNC_BYTES}") * 1000000000 / sum("{Fields.SYNC_NS}")'
+#: divides by 0 as 0, which would read as a stalled link). Divided first: InfluxQL divides
+#: integers as floats, but multiplies them as int64, which wraps (an interval of over 9.2 GB
+#: of copies read as a negative bandwidth).
+ACHIEVED: Final = f'sum("{Fields.SYNC_BYTES}") / sum("{Fields.SYNC_NS}") * 1000000000'
 TIMED: Final = f'"{Fields.SYNC_NS}" > 0'
 
 

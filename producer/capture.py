@@ -26,9 +26,10 @@ from producer import httprecords as hr
 from producer.decode import Enricher
 from producer.environment import ensure_tracefs
 from producer.errors import SetupError
+from producer.holdguard import hold_key
 from producer.nvml import UtilizationFeed
-from producer.probes import DropCounts, HttpProbes, Probes
-from producer.records import EVENT_DTYPE
+from producer.probes import DropCounts, HttpProbes, LoaderEvent, Probes
+from producer.records import EVENT_DTYPE, LOADER_LISTEN, LOADER_MAPPED
 from producer.settings import CaptureSettings
 from producer.sinks import EventSink, Guarded
 
@@ -68,6 +69,9 @@ class CaptureStats:
     held_ns_max: int = 0
     #: HTTP requests answered (with the HTTP capture on).
     requests: int = 0
+    #: Events the kernel counted under overload instead of recording them (in aggregates
+    #: handed to the sinks: in every count all the same).
+    aggregated: int = 0
 
 
 class Capture:
@@ -116,6 +120,7 @@ class Capture:
         self._finished = False
         self.stats = CaptureStats()
         self.probes = Probes(settings)
+        self.probes.set_wall_offset(self.enricher.clock_offset_ns)
         if self.probes.quiet_loads:  # before any process in scope can dlopen
             self.probes.add_quiet(self.verdicts.quiet_files())
         self._check_permitted()
@@ -238,7 +243,10 @@ class Capture:
         if ranges and self._text.get(pid) != ranges:
             # Launch handles are named from these later, maybe after the process exits. Read
             # when the process maps a CUDA file, not on every dlopen after (a PyTorch start-up
-            # makes hundreds, and the names it will need are recorded by then).
+            # makes hundreds, and the names it will need are recorded by then). Its maps and
+            # the files it maps are kept now, while it may be held: let go, a short process
+            # can exit before _remember_maps reads it (the `__handle` statics wait for that).
+            self.enricher.kernels.keep_maps(pid)
             self._maps_due.add(pid)
             self.probes.set_text_ranges(pid, ranges)
             self._text[pid] = ranges
@@ -337,7 +345,7 @@ class Capture:
             self._scan({n.pid for n in notes})
             for note in notes:
                 if note.held:
-                    self._release(note.pid, note.ts_ns)
+                    self._release(note)
             # Once they run again: the first read of libtorch_cuda.so's 24,000 `__handle`
             # statics (~0.1 s of CPU, more under load) held the dlopen of libcuda.so.1 that
             # a CUDA runtime makes at its first call for 0.5 s. The process runs its
@@ -352,15 +360,37 @@ class Capture:
         for sink in self.sinks:
             sink.tick()
 
-    def _release(self, pid: int, held_since_ns: int = 0) -> None:
+    def _release(self, note: LoaderEvent) -> None:
+        """Continue a process the probe held, then forget the hold (the `holds` map: what a
+        watchdog continues should we die holding it, producer/holdguard.py)."""
+        pid = note.pid
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
             self.stats.held_released += 1
-            if held_since_ns:
-                held = max(0, time.monotonic_ns() - held_since_ns)
+            if note.ts_ns:
+                held = max(0, time.monotonic_ns() - note.ts_ns)
                 self.stats.held_ns_total += held
                 self.stats.held_ns_max = max(self.stats.held_ns_max, held)
                 log.debug("process %d held %.1f ms", pid, held / 1e6)
+        holds = self.probes.holds
+        if holds is not None:
+            reason = LOADER_LISTEN if note.listen else LOADER_MAPPED
+            try:
+                holds.delete(hold_key(pid, reason, note.ts_ns))
+            except OSError as exc:  # kept: a watchdog would continue a running process
+                log.debug("the hold of process %d is not forgotten: %s", pid, exc)
+
+    def _hold_no_more(self) -> None:
+        """Take every process out of scope, so that none is held while the probes go (in the
+        background, for a while after we return), then release what was held meanwhile.
+        Never raises."""
+        try:
+            self.probes.clear_scope()
+            for note in self.probes.poll_loader(0):
+                if note.held:
+                    self._release(note)
+        except Exception as exc:
+            log.debug("taking the processes out of scope failed: %s", exc)
 
     def drain(self, until_empty: bool = False) -> int:
         """Take what the ring holds now. A batch short of BATCH_EVENTS means the reader
@@ -400,11 +430,26 @@ class Capture:
                 self.stats.batches += 1
             if len(drained) == 0 or (len(drained) < BATCH_EVENTS and not until_empty):
                 break
+        self._hand_on_aggregates(until_empty)
         self.stats.events += total
         if requests is not None:
             requests.settle()
             self._hand_on_requests(requests, cut)
         return total
+
+    def _hand_on_aggregates(self, everything: bool) -> None:
+        """What the kernel counted under overload instead of recording (bpf/cudart.bpf.c,
+        "overload"), enriched, to the sinks that count or write it. Their events came before
+        this drain's: the kernel's generations lag one drain. `everything`: at the end."""
+        aggregates = self.probes.drain_aggregates(everything)
+        if len(aggregates) == 0:
+            return
+        self.enricher.enrich_aggregates(aggregates)
+        if not self.settings.filter_pids:
+            self._known.update(np.unique(aggregates["pid"]).tolist())
+        self.stats.aggregated += int(aggregates["count"].sum())
+        for sink in self.sinks:
+            sink.write_aggregates(aggregates)
 
     @staticmethod
     def _feed_utilization(requests: RequestTracker, feed: UtilizationFeed) -> None:
@@ -490,7 +535,7 @@ class Capture:
         # A loader notification may still hold a process: release it first.
         for note in self.probes.poll_loader(0):
             if note.held:
-                self._release(note.pid, note.ts_ns)
+                self._release(note)
         try:
             self.finish()
         finally:  # what the sinks hold reaches their files even when the last drain fails
@@ -500,6 +545,8 @@ class Capture:
         drops = self.probes.drops()
         if self.http_probes is not None:
             self._close_http(self.http_probes)
+        if self.settings.hold_on_load:  # after the last drain: no event of it is lost
+            self._hold_no_more()
         try:
             self.probes.close()
         except Exception as exc:  # the kernel releases them when this process exits

@@ -5,6 +5,7 @@ Faust, and runs without root or services.
 
     counts = Counts()
     counts.add(events, kernel_names)   # a batch of enriched records.EVENT_DTYPE, vectorised
+    counts.add_aggregates(aggregates)  # events the kernel counted under overload, not recorded
     counts.merge_from(later)           # later's events taken to follow ours
 
 `producer.summary.Summary` (the trace) and `streams.aggregate.WindowAggregate` (a window of one
@@ -47,6 +48,11 @@ What is counted (the one rule; README "What is counted" says the same):
   highest the running net change reached (≥ 0), in time order.
 - **Syncs** by scope: count and CPU-side duration. Distinct pids (at most `max_pids`, the
   smallest ones).
+- **Aggregates** (`add_aggregates`): under overload the kernel sheds the details of events and
+  counts them per process, api, kernel, shape, kind and device instead (records.AGGREGATE_DTYPE);
+  each counts as the events it stands for, by the rules above, so every figure stays exact.
+  What an aggregate cannot say: a launch in it counts as run (never as captured), a free in it
+  has no known bytes, and its allocations are taken to come before its frees (memory peak).
 
 **CPU blocked on the GPU** (`blocked_ns`) is the CPU time spent in syncs (`in syncs`,
 `total_sync_ns`) plus in synchronous copies that completed (`in synchronous copies`,
@@ -79,6 +85,7 @@ import numpy as np
 import numpy.typing as npt
 
 from producer.records import (
+    AGG_F_FAILED,
     API_IDS,
     API_NAMES,
     COPY_KINDS,
@@ -93,6 +100,8 @@ from producer.records import (
 )
 
 Events = npt.NDArray[np.void]
+#: records.AGGREGATE_DTYPE rows: events the kernel counted instead of recording them.
+Aggregates = npt.NDArray[np.void]
 #: ((grid x, y, z), (block x, y, z)) of a launch.
 Shape = tuple[tuple[int, int, int], tuple[int, int, int]]
 K = TypeVar("K")
@@ -375,6 +384,84 @@ class Counts:
         syncs = events.take(np.flatnonzero(types == _SYNC))
         if len(syncs):
             self._add_syncs(syncs)
+
+    def add_aggregates(self, aggregates: Aggregates,
+                       kernel_names: Mapping[int, str] | None = None) -> None:
+        """Add aggregates (records.AGGREGATE_DTYPE, enriched), in place: each stands for
+        `count` events of one process, api, kernel, shape, kind and device that the kernel
+        counted instead of recording them (bpf/cudart.bpf.c, "overload"), and counts exactly as
+        `add` counts those events, by the same rule — but for what the kernel does not keep of
+        them: an aggregated launch counts as run (not as captured into a graph), an aggregated
+        free's bytes are not known, and aggregated allocations count toward the memory peak as
+        if made before any free of theirs (an upper bound). The kernel keeps allocations, frees
+        and graph captures in the ring while it has room, so these are only ever the ones a
+        full ring could not hold."""
+        if len(aggregates) == 0:
+            return
+        c = {name: aggregates[name].tolist() for name in aggregates.dtype.names or ()}
+        self._add_pids(set(c["pid"]))
+        for i, n in enumerate(c["count"]):
+            self.events += n
+            api, etype, flags = c["api"][i], c["type"][i], c["flags"][i]
+            timed = bool(flags & F_HAS_RESULT)
+            if timed and flags & AGG_F_FAILED:
+                self.errors[api_name(api)] = self.errors.get(api_name(api), 0) + n
+                if etype != _SYNC:
+                    continue
+            device, nbytes, ns = c["device"][i], c["bytes"][i], c["duration_ns"][i]
+            if etype in (_LAUNCH, _GRAPH_LAUNCH):
+                key = (layer_of(api), api_name(api))
+                self.launches[key] = self.launches.get(key, 0) + n
+                if etype == _GRAPH_LAUNCH:
+                    nodes = c["dim"][i][GRAPH_KERNEL_NODES] * n
+                    if nodes:
+                        self.graph_kernel_nodes[key] = self.graph_kernel_nodes.get(key, 0) + nodes
+                else:
+                    self._add_aggregated_launches(c, i, n, kernel_names)
+            elif etype == _MEMCPY:
+                kind = copy_kind_name(c["dim"][i][0])
+                sync = n if timed and not flags & F_ASYNC else 0
+                totals = CopyStats(n, nbytes, sync, nbytes if sync else 0, ns if sync else 0)
+                self.copies.setdefault(kind, CopyStats()).add(totals)
+                self.device_copies.setdefault((device, kind), CopyStats()).add(totals)
+            elif etype == _MEMSET:
+                self.memset_count += n
+                self.memset_bytes += nbytes
+            elif etype == _ALLOC and timed:
+                self.alloc_count += n
+                self.alloc_bytes += nbytes
+                self.memory_peak_rise_bytes = max(self.memory_peak_rise_bytes,
+                                                  self.memory_net_bytes + nbytes)
+                self.memory_net_bytes += nbytes
+            elif etype == _FREE and timed and c["handle"][i]:
+                self.free_count += n
+            elif etype == _SYNC:
+                scope = sync_scope_name(c["dim"][i][0])
+                ns = ns if timed else 0
+                self.sync_count[scope] = self.sync_count.get(scope, 0) + n
+                self.sync_ns[scope] = self.sync_ns.get(scope, 0) + ns
+                self.device_sync_count[device] = self.device_sync_count.get(device, 0) + n
+                self.device_sync_ns[device] = self.device_sync_ns.get(device, 0) + ns
+        if len(self.kernels) > self.max_kernels:
+            self._fold_kernels()
+
+    def _add_aggregated_launches(self, c: Mapping[str, list[Any]], i: int, n: int,
+                                 names: Mapping[int, str] | None) -> None:
+        """Row `i` of `add_aggregates`' columns `c`: `n` kernel launches of one shape."""
+        key = kernel_key(c["handle"][i], names)
+        self.kernels[key] = self.kernels.get(key, 0) + n
+        device = c["device"][i]
+        self.device_launches[device] = self.device_launches.get(device, 0) + n
+        g0, g1, g2, b0, b1, b2 = c["dim"][i]
+        blocks, threads = g0 * g1 * g2, b0 * b1 * b2
+        self.grid_blocks[bucket_of(blocks)] += n
+        self.block_threads[bucket_of(threads)] += n
+        self.threads_launched += blocks * threads * n
+        if self.shapes is not None:
+            self.shapes[((g0, g1, g2), (b0, b1, b2))] += n
+        first, last = c["ts_ns"][i], c["last_ts_ns"][i]
+        self.first_launch_ns = min(self.first_launch_ns, first) if self.first_launch_ns else first
+        self.last_launch_ns = max(self.last_launch_ns, last)
 
     def _add_pids(self, pids: Iterable[int]) -> None:
         self.pids.update(pids)

@@ -4,7 +4,9 @@ Two steps: `Enricher` adds, once per batch and in ring order, what only the node
 knows (wall-clock time, the size of each free, which launches were captured into a
 graph and how many kernel nodes each graph exec holds); `to_events` turns enriched
 records into dicts, per batch (columns become Python lists once), naming launches
-from the enricher's KernelNames.
+from the enricher's KernelNames. Aggregates (events the kernel counted under overload
+instead of recording them, records.AGGREGATE_DTYPE) take the same two steps:
+`Enricher.enrich_aggregates`, `to_aggregate_events`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy.typing as npt
 
 from producer.kernels import KernelNames
 from producer.records import (
+    AGG_F_FAILED,
     ALLOC_KINDS,
     API_NAMES,
     CAPTURE_BEGIN,
@@ -187,6 +190,21 @@ class Enricher:
         """The processes something is kept of."""
         return self.allocations.pids() | self.graphs.pids() | self.kernels.pids()
 
+    def enrich_aggregates(self, aggregates: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
+        """Enrich drained aggregates in place and return them: wall-clock times, and the
+        kernel nodes of each graph launch's exec (as `enrich` gives an event's). Their events
+        came before the events drained with them (the kernel's generations lag a drain)."""
+        if len(aggregates) == 0:
+            return aggregates
+        offset = np.uint64(self.clock_offset_ns)
+        aggregates["ts_ns"] += offset
+        aggregates["last_ts_ns"] += offset
+        graphs = np.flatnonzero(aggregates["type"] == EventType.GRAPH_LAUNCH)
+        for i in graphs.tolist():
+            key = (int(aggregates["pid"][i]), int(aggregates["handle"][i]))
+            aggregates["dim"][i, GRAPH_KERNEL_NODES] = self.graphs.execs.get(key, 0)
+        return aggregates
+
     def enrich(self, events: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
         """Enrich a drained batch in place (it is ours) and return it."""
         if len(events) == 0:
@@ -208,6 +226,60 @@ class Enricher:
                     event["bytes"] = nbytes
                     event["flags"] |= F_BYTES_KNOWN
         return events
+
+
+def to_aggregate_events(
+    aggregates: npt.NDArray[np.void], kernels: KernelNames | None = None
+) -> list[Event]:
+    """Enriched aggregates → lines of --output: "type": "aggregate", the type of the events
+    it stands for ("of"), how many ("count"), the first and last one's time ("ts_ns",
+    "last_ts_ns"), and what they share, as an event of theirs has it (a launch: its grid, block
+    and kernel; a copy: its kind; a sync: its scope; "ok": false for failed calls), with
+    "bytes" and "duration_ns" their sums (null where none was timed)."""
+    out: list[Event] = []
+    if len(aggregates) == 0:
+        return out
+    c = {name: aggregates[name].tolist() for name in aggregates.dtype.names or ()}
+    for i, count in enumerate(c["count"]):
+        etype, api, flags, pid = c["type"][i], c["api"][i], c["flags"][i], c["pid"][i]
+        dim, handle, nbytes = c["dim"][i], c["handle"][i], c["bytes"][i]
+        timed = bool(flags & F_HAS_RESULT)
+        event: Event = {
+            "type": "aggregate",
+            "of": TYPE_NAMES.get(etype, f"unknown_{etype}"),
+            "count": count,
+            "ts_ns": c["ts_ns"][i],
+            "last_ts_ns": c["last_ts_ns"][i],
+            "pid": pid,
+            "api": API_NAMES.get(api, f"unknown_{api}"),
+            "layer": layer_of(api),
+            "device": c["device"][i],
+        }
+        if etype == EventType.LAUNCH:
+            name = kernels.name_of(pid, handle) if kernels is not None else None
+            event.update(grid=dim[0:3], block=dim[3:6], shared_mem_bytes=nbytes,
+                         kernel=name.short if name else None,
+                         kernel_full=name.full if name else None, function=handle)
+        elif etype == EventType.GRAPH_LAUNCH:
+            event.update(graph_exec=handle, kernel_nodes=dim[GRAPH_KERNEL_NODES] or None)
+        elif etype == EventType.MEMCPY:
+            kind = dim[0]
+            event.update(kind=COPY_KINDS[kind] if kind < len(COPY_KINDS) else f"unknown_{kind}",
+                         bytes=nbytes)
+            event["async"] = bool(flags & F_ASYNC)
+        elif etype == EventType.MEMSET:
+            event["bytes"] = nbytes
+            event["async"] = bool(flags & F_ASYNC)
+        elif etype == EventType.ALLOC:
+            event.update(bytes=nbytes, alloc_kind=ALLOC_KINDS.get(dim[0], "unknown"))
+        elif etype == EventType.FREE:
+            event["null"] = not handle
+        elif etype == EventType.SYNC:
+            event["scope"] = SYNC_SCOPES.get(dim[0], "unknown")
+        if timed:
+            event.update(duration_ns=c["duration_ns"][i], ok=not flags & AGG_F_FAILED)
+        out.append(event)
+    return out
 
 
 def request_event(pid: int, r: RequestRecord) -> Event:

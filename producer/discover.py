@@ -6,28 +6,36 @@ Pure: reads a /proc tree (any root, so tests use fake ones) and ELF files; impor
                    ──► one LibraryFile per key, classified once (Classifier remembers it)
                    ──► Snapshot: {key → file}, {key → pids}, {pid → keys}
 
-Each file is reached through a path that opens it from the agent's own mount namespace
+Each file is opened once, through a path from the agent's own mount namespace
 (/proc/PID/root/..., else /proc/PID/map_files/...), so files inside containers, private mount
 namespaces and deleted files are found too, and each is probed once however many processes
-map it.
+map it. The descriptor is checked to be the very file the process maps (its device and inode
+as /proc/PID/maps shows them); from then on the file is classified, planned and attached only
+through that descriptor (/proc/self/fd/N), never through a path again: a path runs through
+directories other users control, which they can swap between two uses of it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import itertools
+import mmap
 import os
 import re
 import stat
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from producer import attachplan, elfsyms, verdicts
+from producer import attachplan, elfsyms, entrypoint, verdicts
 from producer.records import API_IDS, DRIVER_APIS, RUNTIME_APIS, RUNTIME_NAME_FUNCTIONS
 
 __all__ = [
@@ -40,6 +48,7 @@ __all__ = [
     "Kind",
     "LibraryFile",
     "LibraryKey",
+    "OpenFile",
     "Snapshot",
     "open_verdict_store",
     "ppid",
@@ -97,13 +106,67 @@ _DELETED = " (deleted)"
 _EXEC_TAIL = re.compile(r"x[ps] [0-9a-f]+ ([0-9a-f]+:[0-9a-f]+) ([0-9]+) +(/[^\n]*)")
 
 
+class OpenFile:
+    """A library file open for reading, checked to be the file a process maps.
+
+    Everything done with the file after the check (its ELF read, its plan, its probes) goes
+    through this descriptor, as /proc/self/fd/N: the kernel resolves that to the open file
+    itself, whatever happens meanwhile to the directories of any path to it. The descriptor
+    is closed by `close`, or when the last reference goes (a LibraryFile that holds it is
+    dropped: a probed file's lives as long as its probes are kept).
+    """
+
+    __slots__ = ("__weakref__", "_closed", "_finalizer", "_lock", "fd", "origin", "stat")
+
+    def __init__(self, fd: int, st: os.stat_result, origin: str) -> None:
+        self.fd = fd
+        self.stat = st
+        #: The path it was opened through (for logs: never opened again).
+        self.origin = origin
+        self._lock = threading.Lock()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _close_quietly, fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[str]:
+        """A path to this very file, valid inside the block (it is not closed meanwhile).
+        OSError(EBADF) if it was closed."""
+        with self._lock:
+            if self._closed:
+                raise OSError(9, f"{self.origin}: closed")  # EBADF
+            yield f"{SELF_FD}/{self.fd}"
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._finalizer()
+
+    def __repr__(self) -> str:
+        return f"OpenFile(fd={self.fd}, origin={self.origin!r}, closed={self._closed})"
+
+
+#: Where this process's own descriptors are named (the real /proc: a fake tree given as
+#: proc_root holds other processes', never ours).
+SELF_FD = "/proc/self/fd"
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class LibraryFile:
     """One library file, as the agent probes it: once, for every process that maps it."""
 
     key: LibraryKey
     path: str  # as the process whose host_path this is sees it (containers see other paths)
-    host_path: str  # opens the same file from the agent's mount namespace
+    host_path: str  # where it was opened from the agent's mount namespace (for logs)
     kind: Kind
     # the RUNTIME_SYMBOLS (DRIVER_SYMBOLS, LOADER_SYMBOL) it defines
     symbols: frozenset[str] = frozenset()
@@ -112,6 +175,28 @@ class LibraryFile:
     probe_only: frozenset[str] | None = None
     #: Where its probes go (file offsets), kept across runs with its verdict.
     plan: attachplan.Plan | None = None
+    #: The file itself, open: what it was classified and planned from, and what its probes
+    #: are attached through. None for a LibraryFile made by hand (tests): then `reading`
+    #: opens host_path once.
+    source: OpenFile | None = field(default=None, compare=False, repr=False)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[str]:
+        """A path to the file that stays the same file inside the block (/proc/self/fd/N).
+        OSError if it cannot be had (a LibraryFile without a source whose host_path no
+        longer opens to a regular file)."""
+        if self.source is not None:
+            with self.source.reading() as path:
+                yield path
+            return
+        opened = _open_regular(self.host_path)
+        if opened is None:
+            raise OSError(2, f"{self.host_path}: not an openable regular file")  # ENOENT
+        try:
+            with opened.reading() as path:
+                yield path
+        finally:
+            opened.close()
 
 
 @dataclass(frozen=True)
@@ -164,11 +249,18 @@ class _Verdict:
 
 @dataclass(frozen=True, slots=True)
 class _Located:
-    """A path to a file that was checked to be the mapped one, and what stat said of it."""
+    """A file open, checked to be the mapped one, and what fstat said of it."""
 
     mapping: _Line
-    host_path: str
-    stat: os.stat_result
+    opened: OpenFile
+
+    @property
+    def host_path(self) -> str:
+        return self.opened.origin
+
+    @property
+    def stat(self) -> os.stat_result:
+        return self.opened.stat
 
 
 class Classifier:
@@ -193,6 +285,10 @@ class Classifier:
         # st_size, st_ctime_ns) as stat gives them through the process's path (an overlayfs
         # file's as the process opens it, which maps does not show).
         self._quiet_new: list[tuple[int, int, int, int]] = []
+        # Files whose fstat device differs from the one maps shows (overlayfs, btrfs), once
+        # checked to be the mapped file: (st_dev, st_ino, st_ctime_ns) → the maps key. The
+        # same inode (its ctime cannot be set) needs no second check.
+        self._checked: dict[tuple[int, int, int], LibraryKey] = {}
 
     def __len__(self) -> int:
         return len(self._verdicts)
@@ -214,37 +310,48 @@ class Classifier:
         located = self._locate(proc_root, key, holders)
         if located is None:
             return None
-        verdict = self._verdict(key, located, loader_candidate)
-        if loader_candidate and verdict.loader:
-            kind: Kind = "loader"
-            symbols = _LOADER_SYMBOLS
-        elif verdict.runtime:
-            kind, symbols = "runtime", verdict.runtime
-        elif verdict.driver:
-            kind, symbols = "driver", verdict.driver
-        else:
-            return None
-        probe_only = verdict.probe_only if kind == "runtime" else None
-        if verdict.plan is None or verdict.plan.kind != kind:
-            verdict = self._plan(key, located, verdict, kind, probe_only)
-        return LibraryFile(
-            key, _path_of(located.mapping), located.host_path, kind, symbols, probe_only,
-            verdict.plan,
-        )
+        keep = False
+        try:
+            with located.opened.reading() as path:
+                verdict = self._verdict(key, located, path, loader_candidate)
+                if loader_candidate and verdict.loader:
+                    kind: Kind = "loader"
+                    symbols = _LOADER_SYMBOLS
+                elif verdict.runtime:
+                    kind, symbols = "runtime", verdict.runtime
+                elif verdict.driver:
+                    kind, symbols = "driver", verdict.driver
+                else:
+                    return None
+                probe_only = verdict.probe_only if kind == "runtime" else None
+                if verdict.plan is None or verdict.plan.kind != kind:
+                    verdict = self._plan(key, located, path, verdict, kind=kind,
+                                         probe_only=probe_only)
+            keep = True
+            return LibraryFile(
+                key, _path_of(located.mapping), located.host_path, kind, symbols, probe_only,
+                verdict.plan, located.opened,
+            )
+        finally:
+            if not keep:  # only what is to be probed stays open
+                located.opened.close()
 
     def _plan(
         self,
         key: LibraryKey,
         located: _Located,
+        path: str,
         verdict: _Verdict,
+        *,
         kind: Kind,
         probe_only: frozenset[str] | None,
     ) -> _Verdict:
-        """`verdict` with the file's attach plan as a `kind` file, read now (and kept)."""
-        plan = attachplan.read_plan(located.host_path, kind, located.stat.st_size, probe_only)
+        """`verdict` with the file's attach plan as a `kind` file, read now (and kept) from
+        `path`, the checked descriptor's."""
+        plan = attachplan.read_plan(path, kind, located.stat.st_size, probe_only)
         verdict = replace(verdict, plan=plan)
-        if not _readable(located.host_path):
-            # Gone (or out of reach) since the stat: nothing is known of where to attach, so
+        if not _readable(path):
+            # Out of reach (out of descriptors): nothing is known of where to attach, so
             # nothing is remembered; the next process that maps the file tells.
             return verdict
         self._remember(key, verdict)
@@ -265,13 +372,17 @@ class Classifier:
         first = [previous] if previous is not None and previous in holders else []
         others = (pid for pid in holders if pid != previous)
         for pid in itertools.islice(itertools.chain(first, others), _MAX_HOLDERS_TRIED):
-            located = _locate_in(proc_root, pid, key, holders[pid])
+            located = _locate_in(proc_root, pid, key, holders[pid], self._checked)
             if located is not None:
                 self._host_pids[key] = pid
                 return located
         return None
 
-    def _verdict(self, key: LibraryKey, located: _Located, loader_candidate: bool) -> _Verdict:
+    def _verdict(
+        self, key: LibraryKey, located: _Located, path: str, loader_candidate: bool
+    ) -> _Verdict:
+        """What the file defines: remembered, or read from `path` (the checked descriptor's:
+        a verdict is never read from anything but the file that was checked)."""
         st = located.stat
         identity = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         verdict = self._verdicts.get(key)
@@ -282,29 +393,27 @@ class Classifier:
         if verdict is None:
             learned = True
             found = elfsyms.defined_functions(
-                located.host_path, _CLASSIFYING_SYMBOLS, _DYNAMIC_RUNTIME_MARKERS
+                path, _CLASSIFYING_SYMBOLS, _DYNAMIC_RUNTIME_MARKERS
             )
             runtime = found & RUNTIME_SYMBOLS
             # Read only for a runtime: the rare file, and the code search costs a pass over
             # its executable sections.
             probe_only = (
-                elfsyms.referenced_functions(located.host_path, _REFERENCED_SYMBOLS)
-                if runtime
-                else None
+                elfsyms.referenced_functions(path, _REFERENCED_SYMBOLS) if runtime else None
             )
             verdict = _Verdict(identity, runtime, found & DRIVER_SYMBOLS, None, probe_only)
-            if not found and not os.path.exists(located.host_path):
-                # Its process went away between the stat and the read: nothing is known of
-                # the file, so nothing is remembered (the next process that maps it tells).
+            if not found and not _readable(path):
+                # Out of reach (out of descriptors): nothing is known of the file, so nothing
+                # is remembered (the next process that maps it tells).
                 return verdict
         if loader_candidate and verdict.loader is None:
             learned = True
-            defined = elfsyms.defined_functions(located.host_path, _LOADER_SYMBOLS)
+            defined = elfsyms.defined_functions(path, _LOADER_SYMBOLS)
             verdict = replace(verdict, loader=LOADER_SYMBOL in defined)
         self._remember(key, verdict)
-        # A file that could not be opened (gone, EACCES, out of descriptors) read as defining
-        # nothing: true for now, not worth keeping for the next run, nor quiet.
-        sure = not learned or _readable(located.host_path)
+        # A file that could not be read (out of descriptors) read as defining nothing: true
+        # for now, not worth keeping for the next run, nor quiet.
+        sure = not learned or _readable(path)
         if sure and (fresh or learned) and not verdict.runtime and not verdict.driver \
                 and not verdict.loader:
             self._quiet_new.append((st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns))
@@ -348,10 +457,11 @@ def _readable(path: str) -> bool:
 
 def verdict_fingerprint() -> str:
     """What a stored verdict was computed against: the names classified and probed, and the
-    code that reads them (this module, elfsyms and attachplan; a change to any makes the old
-    verdicts stale, which costs one slower start, never a wrong one)."""
+    code that reads them (this module, elfsyms, attachplan and entrypoint, which moves probes
+    past a function's entry; a change to any makes the old verdicts stale, which costs one
+    slower start, never a wrong one)."""
     sources: list[bytes] = []
-    for module in (elfsyms, attachplan, sys.modules[__name__]):
+    for module in (elfsyms, attachplan, entrypoint, sys.modules[__name__]):
         try:
             sources.append(Path(module.__file__ or "").read_bytes())
         except OSError:  # no source shipped: the package version stands for it
@@ -582,26 +692,114 @@ def _is_loader_name(path: str) -> bool:
     return name.startswith("ld-") and ".so" in name[3:]
 
 
-def _locate_in(proc_root: str, pid: int, key: LibraryKey, mapping: _Line) -> _Located | None:
-    """A path from which the agent opens the file `pid` maps, checked against its inode."""
+def _locate_in(
+    proc_root: str,
+    pid: int,
+    key: LibraryKey,
+    mapping: _Line,
+    checked: dict[tuple[int, int, int], LibraryKey] | None = None,
+) -> _Located | None:
+    """The file `pid` maps as `key`, opened from the agent's mount namespace and checked to
+    be that very file; None if no path to it opens it.
+
+    Through /proc/PID/root first (how the quiet-load filter sees the file: an overlayfs
+    file as the process opens it), else through the kernel's own link to the mapped file
+    (/proc/PID/map_files: right even once the file is deleted or replaced). Neither path is
+    trusted: the directories on the first belong to whoever made them, who may swap them for
+    links to other files at any moment; the second names an address range, which the process
+    may map another file at. What was opened is checked instead (_is_mapped_file)."""
+    candidates: list[str] = []
     if not _is_deleted(mapping):
-        through_root = f"{proc_root}/{pid}/root{_path_of(mapping)}"
-        st = _stat(through_root)
-        # Only the inode is compared: through overlayfs st_dev is the overlay's, not the
-        # underlying file system's that maps shows.
-        if st is not None and st.st_ino == key[1]:
-            return _Located(mapping, through_root, st)
-    # The kernel's own link to the mapped file: right by construction, even once deleted.
-    through_map = f"{proc_root}/{pid}/map_files/{_map_files_name(mapping)}"
-    st = _stat(through_map)
-    if st is not None:
-        return _Located(mapping, through_map, st)
+        candidates.append(f"{proc_root}/{pid}/root{_path_of(mapping)}")
+    candidates.append(f"{proc_root}/{pid}/map_files/{_map_files_name(mapping)}")
+    for path in candidates:
+        opened = _open_regular(path)
+        if opened is None:
+            continue
+        if _is_mapped_file(opened, key, checked):
+            return _Located(mapping, opened)
+        opened.close()
     return None
 
 
-def _stat(path: str) -> os.stat_result | None:
+def _open_regular(path: str) -> OpenFile | None:
+    """`path` opened for reading if it is a regular file, else None. Never blocks (a FIFO
+    put where a library was opens at once and is refused) and never raises."""
     try:
-        st = os.stat(path)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, ValueError):
         return None
-    return st if stat.S_ISREG(st.st_mode) else None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    return OpenFile(fd, st, path)
+
+
+def _is_mapped_file(
+    opened: OpenFile,
+    key: LibraryKey,
+    checked: dict[tuple[int, int, int], LibraryKey] | None = None,
+) -> bool:
+    """Whether the open file is the one maps shows as `key` (st_dev, st_ino).
+
+    The inode alone says nothing: inode numbers repeat across file systems, and a user can
+    make files until one has the number of a root-owned library. Where fstat's device is the
+    one maps shows (ext4, xfs, ...), the pair decides. Where it is not (overlayfs shows its
+    own device, btrfs a subvolume's, while maps shows the file system's), the file is mapped
+    here too, and this process's own maps says how the kernel shows it."""
+    st = opened.stat
+    if st.st_ino != key[1]:
+        return False
+    if st.st_dev == key[0]:
+        return True
+    seen = (st.st_dev, st.st_ino, st.st_ctime_ns)
+    if checked is not None and checked.get(seen) == key:
+        return True
+    if _mapped_key(opened.fd) != key:
+        return False
+    if checked is not None:
+        if len(checked) >= _MAX_CHECKED:
+            checked.pop(next(iter(checked)))
+        checked[seen] = key
+    return True
+
+
+_MAX_CHECKED = 65536
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _mapped_key(fd: int) -> LibraryKey | None:
+    """(device, inode) of the file open as `fd` as /proc/PID/maps shows it: the file is
+    mapped (one page, read-only, never touched) and this process's own maps read."""
+    address = _libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        return None
+    try:
+        prefix = f"{address:08x}-".encode()
+        with open(f"{SELF_MAPS}", "rb") as maps:
+            for line in maps:
+                if line.startswith(prefix):
+                    fields = line.split(maxsplit=5)
+                    if len(fields) < 5:
+                        return None
+                    return _device(fields[3].decode()), int(fields[4])
+        return None
+    except (OSError, ValueError):
+        return None
+    finally:
+        _libc.munmap(address, mmap.PAGESIZE)
+
+
+SELF_MAPS = "/proc/self/maps"

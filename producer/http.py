@@ -14,9 +14,12 @@ and out, the thread that read it, and the W3C `traceparent` it carried.
 Where a record was lost (its offset jumps) or a head was longer than what was captured, the
 framing of that message is unknown: the stream is marked lost until a record starts with a
 request line (inbound) or a status line (outbound), or, in a chunked body, until a record ends
-with the last chunk. HTTP/2, TLS and bytes that are not HTTP are not parsed: counted per
-process, and each kind is noticed once per process (`take_notices`). Nothing a client or a
-server sends makes `feed` raise.
+with the last chunk. A request head that never ends (no blank line) before the client's end
+of stream, or before the server answers it, is a request all the same (Python's http.server
+serves it): what was seen of it, never complete (`ProcessStats.heads_cut`); what follows is
+framed from the next request line. HTTP/2, TLS and bytes that are not HTTP are not parsed:
+counted per process, and each kind is noticed once per process (`take_notices`). Nothing a
+client or a server sends makes `feed` raise.
 
 Pure: no BPF, no I/O.
 """
@@ -185,6 +188,9 @@ class ProcessStats:
     resyncs: int = 0
     #: Requests whose route went to OTHER_ROUTE (the per-process cap was reached).
     routes_capped: int = 0
+    #: Requests whose head never ended (no blank line) before the client's end of stream or
+    #: the server's response: taken as what was seen of it, and incomplete.
+    heads_cut: int = 0
     malformed_records: int = 0
     #: Internal errors caught at the boundary (a bug if ever non-zero).
     parser_errors: int = 0
@@ -234,6 +240,8 @@ class _Pending:
     trace: TraceContext | None
     bytes_in: int = 0
     status: int = 0
+    #: Its head never ended: what was seen of it is all it has (never complete).
+    head_cut: bool = False
 
 
 @dataclass
@@ -430,6 +438,10 @@ class HttpParser:
         if framer.state == _State.DEAD:
             return
         if rec.ret == 0:  # the peer's end of stream (reads only)
+            if framer.inbound and framer.state == _State.HEAD:
+                # Nothing more comes: servers (Python's http.server among them) take a head
+                # the stream ended in as whole, answer it, and may do GPU work for it first.
+                self._cut_head(conn, framer, rec)
             return
         if framer.state == _State.LOST and self._starts_message(framer, rec.head):
             self.stats(conn.pid).resyncs += 1
@@ -714,6 +726,27 @@ class HttpParser:
             return
         self._start_body(conn, framer, rec, framing)
 
+    def _cut_head(self, conn: _Conn, framer: _Framer, rec: HttpRecord) -> None:
+        """The request head being read ends here without its blank line (the client's end of
+        stream, or the server answered it): what was seen of it is a request, never complete.
+        Bytes that follow are framed from the next request line on."""
+        raw = bytes(framer.buf)
+        if b"\n" not in raw:  # the request line itself was not ended: whole, or no request
+            raw += b"\r\n"
+            if not _REQUEST_LINE.fullmatch(raw):
+                self._garbage(conn, framer)
+                return
+        before = len(conn.pending)
+        self._request_head(conn, framer, rec, raw, truncated=True)
+        framer.buf.clear()
+        if len(conn.pending) == before:  # not a request: counted as garbage
+            return
+        pending = conn.pending[-1]
+        pending.head_cut = True
+        pending.bytes_in = framer.msg_bytes
+        conn.reading = None
+        self.stats(conn.pid).heads_cut += 1
+
     def _response_head(
         self, conn: _Conn, framer: _Framer, rec: HttpRecord, raw: bytes, truncated: bool
     ) -> None:
@@ -732,6 +765,9 @@ class HttpParser:
             else:
                 framer.state = _State.IDLE
             return
+        if not conn.pending and conn.inbound.state == _State.HEAD:
+            # An answer to a head still without its blank line: the server took it as whole.
+            self._cut_head(conn, conn.inbound, rec)
         if not conn.pending:
             self.stats(conn.pid).orphan_responses += 1
             conn.response_for = None
@@ -829,6 +865,7 @@ class HttpParser:
         if conn.reading is p:  # answered before its body was read whole
             p.bytes_in = conn.inbound.msg_bytes
             conn.reading = None
+        complete = complete and not p.head_cut
         stats = self.stats(conn.pid)
         stats.requests += 1
         if not complete:

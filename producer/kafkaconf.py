@@ -13,7 +13,7 @@
                                       would retry for ever, and aiokafka hang)
 
 A contract module: the stream app imports it, so it imports no other producer module but
-errors.
+errors and files.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from producer.errors import ServiceError, UsageError
+from producer.files import read_input
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,8 @@ def load_config(path: Path | None, environ: Mapping[str, str] = os.environ) -> d
     (GPUFLIGHT_KAFKA_SASL_PASSWORD sets sasl.password)."""
     config: dict[str, str] = {}
     if path is not None:
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            raise UsageError(f"cannot read Kafka config {path}: {exc.strerror}") from None
+        try:  # a regular file: a FIFO or a device is refused, never waited on
+            lines = read_input(path, "Kafka config").decode().splitlines()
         except UnicodeDecodeError:
             raise UsageError(f"Kafka config {path} is not text") from None
         for number, raw in enumerate(lines, 1):
@@ -202,6 +201,9 @@ def _reason(exc: BaseException) -> str:
 REFUSED_CODES: Final = frozenset({-169, -181, 33, 34, 58})
 #: librdkafka's _ALL_BROKERS_DOWN: nothing answers at any bootstrap address.
 ALL_BROKERS_DOWN: Final = -187
+#: librdkafka's _UNSUPPORTED_FEATURE: what answers does not serve metadata as a broker does
+#: (a KRaft controller's port, a broker older than 0.11): it never will, so it is not waited on.
+UNSUPPORTED_FEATURE: Final = -165
 
 _QUIET = logging.getLogger(f"{__name__}.librdkafka")
 _QUIET.propagate = False
@@ -214,10 +216,16 @@ def is_refusal(error: Any) -> bool:
     return callable(code) and code() in REFUSED_CODES
 
 
+def _code(error: Any) -> int | None:
+    code = getattr(error, "code", None)
+    return code() if callable(code) else None
+
+
 def check_access(bootstrap: str, config: Mapping[str, str],
                  timeout_s: float = 10.0) -> str | None:
     """Ask the broker for its metadata with these settings. None when it answered; a
-    ServiceError at once when it refused the credentials or TLS; else, when it could not be
+    ServiceError at once when it refused the credentials or TLS, or is no broker (a port that
+    answers but serves no metadata: a KRaft controller's); else, when it could not be
     reached (nothing listening, or no answer within timeout_s), what librdkafka last said, and
     the caller decides (the producer buffers, replay gives up). A setting librdkafka does not
     know is a UsageError."""
@@ -230,7 +238,7 @@ def check_access(bootstrap: str, config: Mapping[str, str],
     def on_error(error: Any) -> None:
         log.debug("Kafka: %s", error)
         errors.append(error)
-        if is_refusal(error) or getattr(error, "code", lambda: None)() == ALL_BROKERS_DOWN:
+        if is_refusal(error) or _code(error) in (ALL_BROKERS_DOWN, UNSUPPORTED_FEATURE):
             done.set()
 
     settings: dict[str, Any] = {**config, "bootstrap.servers": bootstrap,
@@ -255,6 +263,10 @@ def check_access(bootstrap: str, config: Mapping[str, str],
     refused = [e for e in errors if is_refusal(e)]
     if refused:
         raise ServiceError(f"Kafka at {bootstrap} refused the connection: {_text(refused[0])}")
+    if any(_code(e) == UNSUPPORTED_FEATURE for e in errors):
+        raise ServiceError(f"{bootstrap} is not a Kafka broker's port (it answers, but serves no "
+                           "metadata: a KRaft controller's port? the brokers' listeners are in "
+                           "its server.properties)")
     return _text(errors[-1]) if errors else f"no answer within {timeout_s:g} s"
 
 

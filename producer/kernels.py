@@ -14,26 +14,33 @@ looked up in the process: among the `__handle` statics nvcc 12.4+ keeps next to 
 stub (`_ZZ<stub>E8__handle`, read from the process's memory: each holds its kernel's
 cudaKernel_t once the stub has run), then as an address: the symbol that covers it in its
 file's .symtab/.dynsym (nvcc 13 keeps host stubs only in .symtab), else "MODULE+0xOFFSET"
-(the file's base name and the address's offset in it). A launch is never
-dropped for want of a name. Names are demangled with cxxfilt, which wraps libstdc++'s
-__cxa_demangle (the reference implementation GCC and c++filt use; pure-Python demanglers lag
-behind it on CUDA's templates); the short form drops template arguments, parameter lists and
-return types, so that a dashboard's kernel tag stays bounded, but keeps what a generic kernel
-runs: `at::native::vectorized_elementwise_kernel<launch_clamp_scalar>` (`operation`).
+(the file's base name and the address's offset in it). A launch is never dropped for want
+of a name. The process's maps, and a descriptor of each file it maps executable (opened
+through /proc/PID/map_files), are kept from while it lived (`keep_maps`: capture calls it
+while the process is held at the scan that finds it mapping CUDA): one that exits before its
+launches are named is named from the very files it mapped. Names are demangled with cxxfilt,
+which wraps libstdc++'s __cxa_demangle (the reference implementation GCC and c++filt use;
+pure-Python demanglers lag behind it on CUDA's templates); the short form drops template
+arguments, parameter lists and return types, so that a dashboard's kernel tag stays bounded,
+but keeps what a generic kernel runs:
+`at::native::vectorized_elementwise_kernel<launch_clamp_scalar>` (`operation`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import stat
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +57,11 @@ __all__ = ["KernelNames", "demangle", "operation", "short_name"]
 MAX_PROCESSES = 4096
 #: Names kept per process (a process that builds kernels without end stays bounded).
 MAX_NAMES_PER_PROCESS = 65536
+#: Files kept open to name the launches of processes that have exited (_KeptFiles), node-wide.
+MAX_KEPT_FILES = 256
+#: Where this process's own descriptors are named (the real /proc: a fake tree given as
+#: proc_root holds other processes', never ours).
+SELF_FD = "/proc/self/fd"
 
 #: nvcc's function-local static holding a stub's cudaKernel_t, and the stubs' name prefix.
 HANDLE_STATIC = "__handle"
@@ -287,13 +299,131 @@ class _Process:
         return len(self.stub_names) + len(self.kernel_stubs) + len(self.driver_names)
 
 
-@dataclass(frozen=True)
-class _Mapping:
+#: (st_dev, st_ino) of a file as stat gives them: what it is, on whichever file system.
+_FileId = tuple[int, int]
+
+
+class _Mapping(NamedTuple):
+    """One line of /proc/PID/maps (a tuple: a PyTorch process has hundreds, read again on
+    each address lookup)."""
+
     start: int
     end: int
     offset: int
+    dev: int  # st_dev of the file as /proc/PID/maps shows it (major:minor)
     inode: int
     path: str  # "" for anonymous memory
+    executable: bool
+
+    @property
+    def owner(self) -> tuple[int, int, str]:
+        """Its file, as maps names it: every mapping of one file has the same."""
+        return (self.dev, self.inode, self.path)
+
+
+@dataclass
+class _Kept:
+    """A process's maps as last read, and the files kept for it: per file (as maps names it),
+    the first executable mapping of it (start, end, offset) and the kept file's identity
+    (None where none could be opened)."""
+
+    maps: list[_Mapping]
+    files: dict[tuple[int, int, str], tuple[tuple[int, int, int], _FileId | None]]
+
+    def kept(self) -> set[_FileId]:
+        return {key for _, key in self.files.values() if key is not None}
+
+    def file_of(self, mapping: _Mapping) -> _FileId | None:
+        found = self.files.get(mapping.owner)
+        return None if found is None else found[1]
+
+
+def _close_all(fds: dict[_FileId, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+
+
+class _KeptFiles:
+    """Descriptors of the files processes map executable (where a launch by address can
+    point), node-wide, one per file, opened through /proc/PID/map_files while the process
+    lived: a process that has exited is named from the very files it mapped, even when their
+    paths are gone or name other files by then (a container's root, a library replaced).
+    Each is closed once no process kept uses it, or beyond MAX_KEPT_FILES (the least recently
+    used first: those files are then found by path, where they still are)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._fds: OrderedDict[_FileId, int] = OrderedDict()
+        self._users: dict[_FileId, set[int]] = {}
+        self._finalizer = weakref.finalize(self, _close_all, self._fds)
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def open(self, pid: int, link: str) -> _FileId | None:
+        """Keep the regular file `link` opens (a map_files entry) for `pid`; its identity."""
+        try:
+            st = os.stat(link)
+        except (OSError, ValueError):
+            return None
+        if not stat.S_ISREG(st.st_mode):  # a device mapped executable is never opened
+            return None
+        key = (st.st_dev, st.st_ino)
+        if key in self._fds:
+            self._fds.move_to_end(key)
+        else:
+            try:
+                fd = os.open(link, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            except (OSError, ValueError):
+                return None
+            try:
+                opened = os.fstat(fd)
+            except OSError:
+                opened = None
+            # The range may have been mapped anew between the stat and the open.
+            if opened is None or (opened.st_dev, opened.st_ino) != key or not stat.S_ISREG(
+                    opened.st_mode):
+                os.close(fd)
+                return None
+            self._fds[key] = fd
+            while len(self._fds) > self.limit:
+                old, old_fd = self._fds.popitem(last=False)
+                self._users.pop(old, None)
+                os.close(old_fd)
+        self._users.setdefault(key, set()).add(pid)
+        return key
+
+    def touch(self, pid: int, key: _FileId) -> bool:
+        """`pid` still maps the kept file `key`; False if it is kept no more."""
+        if key not in self._fds:
+            return False
+        self._fds.move_to_end(key)
+        self._users.setdefault(key, set()).add(pid)
+        return True
+
+    def path(self, key: _FileId | None) -> str | None:
+        """A path that opens the kept file itself (this process's descriptor of it)."""
+        fd = None if key is None else self._fds.get(key)
+        return None if fd is None else f"{SELF_FD}/{fd}"
+
+    def release(self, pid: int, keys: Iterable[_FileId]) -> None:
+        """`pid` is done with these files: each no kept process uses is closed."""
+        for key in keys:
+            users = self._users.get(key)
+            if users is None:
+                continue
+            users.discard(pid)
+            if not users:
+                del self._users[key]
+                fd = self._fds.pop(key, None)
+                if fd is not None:
+                    os.close(fd)
+
+    def close(self) -> None:
+        self._users.clear()
+        self._finalizer()
 
 
 class KernelNames:
@@ -305,29 +435,65 @@ class KernelNames:
         self._proc_root = proc_root
         self._processes: OrderedDict[int, _Process] = OrderedDict()
         #: The last maps read of each process: a process that has exited is still named.
-        self._maps: OrderedDict[int, list[_Mapping]] = OrderedDict()
+        self._maps: OrderedDict[int, _Kept] = OrderedDict()
+        #: The files those maps name, open (what names a process that has exited).
+        self._files = _KeptFiles(MAX_KEPT_FILES)
         self.records = 0
 
-    def remember_maps(self, pid: int) -> None:
-        """Read `pid`'s mappings and nvcc `__handle` statics now, while it lives (capture
-        calls this when it scans): a process attached late may be gone by the time its
-        launches are named."""
+    def keep_maps(self, pid: int) -> list[_Mapping] | None:
+        """Read `pid`'s mappings now, and keep a descriptor of each file it maps executable
+        (cheap: one read of its maps, and for a file not kept yet a stat and an open).
+        Capture calls this while the process is held, at the scan that finds it mapping a
+        CUDA library: a short process may be gone before its launches are named, and they
+        are named from these then. None (what was kept stays) when it cannot be read."""
         maps = self._read_maps(pid)
-        if maps is not None:
-            self._maps[pid] = maps
-            self._maps.move_to_end(pid)
-            while len(self._maps) > MAX_PROCESSES:
-                self._maps.popitem(last=False)
+        if not maps:  # gone (a zombie's maps are empty), or not ours to read
+            return None
+        before = self._maps.get(pid)
+        known = before.files if before is not None else {}
+        files: dict[tuple[int, int, str], tuple[tuple[int, int, int], _FileId | None]] = {}
+        for m in maps:
+            if not m.executable or not m.path.startswith("/") or m.owner in files:
+                continue
+            place = (m.start, m.end, m.offset)
+            was = known.get(m.owner)
+            key = was[1] if was is not None and was[0] == place else None
+            if key is None or not self._files.touch(pid, key):
+                key = self._files.open(
+                    pid, f"{self._proc_root}/{pid}/map_files/{m.start:x}-{m.end:x}")
+            files[m.owner] = (place, key)
+        kept = _Kept(maps, files)
+        if before is not None:
+            self._files.release(pid, before.kept() - kept.kept())
+        self._maps[pid] = kept
+        self._maps.move_to_end(pid)
+        while len(self._maps) > MAX_PROCESSES:
+            old, dropped = self._maps.popitem(last=False)
+            self._files.release(old, dropped.kept())
+        return maps
+
+    def remember_maps(self, pid: int) -> None:
+        """keep_maps, and read `pid`'s nvcc `__handle` statics now, while it lives (capture
+        calls this when it scans, once no process is held: the statics of a large library
+        take a while to read)."""
+        self.keep_maps(pid)
         if self._proc_root is not None:
             state = self._process(pid)
             state.statics.update(self._read_handle_statics(pid))
             state.statics_read_at = time.monotonic()
 
     def forget(self, pids: Iterable[int]) -> None:
-        """Processes gone, their launches named: their names and maps are not needed again."""
+        """Processes gone, their launches named: their names, maps and files are not needed
+        again."""
         for pid in pids:
             self._processes.pop(pid, None)
-            self._maps.pop(pid, None)
+            dropped = self._maps.pop(pid, None)
+            if dropped is not None:
+                self._files.release(pid, dropped.kept())
+
+    def close(self) -> None:
+        """Close the files kept (also done when this object is collected)."""
+        self._files.close()
 
     def __len__(self) -> int:
         """Processes something is kept of."""
@@ -445,21 +611,22 @@ class KernelNames:
         """cudaKernel_t value → the `__handle` static's symbol, for every one `pid` maps
         that holds a handle. Demangled only when a launch asks (`_kernel_of_handle_static`):
         libtorch_cuda.so has 24,000 of them and a scan must not demangle them all."""
-        maps = self._read_maps(pid)
+        maps = self.keep_maps(pid)
         if not maps:
             return {}
         found: dict[int, str] = {}
-        bases: dict[tuple[int, str], int] = {}
+        bases: dict[tuple[int, int, str], _Mapping] = {}
         for mapping in maps:
             if mapping.path.startswith("/") and mapping.offset == 0:
-                bases.setdefault((mapping.inode, mapping.path), mapping.start)
+                bases.setdefault((mapping.dev, mapping.inode, mapping.path), mapping)
         try:
             mem = os.open(f"{self._proc_root}/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return {}
         try:
-            for (inode, path), start in bases.items():
-                opened = self._open_path(pid, _Mapping(start, start, 0, inode, path))
+            for mapping in bases.values():
+                start = mapping.start
+                opened = next(self._file_paths(pid, mapping), None)
                 statics = elfsyms.local_statics(opened, HANDLE_STATIC) if opened else None
                 if statics is None or not statics.objects:
                     continue
@@ -487,8 +654,8 @@ class KernelNames:
         vaddr = None
         # Each path in turn: the process may exit between finding a path and reading the
         # file through it (its map_files then open no more); the file itself reads the same
-        # through any of them (elfsyms caches by inode).
-        for opened in self._open_paths(pid, mapping):
+        # through any of them (elfsyms caches by file identity).
+        for opened in self._file_paths(pid, mapping):
             found = elfsyms.symbol_at(opened, file_offset)
             if found is not None:
                 return demangle(found[0])
@@ -499,32 +666,50 @@ class KernelNames:
         label = f"{os.path.basename(mapping.path)}+0x{where:x}"
         return KernelName(label, label)
 
-    def _open_path(self, pid: int, mapping: _Mapping) -> str | None:
-        """A path that opens the mapped file: through the live process, else (it has
-        exited) the path itself when it still names the same inode."""
-        return next(self._open_paths(pid, mapping), None)
-
-    def _open_paths(self, pid: int, mapping: _Mapping) -> Iterator[str]:
-        candidates = (
-            f"{self._proc_root}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}",
-            f"{self._proc_root}/{pid}/root{mapping.path}",
-            mapping.path,
-        )
-        for path in candidates:
+    def _file_paths(self, pid: int, mapping: _Mapping) -> Iterator[str]:
+        """Paths that open the file `mapping` maps, surest first: the descriptor kept of it;
+        its /proc/PID/map_files entry (the mapped file itself, on any file system); then,
+        the process gone (or map_files refused), /proc/PID/root/PATH and PATH, each only
+        when stat says it is that file: the identity of the kept file, else the device and
+        inode /proc/PID/maps gave (an inode number alone is no identity: another file system
+        has a file of the same number, which a user could map there). Through overlayfs and
+        btrfs subvolumes stat's device differs from maps': such a path is not read."""
+        held = self._maps.get(pid)
+        file = held.file_of(mapping) if held is not None else None
+        kept = self._files.path(file)
+        if kept is not None:
+            yield kept
+        through_map = f"{self._proc_root}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}"
+        for path in (through_map, f"{self._proc_root}/{pid}/root{mapping.path}", mapping.path):
             try:
-                if os.stat(path).st_ino == mapping.inode:
-                    yield path
-            except OSError:
+                st = os.stat(path)
+            except (OSError, ValueError):
                 continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            identity = (st.st_dev, st.st_ino)
+            if file is not None:
+                same = identity == file
+            else:
+                same = path == through_map or identity == (mapping.dev, mapping.inode)
+            if same:
+                yield path
 
     def _mapping_of(self, pid: int, address: int) -> _Mapping | None:
-        for maps in (self._read_maps(pid), self._maps.get(pid)):
-            for mapping in maps or ():
-                if mapping.start <= address < mapping.end:
-                    return mapping
+        """The mapping of `pid` that covers `address`: in its maps now (kept, with their
+        files, for when it has exited), else in the maps kept while it lived."""
+        maps = self.keep_maps(pid) if self._proc_root is not None else None
+        if maps is None:
+            held = self._maps.get(pid)
+            maps = held.maps if held is not None else None
+        for mapping in maps or ():
+            if mapping.start <= address < mapping.end:
+                return mapping
         return None
 
     def _read_maps(self, pid: int) -> list[_Mapping] | None:
+        if self._proc_root is None:
+            return None
         try:
             with open(f"{self._proc_root}/{pid}/maps", "rb") as f:
                 lines = f.read().decode("utf-8", "surrogateescape").splitlines()
@@ -535,10 +720,14 @@ class KernelNames:
             parts = line.split(None, 5)
             if len(parts) < 5:
                 continue
-            start_text, _, end_text = parts[0].partition("-")
-            path = parts[5].removesuffix(" (deleted)") if len(parts) == 6 else ""
-            maps.append(
-                _Mapping(int(start_text, 16), int(end_text, 16), int(parts[2], 16),
-                         int(parts[4]), path)
-            )
+            try:
+                start_text, _, end_text = parts[0].partition("-")
+                major, _, minor = parts[3].partition(":")
+                path = parts[5].removesuffix(" (deleted)") if len(parts) == 6 else ""
+                maps.append(_Mapping(
+                    int(start_text, 16), int(end_text, 16), int(parts[2], 16),
+                    os.makedev(int(major, 16), int(minor, 16)), int(parts[4]),
+                    path.replace("\\012", "\n"), "x" in parts[1]))
+            except ValueError:
+                continue
         return maps

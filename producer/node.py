@@ -20,6 +20,7 @@ from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import check_can_probe
 from producer.errors import UsageError
+from producer.files import check_target
 from producer.nvml import NvmlSampler, UtilizationFeed
 from producer.probes import read_pinned_tally
 from producer.publish import KafkaSettings, KafkaSink
@@ -61,6 +62,7 @@ def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float,
         http_connections_untracked=http_untracked,
         dropped_agent_died=ledger.dead_total if ledger else 0,
         dropped_agent_died_by_pid=dict(ledger.dead_by_pid) if ledger else {},
+        events_aggregated=drops.aggregated,
     )
 
 
@@ -80,6 +82,9 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
         status_file: Path | None = None) -> int:
     if output is None and kafka is None:
         raise UsageError("producer needs a destination: --kafka HOST:PORT and/or --output FILE")
+    # A FIFO or a symlink where a file goes is refused before anything starts.
+    check_target(output, "--output")
+    check_target(status_file, "--status-file", replaced=True)
     check_can_probe()
     stopping: list[int] = []
 
@@ -207,7 +212,7 @@ def _tally_dir() -> Path | None:
     Agents are this host's processes: the real /proc, whatever a `--proc` tree says."""
     try:
         return tally.prepare()
-    except tally.TallyUnavailable as exc:
+    except (tally.TallyUnavailable, OSError) as exc:
         log.warning("tally: %s; events a killed agent never published will not be counted",
                     exc)
         return None

@@ -12,6 +12,7 @@ SLURM account, ...). The entry point decides where the price files are.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from producer.errors import UsageError
+from producer.files import read_input
 
 SECTION: Final = "usd_per_gpu_hour"
 #: The label value of items that do not carry the label rolled up by.
@@ -29,6 +31,18 @@ _VENDOR_WORDS: Final = frozenset({"NVIDIA", "TESLA", "GEFORCE"})
 
 def _words(name: str) -> frozenset[str]:
     return frozenset(re.split(r"[\s\-_/]+", name.upper().strip())) - _VENDOR_WORDS - {""}
+
+
+def _usd(price: object) -> float | None:
+    """A price as a float, or None unless a finite number >= 0 (TOML has nan, inf, and
+    integers beyond a float's range)."""
+    if isinstance(price, bool) or not isinstance(price, int | float):
+        return None
+    try:
+        usd = float(price)
+    except OverflowError:
+        return None
+    return usd if 0 <= usd < math.inf else None
 
 
 @dataclass(frozen=True)
@@ -49,20 +63,21 @@ class PriceBook:
         """Read price files; each later file overrides the earlier ones, model by model."""
         prices: dict[str, float] = {}
         for path in paths:
-            try:
-                data = tomllib.loads(path.read_text())
-            except OSError as exc:
-                raise UsageError(f"cannot read price file {path}: {exc.strerror}") from exc
+            try:  # a regular file: a FIFO or a device is refused, never waited on
+                data = tomllib.loads(read_input(path, "price file").decode())
+            except UnicodeDecodeError:
+                raise UsageError(f"price file {path} is not text") from None
             except tomllib.TOMLDecodeError as exc:
                 raise UsageError(f"price file {path} is not valid TOML: {exc}") from exc
             table = data.get(SECTION)
             if not isinstance(table, dict):
                 raise UsageError(f"price file {path} has no [{SECTION}] table")
             for model, price in table.items():
-                if isinstance(price, bool) or not isinstance(price, int | float) or price < 0:
-                    raise UsageError(f"price file {path}: {model!r} must be a number >= 0 "
-                                     f"(USD per GPU-hour), not {price!r}")
-                prices[model] = float(price)
+                usd = _usd(price)
+                if usd is None:
+                    raise UsageError(f"price file {path}: {model!r} must be a number >= 0 and "
+                                     f"finite (USD per GPU-hour), not {price!r}")
+                prices[model] = usd
         return cls(prices, tuple(paths))
 
     def model_of(self, gpu_name: str) -> str | None:

@@ -37,6 +37,12 @@ from producer.bpfsource import bundle
 from producer.discover import DRIVER_SYMBOLS, RUNTIME_SYMBOLS, LibraryFile
 from producer.errors import AttachError, SetupError
 from producer.records import (
+    AGG_KEY_DTYPE,
+    AGG_STATE_DTYPE,
+    AGG_VALUE_DTYPE,
+    AGGREGATE_DTYPE,
+    AGGREGATED,
+    COOKIE_STEPPED,
     DROP_EVENTS,
     DROP_LOADER,
     DROP_NAMES,
@@ -51,6 +57,7 @@ from producer.records import (
     PROBES,
     QUIET_LOADS,
     SETTLED_DTYPE,
+    STEPPED,
     TEXT_RANGES_DTYPE,
     Probe,
 )
@@ -83,6 +90,12 @@ class DropCounts:
     forwarded: int = 0
     #: Not lost: dlopens in scope that mapped only quiet files, let through unheld.
     quiet_loads: int = 0
+    #: Not lost: events the kernel counted in its aggregates instead of recording them (under
+    #: overload: bpf/cudart.bpf.c); they are in every count all the same.
+    aggregated: int = 0
+    #: Not lost: calls in scope whose probe the kernel single-stepped (AttachedFile.stepped;
+    #: counted only where the kernel has attach cookies, Linux 5.15+).
+    stepped: int = 0
 
 
 # What each kind of library file is probed for: its API functions and name functions.
@@ -100,6 +113,9 @@ class AttachedFile:
     #: Functions the file defines that could not be probed (the kernel refused that one
     #: function, e.g. its first instruction), with why: the others are probed all the same.
     unprobed: dict[str, str] = field(default_factory=dict)
+    #: The functions probed at an instruction the kernel single-steps (attachplan.Plan.stepped:
+    #: ~15 us a call on a VM, where an emulated one costs ~0.4).
+    stepped: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -121,7 +137,8 @@ TALLY_PINNED = ("committed", "settled")
 #: Maps only the CUDA API programs use (this process reads them once those may have run, or
 #: waits for them): made with those programs, on the loader thread, while the command starts
 #: (~20 ms of the kernel's: the rings' 48 MiB and the tables' entries are allocated up front).
-LATER_MAPS = frozenset({"events", "names", "inflight", "ctx_device", "runtime_text"})
+LATER_MAPS = frozenset({"events", "names", "inflight", "ctx_device", "runtime_text",
+                        "aggregates", "ring_share"})
 
 
 class Probes:
@@ -177,6 +194,12 @@ class Probes:
         self._quiet = maps.get("quiet_files")
         self._quiet_known: set[bytes] = set()
         self._scope = maps["scope_pids"]
+        #: The overload aggregates (drain_aggregates): the generation the kernel counts into,
+        #: what the AGGREGATED counter said at the last drain, and whether the generation it
+        #: left then is still to be read.
+        self._agg_state = np.zeros(1, dtype=AGG_STATE_DTYPE)
+        self._agg_counted = 0
+        self._agg_unread = False
 
     def drain_events(self, max_events: int | None = None) -> npt.NDArray[np.void]:
         """The events committed so far (EVENT_DTYPE, up to `max_events`), oldest first. None
@@ -184,6 +207,64 @@ class Probes:
         if self._events_ring is None and not self._bpf.made("events"):
             return np.empty(0, dtype=EVENT_DTYPE)
         return self.ring.drain(max_events)
+
+    def set_wall_offset(self, offset_ns: int) -> None:
+        """What turns the kernel's CLOCK_MONOTONIC into the wall clock of the events (the
+        enricher's): the kernel's aggregates are by slots of that wall clock, so that each lies
+        in one stream window."""
+        self._agg_state["wall_offset_ns"] = offset_ns
+        self._write_agg_state()
+
+    def _write_agg_state(self) -> None:
+        self._bpf.map("agg_state").update(_U32.pack(0), self._agg_state.tobytes())
+
+    def drain_aggregates(self, everything: bool = False) -> npt.NDArray[np.void]:
+        """What the kernel counted in its `aggregates` table and no drain has taken yet
+        (AGGREGATE_DTYPE, in the kernel's clock): the entries of the generation it stopped
+        counting into at the drain before (their events all came before that drain's, and no
+        probe is adding to them any more), taken out of the table; then, if it has counted
+        since, it is moved on to the other generation. `everything` (at the end, when nothing
+        counts any more): every entry, whichever generation."""
+        if not self._bpf.made("aggregates"):
+            return np.zeros(0, dtype=AGGREGATE_DTYPE)
+        counters = self._bpf.map("drops").lookup_percpu(_U32.pack(AGGREGATED))
+        counted = sum(_U64.unpack(v)[0] for v in counters)
+        out = np.zeros(0, dtype=AGGREGATE_DTYPE)
+        if self._agg_unread or everything:
+            left = None if everything else int(self._agg_state["gen"][0]) ^ 1
+            out = self._take_aggregates(left)
+            self._agg_unread = False
+        if counted != self._agg_counted:
+            self._agg_counted = counted
+            if not everything:
+                self._agg_state["gen"] ^= 1
+                self._write_agg_state()
+                self._agg_unread = True
+        return out
+
+    def _take_aggregates(self, gen: int | None) -> npt.NDArray[np.void]:
+        """The entries of `aggregates` of generation `gen` (None: all), deleted."""
+        table = self._bpf.map("aggregates")
+        at = AGG_KEY_DTYPE.fields["gen"][1]  # type: ignore[index]
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        for key in table:
+            if gen is not None and int.from_bytes(key[at:at + 4], "little") != gen:
+                continue
+            value = table.lookup(key)
+            table.delete(key)
+            if value is not None:
+                keys.append(key)
+                values.append(value)
+        k = np.frombuffer(b"".join(keys), dtype=AGG_KEY_DTYPE)
+        v = np.frombuffer(b"".join(values), dtype=AGG_VALUE_DTYPE)
+        out = np.zeros(len(keys), dtype=AGGREGATE_DTYPE)
+        for name in ("pid", "api", "type", "flags", "device", "handle", "dim"):
+            out[name] = k[name]
+        for name in ("count", "bytes", "duration_ns", "last_ts_ns"):
+            out[name] = v[name]
+        out["ts_ns"] = v["first_ts_ns"]
+        return out
 
     @property
     def ring(self) -> RingBufferReader:
@@ -262,23 +343,27 @@ class Probes:
         """Attach to a file not tried before; a failure is kept in `failed`, not logged."""
         fds: list[int] = []
         try:
-            if library.kind == "loader":
-                attached = self._attach_loader(library, fds)
-            else:
-                attached = self._attach_runtime(library, fds)
+            # Planned and attached through the descriptor discovery checked (/proc/self/fd/N),
+            # never through a path: its directories may be swapped between two uses of it.
+            with library.reading() as path:
+                if library.kind == "loader":
+                    attached = self._attach_loader(library, path, fds)
+                else:
+                    attached = self._attach_runtime(library, path, fds)
         except SetupError:  # a program did not load: nothing of the file stays attached
             self._detach(fds)
             raise
         except AttachError as exc:
             self._detach(fds)
-            if not os.path.exists(library.host_path):
-                # The process whose path to the file this was has gone (or the file was
-                # deleted) since the scan: nothing is known about the file itself. Not
-                # remembered: the next process that maps it is the way in.
-                log.debug("%s went away before it was probed (%s); tried again through the"
-                          " next process that maps it", library.host_path, exc)
-                return None
             self.failed[library.key] = SkippedFile(library, str(exc), exc.errno)
+            return None
+        except OSError as exc:
+            self._detach(fds)
+            # Not open any more (a LibraryFile made without its file, whose path has gone):
+            # nothing is known about the file itself. Not remembered: the next process that
+            # maps it is the way in.
+            log.debug("%s went away before it was probed (%s); tried again through the"
+                      " next process that maps it", library.host_path, exc)
             return None
         self.attached[library.key] = attached
         self._links[library.key] = fds
@@ -300,7 +385,9 @@ class Probes:
             return
         if self._attach_file(library) is not None:
             return
-        skipped = self.failed[library.key]
+        skipped = self.failed.get(library.key)
+        if skipped is None:  # gone before it was tried: nothing said of the kernel
+            return
         if skipped.errno in (errno.EPERM, errno.EACCES):
             raise SetupError(
                 f"the kernel refused to attach a uprobe ({os.strerror(skipped.errno)}): "
@@ -324,31 +411,35 @@ class Probes:
             if waited > 0.001:  # still loading on the loader thread (or loaded just now)
                 log.debug("waited %.1f ms for %s to load", waited * 1000, name)
 
-    def _attach_function(
-        self, library: LibraryFile, name: str, offset: int, fds: list[int]
-    ) -> int:
-        """The entry probe of `name` at file `offset`, and its return probe where one is
-        needed: both or neither. Returns how many probes; raises OSError."""
+    def _attach_function(self, path: str, name: str, offset: int, fds: list[int],
+                         stepped: bool = False) -> int:
+        """The entry probe of `name` at file `offset` of the file open at `path`, and its
+        return probe where one is needed: both or neither (at one offset: the kernel takes
+        the return address at %rsp there, which the plan's moves leave as at the entry).
+        `stepped`: the instruction there is single-stepped (its calls are counted, where
+        cookies are). Returns how many probes; raises OSError."""
         row = _PROBE_ROWS[name]
         cookies = self._settings.attach_cookies
-        cookie = row.cookie if cookies else 0
+        cookie = (row.cookie | (COOKIE_STEPPED if stepped else 0)) if cookies else 0
         entry = self._uprobes.attach(self._program(row.program("entry", cookies)),
-                                     library.host_path, offset, retprobe=False, cookie=cookie)
+                                     path, offset, retprobe=False, cookie=cookie)
         if not row.returns:
             fds.append(entry)
             return 1
         try:
             ret = self._uprobes.attach(self._program(row.program("return", cookies)),
-                                       library.host_path, offset, retprobe=True, cookie=cookie)
+                                       path, offset, retprobe=True, cookie=cookie)
         except BaseException:
             self._detach([entry])
             raise
         fds += (entry, ret)
         return 2
 
-    def _attach_runtime(self, library: LibraryFile, fds: list[int]) -> AttachedFile:
-        """A runtime or driver file: its API functions and its name functions."""
-        offsets = dict(_plan(library).offsets)
+    def _attach_runtime(self, library: LibraryFile, path: str, fds: list[int]) -> AttachedFile:
+        """A runtime or driver file (open at `path`): its API functions and its name
+        functions."""
+        plan = _plan(library, path)
+        offsets = dict(plan.offsets)
         if library.probe_only is not None:  # a runtime linked into the file: what it calls
             offsets = {n: o for n, o in offsets.items() if n in library.probe_only}
         functions = frozenset(offsets)
@@ -369,7 +460,7 @@ class Probes:
                 continue
             claimed[offset] = name
             try:
-                probes += self._attach_function(library, name, offset, fds)
+                probes += self._attach_function(path, name, offset, fds, name in plan.stepped)
             except OSError as exc:
                 if exc.errno in FILE_ERRNOS:
                     raise AttachError(f"cannot attach to {name}: {_reason(exc)}",
@@ -379,17 +470,20 @@ class Probes:
         if not probes:
             some = "; ".join(f"{n}: {why}" for n, why in sorted(unprobed.items())[:3])
             raise AttachError(f"none of its functions could be probed ({some})", first_errno)
-        return AttachedFile(library, probes, functions - unprobed.keys(), unprobed)
+        # Counted once per function probed: an alias probed through another name is not.
+        stepped = plan.stepped & (set(claimed.values()) - unprobed.keys())
+        return AttachedFile(library, probes, functions - unprobed.keys(), unprobed,
+                            frozenset(stepped))
 
-    def _attach_loader(self, library: LibraryFile, fds: list[int]) -> AttachedFile:
-        plan = _plan(library)
+    def _attach_loader(self, library: LibraryFile, path: str, fds: list[int]) -> AttachedFile:
+        plan = _plan(library, path)
         offset = plan.offset(LOADER_SYMBOL)
         if offset is None:
             raise AttachError(f"defines no {LOADER_SYMBOL} to probe")
         # The program reads the loader's r_state through the cookie (bpf/cudart.bpf.c).
         try:
             fds.append(self._uprobes.attach(self._program("on_loader_change"),
-                                            library.host_path, offset, retprobe=False,
+                                            path, offset, retprobe=False,
                                             cookie=plan.cookie))
         except OSError as exc:
             raise AttachError(f"cannot attach to {LOADER_SYMBOL}: {_reason(exc)}",
@@ -476,6 +570,18 @@ class Probes:
             if not self._scope.keys():
                 return
             self._scope.clear()
+
+    @property
+    def holds(self) -> bpfload.BpfMap | None:
+        """The holds not yet over, each by its notification (bpf/cudart.bpf.c `holds`), where
+        processes are held (trace); None elsewhere. producer/holdguard.py reads it."""
+        return self._bpf.maps.get("holds")
+
+    @property
+    def scope_map(self) -> bpfload.BpfMap:
+        """`scope_pids`, the processes in scope: the holds' watchdog empties it when the tracer
+        dies (producer/holdguard.py)."""
+        return self._scope
 
     # -- reading ----------------------------------------------------------
 
@@ -583,6 +689,8 @@ class Probes:
             names=totals[DROP_NAMES],
             forwarded=totals[FORWARDED],
             quiet_loads=totals[QUIET_LOADS],
+            aggregated=totals[AGGREGATED],
+            stepped=totals[STEPPED],
         )
 
     # -- the tally (producer/tally.py): node agent with Kafka only ----------------------
@@ -671,17 +779,18 @@ class Probes:
                         "them when gpuflight exits", failed)
 
 
-def _plan(library: LibraryFile) -> attachplan.Plan:
-    """Where to attach in `library`: the plan discover found (kept across runs with the
-    file's verdict), else read from the file now (a LibraryFile made without one)."""
+def _plan(library: LibraryFile, path: str) -> attachplan.Plan:
+    """Where to attach in `library` (open at `path`): the plan discover found (kept across
+    runs with the file's verdict), else read from the file now (a LibraryFile made without
+    one)."""
     plan = library.plan
     if plan is not None and plan.kind == library.kind:
         return plan
     try:
-        size = os.stat(library.host_path).st_size
+        size = os.stat(path).st_size
     except OSError:
         return attachplan.Plan(library.kind, ())
-    return attachplan.read_plan(library.host_path, library.kind, size, library.probe_only)
+    return attachplan.read_plan(path, library.kind, size, library.probe_only)
 
 
 # ---- the program: compiled by bcc, or read from the cache ------------------------------------

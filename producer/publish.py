@@ -5,6 +5,10 @@ Lossless within a bound: librdkafka keeps every message until the broker has it
 `buffer_bytes`. When that queue is full — the broker has been away too long —
 a batch is dropped, and its events are counted per process and published with
 the producer's metrics: never lost silently, never a crash.
+
+A fatal error of librdkafka's (what answers is no broker it can publish to, say) ends the
+Kafka output, not the producer: its next write or tick raises (capture's Guarded switches it
+off, and the agent ends with 74), and from then on what would be sent is counted dropped.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from producer import identity, wire
-from producer.errors import UsageError
+from producer.errors import ServiceError, UsageError
 from producer.kafkaconf import ENV_PREFIX, load_config
 from producer.kernels import KernelNames
 from producer.records import EVENT_DTYPE, EventType
@@ -126,9 +130,11 @@ class KafkaSink:
         *,
         kernels: KernelNames | None = None,
     ) -> None:
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaException, Producer
         from confluent_kafka.admin import AdminClient
 
+        #: What the client raises (imported here: confluent-kafka loads in ~30 ms).
+        self._kafka_exception: type[Exception] = KafkaException
         self.settings = settings
         self.name = f"Kafka ({settings.bootstrap})"
         self.host = host or socket.gethostname()
@@ -158,6 +164,8 @@ class KafkaSink:
         self._pending_attr: dict[int, list[wire.EventAttribution]] = {}
         self._pending_requests: dict[int, list[wire.RequestRecord]] = {}
         self._pending_unattributed: dict[int, dict[str, float]] = {}
+        #: What the kernel counted under overload instead of recording, per process.
+        self._pending_aggregates: dict[int, list[npt.NDArray[np.void]]] = {}
         self.requests_produced = 0
         self._identities: dict[int, wire.ProcessRecord] = {}
         self._last_error: str | None = None
@@ -170,6 +178,8 @@ class KafkaSink:
         self.on_delivered: Callable[[int, int], None] | None = None
         self.messages = 0
         self.message_bytes = 0
+        #: librdkafka's fatal error, once it had one: nothing is sent from then on.
+        self.fatal: str | None = None
 
     # -- EventSink ---------------------------------------------------------
 
@@ -197,6 +207,7 @@ class KafkaSink:
             self._pending_since = time.monotonic()
         if self._pending_events >= self.settings.max_batch_events:
             self.flush_pending()
+        self._raise_fatal()
 
     def tick(self) -> None:
         """Send batches that waited a flush interval; serve delivery reports."""
@@ -206,20 +217,54 @@ class KafkaSink:
             and now - self._pending_since >= self.settings.flush_interval_s
         ):
             self.flush_pending()
-        if not self._topics_ready and now >= self._next_topic_try:
+        if not self._topics_ready and now >= self._next_topic_try and self.fatal is None:
             self._topics_ready = self.ensure_topics(self._wanted_topics, timeout_s=2.0)
             self._next_topic_try = now + 10
-        self._producer.poll(0)
+        self._poll(0)
+        self._raise_fatal()
 
     def flush(self, timeout_s: float) -> int:
-        """Send what is pending and wait for delivery; the number of messages left."""
+        """Send what is pending and wait for delivery; the number of messages left (after a
+        fatal error, at once: they will never go)."""
         self.flush_pending()
-        return int(self._producer.flush(timeout_s))
+        if self.fatal is None:
+            try:
+                return int(self._producer.flush(timeout_s))
+            except self._kafka_exception as exc:
+                self._fail(exc)
+        return len(self._producer)
+
+    def _poll(self, timeout_s: float) -> None:
+        if self.fatal is None:
+            try:
+                self._producer.poll(timeout_s)
+            except self._kafka_exception as exc:
+                self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        """librdkafka failed for good (remembered, and logged once); any other error of
+        its is logged (a message it refused is counted dropped by `_produce`)."""
+        error = exc.args[0] if exc.args else exc
+        text = str(error.str()) if hasattr(error, "str") else str(error)
+        fatal = getattr(error, "fatal", lambda: False)() or _code(error) == _FATAL
+        if not fatal:
+            log.error("Kafka: %s", text)
+        elif self.fatal is None:
+            self.fatal = text
+            log.error("Kafka (%s): %s; nothing more is sent to it", self.settings.bootstrap,
+                      text)
+
+    def _raise_fatal(self) -> None:
+        if self.fatal is not None:
+            raise ServiceError(f"Kafka at {self.settings.bootstrap} failed for good: "
+                               f"{self.fatal}")
 
     def close(self) -> None:
         timeout_s = self.settings.close_timeout_s
         left = self.flush(timeout_s)
-        if left:
+        if self.fatal is not None:
+            log.warning("%d Kafka message(s) never sent (%s); they are lost", left, self.fatal)
+        elif left:
             log.warning("%d Kafka message(s) still unsent after %.0f s; they are lost", left,
                         timeout_s)
         else:
@@ -238,6 +283,20 @@ class KafkaSink:
         self._produce(topic, key=wire.host_key(batch.host), value=wire.encode_events(batch),
                       timestamp_ms=batch.first_ts_ns // 1_000_000, events=len(batch.events),
                       pid=batch.pid)
+
+    def write_aggregates(self, aggregates: npt.NDArray[np.void]) -> None:
+        """Events the kernel counted instead of recording (records.AGGREGATE_DTYPE): they
+        go out with their process's next events message (or one of their own)."""
+        for pid in np.unique(aggregates["pid"]).tolist():
+            mine = aggregates[aggregates["pid"] == pid]
+            self._pending_aggregates.setdefault(pid, []).append(mine)
+            if self._kernels is not None:
+                launched = mine["handle"][mine["type"] == EventType.LAUNCH]
+                named = {h: self._kernels.name_of(pid, h) for h in np.unique(launched).tolist()}
+                self._pending_names.setdefault(pid, {}).update(
+                    {h: n for h, n in named.items() if n is not None})
+        if self._pending_since is None:
+            self._pending_since = time.monotonic()
 
     def write_requests(self, pid: int, answered: Sequence[Any],
                        unattributed: Mapping[str, float]) -> None:
@@ -258,10 +317,12 @@ class KafkaSink:
         attrs, self._pending_attr = self._pending_attr, {}
         requests, self._pending_requests = self._pending_requests, {}
         unattributed, self._pending_unattributed = self._pending_unattributed, {}
+        counted, self._pending_aggregates = self._pending_aggregates, {}
         self._pending_events, self._pending_since = 0, None
         limit = self.settings.max_batch_events
         empty = np.zeros(0, dtype=EVENT_DTYPE)
-        for pid in [*pending, *(p for p in {*requests, *unattributed} if p not in pending)]:
+        for pid in [*pending, *(p for p in {*requests, *unattributed, *counted}
+                                if p not in pending)]:
             parts = pending.get(pid, [empty])
             events = parts[0] if len(parts) == 1 else np.concatenate(parts)
             attr_parts = attrs.get(pid)
@@ -271,7 +332,10 @@ class KafkaSink:
                                else wire.EventAttribution.concat(attr_parts))
             answered = tuple(requests.get(pid, ()))
             spare = unattributed.get(pid, {})
-            if len(events) == 0 and not answered:
+            aggregated = counted.get(pid, [])
+            aggregates = (aggregated[0] if len(aggregated) == 1 else np.concatenate(aggregated)
+                          if aggregated else wire.no_aggregates())
+            if len(events) == 0 and not answered and not len(aggregates):
                 if spare:  # goes out with the process's next message
                     self._pending_unattributed[pid] = spare
                 continue
@@ -279,11 +343,14 @@ class KafkaSink:
             for start in range(0, max(len(events), 1), limit):
                 chunk = events[start : start + limit]
                 first = start == 0
+                mine = aggregates if first else aggregates[:0]
                 batch = wire.EventBatch(
-                    self.host, pid, who.start_time, chunk, _launch_names(chunk, names.get(pid)),
+                    self.host, pid, who.start_time, chunk,
+                    _launch_names(chunk, names.get(pid), mine),
                     attribution=_slice(attribution, len(events), start, limit),
                     requests=answered if first else (),
                     unattributed=spare if first else {},
+                    aggregates=mine,
                 )
                 if first:
                     self.requests_produced += len(answered)
@@ -306,7 +373,8 @@ class KafkaSink:
         one process once its windows are closed), and their identities are dropped (a pid
         used again is another process)."""
         if any(p in self._pending or p in self._pending_requests
-               or p in self._pending_unattributed for p in pids):
+               or p in self._pending_unattributed or p in self._pending_aggregates
+               for p in pids):
             self.flush_pending()
         now = time.time_ns()
         for pid in pids:
@@ -364,16 +432,19 @@ class KafkaSink:
             kwargs["timestamp"] = timestamp_ms
         for attempt in range(2):
             try:
-                self._producer.produce(topic, **kwargs)
-                break
+                if self.fatal is None:
+                    self._producer.produce(topic, **kwargs)
+                    break
             except BufferError:
                 if attempt == 0:
-                    self._producer.poll(0.05)  # let delivery reports free some room
+                    self._poll(0.05)  # let delivery reports free some room
                     continue
-                self.dropped_events += events
-                if pid is not None:
-                    self.dropped_by_pid[pid] += events
-                return
+            except self._kafka_exception as exc:  # counted dropped, as beyond the buffer
+                self._fail(exc)
+            self.dropped_events += events
+            if pid is not None:
+                self.dropped_by_pid[pid] += events
+            return
         self.produced_events += events
         self.messages += 1
         self.message_bytes += len(value)
@@ -396,6 +467,9 @@ class KafkaSink:
             log.error("Kafka delivery failed: %s", error)
 
     def _on_error(self, error: Any) -> None:
+        if getattr(error, "fatal", lambda: False)():
+            self._fail(self._kafka_exception(error))
+            return
         text = str(error)
         if text != self._last_error:  # librdkafka repeats itself while a broker is away
             log.warning("Kafka: %s", text)
@@ -403,6 +477,15 @@ class KafkaSink:
 
     def queue_depth(self) -> int:
         return len(self._producer)
+
+
+#: librdkafka's _FATAL: the client had a fatal error and produces nothing more.
+_FATAL = -150
+
+
+def _code(error: Any) -> int | None:
+    code = getattr(error, "code", None)
+    return code() if callable(code) else None
 
 
 def _slice(attribution: wire.EventAttribution | None, n: int, start: int,
@@ -415,10 +498,14 @@ def _slice(attribution: wire.EventAttribution | None, n: int, start: int,
 
 
 def _launch_names(
-    events: npt.NDArray[np.void], names: Mapping[int, wire.KernelName] | None
+    events: npt.NDArray[np.void], names: Mapping[int, wire.KernelName] | None,
+    aggregates: npt.NDArray[np.void] | None = None,
 ) -> dict[int, wire.KernelName]:
-    """The names of the launch handles of `events` (each message carries its own)."""
+    """The names of the launch handles of `events` and `aggregates` (each message carries
+    its own)."""
     if not names:
         return {}
-    launched = np.unique(events["handle"][events["type"] == EventType.LAUNCH]).tolist()
+    launched = set(np.unique(events["handle"][events["type"] == EventType.LAUNCH]).tolist())
+    if aggregates is not None and len(aggregates):
+        launched.update(aggregates["handle"][aggregates["type"] == EventType.LAUNCH].tolist())
     return {h: names[h] for h in launched if h in names}

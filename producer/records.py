@@ -330,6 +330,36 @@ NAME_EVENT_DTYPE: Final = np.dtype(
     }
 )
 
+#: Under overload the kernel counts events in its `aggregates` table (bpf/events.h struct
+#: gf_agg_key, gf_agg_value) instead of recording them: by wall-clock slots of AGG_SLOT_NS, and
+#: AGG_F_FAILED in the key's flags for a call that returned an error.
+AGG_SLOT_NS: Final = 100_000_000
+AGG_F_FAILED: Final = 0x4
+AGG_KEY_DTYPE: Final = np.dtype(
+    {
+        "names": ["handle", "slot", "pid", "api", "type", "flags", "dim", "device", "gen"],
+        "formats": ["<u8", "<u8", "<u4", "<u2", "u1", "u1", ("<u4", (6,)), "<i4", "<u4"],
+        "offsets": [0, 8, 16, 20, 22, 23, 24, 48, 52],
+        "itemsize": 56,
+    }
+)
+AGG_VALUE_DTYPE: Final = np.dtype(
+    [("count", "<u8"), ("bytes", "<u8"), ("duration_ns", "<u8"), ("first_ts_ns", "<u8"),
+     ("last_ts_ns", "<u8")])
+#: struct gf_agg_state (the one value of `agg_state`, written by user space).
+AGG_STATE_DTYPE: Final = np.dtype([("wall_offset_ns", "<u8"), ("gen", "<u4"), ("pad", "<u4")])
+
+#: User space's form of an aggregate (one entry of `aggregates`, its slot and generation left
+#: out): `count` events of one process, api, kind and shape, as the key has them (`handle`,
+#: `dim`, `device`; `flags`: F_ASYNC, F_HAS_RESULT, AGG_F_FAILED), made between `ts_ns` and
+#: `last_ts_ns` (CLOCK_MONOTONIC in the kernel's, wall clock once enriched), with `bytes` and
+#: `duration_ns` their sums. User space sets a graph launch's dim[GRAPH_KERNEL_NODES] as it
+#: does an event's.
+AGGREGATE_DTYPE: Final = np.dtype(
+    [("ts_ns", "<u8"), ("last_ts_ns", "<u8"), ("pid", "<u4"), ("api", "<u2"), ("type", "u1"),
+     ("flags", "u1"), ("device", "<i4"), ("handle", "<u8"), ("dim", "<u4", (6,)),
+     ("count", "<u8"), ("bytes", "<u8"), ("duration_ns", "<u8")])
+
 #: struct gf_text_ranges (the value of the `runtime_text` map).
 TEXT_RANGES_DTYPE: Final = np.dtype(
     [("start", "<u8", (MAX_RUNTIME_RANGES,)), ("end", "<u8", (MAX_RUNTIME_RANGES,))]
@@ -362,7 +392,7 @@ RECORD_DTYPE: Final = np.dtype(
 class DropSlot(IntEnum):
     """enum gf_drop_slot: the slots of the `drops` per-CPU array."""
 
-    #: Events lost because the `events` ring buffer was full.
+    #: Events lost: not in the `events` ring buffer (full) nor counted in `aggregates` (full).
     EVENTS = 0
     #: Loader notifications lost.
     LOADER = 1
@@ -374,6 +404,11 @@ class DropSlot(IntEnum):
     FORWARDED = 4
     #: Not a loss: dlopens in scope that mapped only quiet files (neither held nor notified).
     QUIET_LOADS = 5
+    #: Not a loss: events counted in the `aggregates` table instead of recorded in the ring
+    #: (under pressure over their process's share, or the ring full).
+    AGGREGATED = 6
+    #: Not a loss: calls in scope whose probe the kernel single-steps (COOKIE_STEPPED).
+    STEPPED = 7
 
 
 #: Slots in the `drops` array (GF_DROP_SLOTS).
@@ -383,3 +418,9 @@ DROP_LOADER: Final = DropSlot.LOADER
 DROP_NAMES: Final = DropSlot.NAMES
 FORWARDED: Final = DropSlot.FORWARDED
 QUIET_LOADS: Final = DropSlot.QUIET_LOADS
+AGGREGATED: Final = DropSlot.AGGREGATED
+STEPPED: Final = DropSlot.STEPPED
+
+#: GF_COOKIE_STEPPED: in a probe's attach cookie, the probe is at an instruction the kernel
+#: single-steps (producer/entrypoint.py); the program counts its calls in DropSlot.STEPPED.
+COOKIE_STEPPED: Final = 1 << 63

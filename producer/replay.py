@@ -139,7 +139,9 @@ def replay(
             attribution = batch.attribution.take(keep) if batch.attribution else None
             # A request is in the range when its response went out in it.
             requests = tuple(r for r in batch.requests if from_ns <= r.end_ns < to_ns)
-            if len(events) == 0 and not requests:
+            first = batch.aggregates["ts_ns"]
+            aggregates = batch.aggregates[(first >= from_ns) & (first < to_ns)]
+            if len(events) == 0 and not requests and not len(aggregates):
                 continue
             stats.events += len(events)
             stats.requests += len(requests)
@@ -147,6 +149,8 @@ def replay(
                 names.learn(batch.pid, batch.kernels)
                 if len(events):
                     writer.write(events, attribution)
+                if len(aggregates):
+                    writer.write_aggregates(aggregates)
                 if requests:
                     writer.write_requests(batch.pid, [_Replayed(r) for r in requests], {})
             elif republisher is not None and to_topic is not None:
@@ -156,6 +160,7 @@ def replay(
                     attribution=attribution, requests=requests,
                     # the unattributed cost is the message's: kept only with all its events
                     unattributed=batch.unattributed if whole else {},
+                    aggregates=aggregates,
                 )
                 republisher.produce_batch(to_topic, kept)
     finally:

@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from producer.decode import Event, request_event, to_events
-from producer.errors import UsageError
+from producer.decode import Event, request_event, to_aggregate_events, to_events
+from producer.files import open_output
 from producer.kernels import KernelNames
 from producer.summary import Summary
 from producer.wire import EventAttribution, RequestRecord
@@ -42,7 +42,9 @@ class EventSink(Protocol):
 
     With the HTTP capture on, a sink that has `write_requests` also gets, per loop turn, each
     process's requests answered (with their cost) and the cost no request explains; one whose
-    `write` takes `attribution` (`takes_attribution = True`) gets each event's request(s)."""
+    `write` takes `attribution` (`takes_attribution = True`) gets each event's request(s). One
+    that has `write_aggregates` gets what the kernel counted under overload instead of
+    recording (records.AGGREGATE_DTYPE, enriched): the rest never see those events."""
 
     def write(self, events: npt.NDArray[np.void]) -> None: ...
 
@@ -69,16 +71,16 @@ class JsonLinesSink:
         self._kernels = kernels
         self._own = str(path) != "-"
         self.name = f"--output {path}"
-        try:
-            # Unbuffered: this sink's own buffer (below) is the one, so a failed write says
-            # which events did not get out (stdout stays buffered: shared with the process).
-            self._file: BinaryIO = (
-                open(path, "wb", buffering=0) if self._own else sys.stdout.buffer  # noqa: SIM115
-            )
-        except OSError as exc:
-            raise UsageError(f"cannot write --output {path}: {exc.strerror}") from None
+        # Unbuffered: this sink's own buffer (below) is the one, so a failed write says which
+        # events did not get out (stdout stays buffered: shared with the process). The file is
+        # a regular one, never reached through a symlink nor waited on (producer/files.py).
+        self._file: BinaryIO = (
+            open(open_output(path, "--output"), "wb", buffering=0)  # noqa: SIM115
+            if self._own else sys.stdout.buffer
+        )
         self.written = 0
         self.requests_written = 0
+        self.aggregates_written = 0
         self._flush_interval_s = flush_interval_s
         self._unflushed_since: float | None = None
         #: Encoded lines not written yet, each chunk with the events it holds.
@@ -95,6 +97,14 @@ class JsonLinesSink:
         if decoded:
             self.written += len(decoded)
             self._lines(decoded, len(decoded))
+
+    def write_aggregates(self, aggregates: npt.NDArray[np.void]) -> None:
+        """One line per aggregate ("type": "aggregate", decode.to_aggregate_events): the
+        events the kernel counted instead of recording them."""
+        decoded = to_aggregate_events(aggregates, self._kernels)
+        if decoded:
+            self.aggregates_written += len(decoded)
+            self._lines(decoded, int(aggregates["count"].sum()))
 
     def write_requests(self, pid: int, answered: Sequence[WithRecord],
                        unattributed: Mapping[str, float]) -> None:
@@ -162,6 +172,9 @@ class SummarySink:
     def write(self, events: npt.NDArray[np.void]) -> None:
         self.summary.add(events)
 
+    def write_aggregates(self, aggregates: npt.NDArray[np.void]) -> None:
+        self.summary.add_aggregates(aggregates)
+
     def write_requests(self, pid: int, answered: Sequence[Answered],
                        unattributed: Mapping[str, float]) -> None:
         self.requests.extend(answered)
@@ -220,6 +233,21 @@ class Guarded:
             # this batch and the ones it held); else this batch is what is lost.
             unwritten = getattr(self.sink, "unwritten_events", None)
             self.lost += len(events) if unwritten is None else unwritten
+            self._fail(exc)
+
+    def write_aggregates(self, aggregates: npt.NDArray[np.void]) -> None:
+        """To the sink if it takes aggregates (and works); a failure is the sink's as in
+        `write`, its events counted lost."""
+        take = getattr(self.sink, "write_aggregates", None)
+        if take is None:
+            return
+        if self.failure is not None:
+            self.lost += int(aggregates["count"].sum())
+            return
+        try:
+            take(aggregates)
+        except Exception as exc:
+            self.lost += int(aggregates["count"].sum())
             self._fail(exc)
 
     def write_requests(self, pid: int, answered: Sequence[Answered],

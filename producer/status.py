@@ -1,12 +1,13 @@
 """`gpuflight producer --status-file FILE`: what the agent is doing, for whoever waits on it.
 
-A JSON object, replaced atomically (written beside, then renamed) when the producer is ready,
-whenever the set of probed library files changes, at most every `interval_s` otherwise, and
-when it stops:
+A JSON object, replaced atomically (written beside under a random name made with O_EXCL,
+then renamed: producer/files.py) when the producer is ready, whenever the set of probed
+library files changes, at most every `interval_s` otherwise, and when it stops:
 
     {"v": 1, "state": "ready" | "stopped", "pid": AGENT PID, "started_ns", "updated_ns",
      "libraries": [{"path", "kind": "runtime" | "driver" | "loader", "probes": N,
-                    "unprobed": {FUNCTION: "why", ...}}, ...],
+                    "unprobed": {FUNCTION: "why", ...},
+                    "stepped": N (functions probed where the kernel single-steps)}, ...],
      "skipped": [{"file": "MAJOR:MINOR:INODE", "path", "kind", "reason"}, ...],
      "captured": N, "dropped_kernel": N,
      "outputs": [{"name", "failure": null | "why", "lost": N}, ...]}
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 import orjson
+
+from producer.files import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,8 @@ class _Attached(Protocol):
     def probes(self) -> int: ...
     @property
     def unprobed(self) -> Mapping[str, str]: ...
+    @property
+    def stepped(self) -> frozenset[str]: ...
 
 
 class _Skipped(Protocol):
@@ -63,7 +68,7 @@ class StatusFile:
         self._interval_s = interval_s
         self._started_ns = time.time_ns()
         self._next = 0.0
-        self._libraries: tuple[tuple[str, str, int, tuple[tuple[str, str], ...]], ...] = ()
+        self._libraries: tuple[tuple[str, str, int, tuple[tuple[str, str], ...], int], ...] = ()
         self._failed = False
 
     def due(self, attached: Mapping[Any, _Attached]) -> bool:
@@ -85,7 +90,7 @@ class StatusFile:
     ) -> None:
         """Write the status now when forced, when the probed files changed, or when due."""
         libraries = tuple(sorted((a.library.path, a.library.kind, a.probes,
-                                  tuple(sorted(a.unprobed.items())))
+                                  tuple(sorted(a.unprobed.items())), len(a.stepped))
                                  for a in attached.values()))
         now = time.monotonic()
         if not force and libraries == self._libraries and now < self._next:
@@ -98,8 +103,9 @@ class StatusFile:
             "pid": os.getpid(),
             "started_ns": self._started_ns,
             "updated_ns": time.time_ns(),
-            "libraries": [{"path": p, "kind": k, "probes": n, "unprobed": dict(u)}
-                          for p, k, n, u in libraries],
+            "libraries": [{"path": p, "kind": k, "probes": n, "unprobed": dict(u),
+                           "stepped": stepped}
+                          for p, k, n, u, stepped in libraries],
             "skipped": [{"file": _file(key), "path": s.library.path, "kind": s.library.kind,
                          "reason": s.reason}
                         for key, s in sorted(skipped.items(), key=lambda kv: str(kv[0]))],
@@ -108,10 +114,9 @@ class StatusFile:
             "requests": requests,
             "outputs": [{"name": n, "failure": f, "lost": lost} for n, f, lost in outputs],
         }
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_bytes(orjson.dumps(status, option=orjson.OPT_APPEND_NEWLINE))
-            os.replace(tmp, self.path)
+            # Beside it under a random name, then renamed: nothing planted is written through.
+            replace_file(self.path, orjson.dumps(status, option=orjson.OPT_APPEND_NEWLINE))
         except OSError as exc:
             if not self._failed:
                 self._failed = True

@@ -18,11 +18,18 @@ from producer.records import COPY_KINDS
 @dataclass(frozen=True)
 class ProbedFile:
     """A library file the trace attached probes to (once per file, however many processes
-    mapped it): its path, its kind (runtime, driver, loader) and its number of probes."""
+    mapped it): its path, its kind (runtime, driver, loader), its number of probes, and how
+    many of its functions are probed at an instruction the kernel single-steps."""
 
     path: str
     kind: str
     probes: int
+    stepped: int = 0
+
+
+#: What a single-stepped probe hit costs the traced process, on the VMs we measured (Linux
+#: 6.18; bench/emulation.py): an emulated one costs ~0.4 us.
+STEP_COST_S = 15e-6
 
 
 def _trace_counts() -> Counts:
@@ -37,8 +44,17 @@ class Summary:
 
     counts: Counts = field(default_factory=_trace_counts)
 
+    #: Events the kernel counted under overload instead of recording them (in `counts`
+    #: all the same, through their aggregates).
+    aggregated: int = 0
+
     def add(self, ev: npt.NDArray[np.void]) -> None:
         self.counts.add(ev)
+
+    def add_aggregates(self, aggregates: npt.NDArray[np.void]) -> None:
+        """Events the kernel counted instead of recording (records.AGGREGATE_DTYPE)."""
+        self.counts.add_aggregates(aggregates)
+        self.aggregated += int(aggregates["count"].sum())
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -175,6 +191,13 @@ def _bytes(value: float) -> str:
     return f"{value:.0f} B"
 
 
+def _seconds(value: float) -> str:
+    for factor, unit in ((1.0, "s"), (1e-3, "ms")):
+        if value >= factor:
+            return f"{value / factor:.1f} {unit}"
+    return f"{value * 1e6:.0f} us"
+
+
 def _dim(d: tuple[int, int, int]) -> str:
     return "({},{},{})".format(*d)
 
@@ -203,10 +226,12 @@ def _is_count(cell: str) -> bool:
 
 
 def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5, *,
-           probed: Sequence[ProbedFile] = ()) -> str:
+           probed: Sequence[ProbedFile] = (), stepped_calls: int | None = None) -> str:
     """Human summary, in the spirit of `perf stat`; its words are the counting core's terms,
     as `gpuflight report` uses them (README "What is counted"). `probed`: the library files
-    the trace attached to, listed once each with their probe counts."""
+    the trace attached to, listed once each with their probe counts (and how many of their
+    functions are single-stepped); `stepped_calls`: the calls that hit one of those (None:
+    not counted, a kernel without attach cookies)."""
     c = summary.counts
     lines = [f" gpuflight trace of '{title}' ({wall_s:.3f} s, {len(summary.pids)} process(es),"
              f" {summary.events:,} events):", ""]
@@ -291,6 +316,20 @@ def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5
         lines += ["", f"  probed library files: {len(probed):,} ({total:,} probes)"]
         order = {"runtime": 0, "driver": 1, "loader": 2}
         for p in sorted(probed, key=lambda p: (order.get(p.kind, 3), p.path)):
-            lines.append(f"  {p.probes:>14,}  {p.kind:<8} {p.path}")
+            note = f"   # {p.stepped:,} function(s) single-stepped" if p.stepped else ""
+            lines.append(f"  {p.probes:>14,}  {p.kind:<8} {p.path}{note}")
+        if any(p.stepped for p in probed):
+            if stepped_calls is None:
+                lines.append("  single-stepped calls: not counted (a kernel without attach"
+                             " cookies, before Linux 5.15)")
+            else:
+                lines.append(f"  single-stepped calls: {stepped_calls:,}   # ~"
+                             f"{_seconds(stepped_calls * STEP_COST_S)} of the command's time at"
+                             " ~15 us each: their probes are on instructions the kernel"
+                             " cannot emulate")
     lines.append(f"  events dropped: {drops:,}")
+    if summary.aggregated:
+        lines.append(f"  events counted in the kernel: {summary.aggregated:,}"
+                     "   # the ring was under pressure: counted in every figure above,"
+                     " their details not recorded")
     return "\n".join(lines)

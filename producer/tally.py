@@ -22,9 +22,11 @@ are read and written by producer/probes.py, the one module that imports bcc.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import stat
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -60,39 +62,74 @@ class DeadAgent:
     pid: int
 
 
-def _mounted_bpffs(root: Path, proc_root: Path) -> bool:
+def _bpffs_device(root: Path, proc_root: Path) -> int | None:
+    """The device (st_dev) of the bpffs mounted at `root`, or None when none is (of several
+    mounts there, the last: the one seen)."""
     try:
         mounts = (proc_root / "self" / "mountinfo").read_text()
     except OSError:
-        return False
+        return None
+    device = None
     for line in mounts.splitlines():
         before, _, after = line.partition(" - ")
         fields = before.split()
         if len(fields) >= 5 and Path(fields[4]) == root and after.split()[:1] == [_BPF_FS_TYPE]:
-            return True
-    return False
+            major, _, minor = fields[2].partition(":")
+            device = os.makedev(int(major), int(minor))
+    return device
 
 
 def _mount_bpffs(root: Path) -> None:
     import ctypes.util  # ~2 ms of every start otherwise, for the one agent that mounts bpffs
 
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.mount(b"bpf", str(root).encode(), b"bpf", 0, None) != 0:
+    # Its root 0700 (bpffs' own default is 1777: anyone may make a directory in it).
+    if libc.mount(b"bpf", str(root).encode(), b"bpf", 0, b"mode=0700") != 0:
         errno = ctypes.get_errno()
         raise TallyUnavailable(f"cannot mount bpffs at {root}: {os.strerror(errno)}")
 
 
+def _private_directory(path: Path, device: int | None) -> None:
+    """TallyUnavailable unless `path` is a directory (not a symlink) of root's or this
+    process's user that no group or other user may write in (and, with `device`, on that
+    file system): one another user made in a bpffs mounted 1777 would let them read, rename
+    and remove what is pinned there."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise TallyUnavailable(f"cannot use {path}: {exc.strerror or exc}") from exc
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise TallyUnavailable(f"{path} is {what}")
+    if st.st_uid not in (0, os.geteuid()):
+        raise TallyUnavailable(f"{path} belongs to uid {st.st_uid}, not to root")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise TallyUnavailable(f"{path} may be written by others (mode "
+                               f"{stat.S_IMODE(st.st_mode):04o})")
+    if device is not None and st.st_dev != device:
+        raise TallyUnavailable(f"{path} is not on the bpffs mounted at {path.parent}")
+
+
 def prepare(root: Path = BPFFS, proc_root: Path = Path("/proc"), *, mount: bool = True) -> Path:
-    """This agent's directory for its pinned maps (made; bpffs mounted at `root` first when it
-    is not and `mount`). TallyUnavailable when there is no bpffs to pin in."""
-    if root == BPFFS and not _mounted_bpffs(root, proc_root):
+    """This agent's directory for its pinned maps (made; bpffs mounted at `root` first, with
+    mode 0700, when it is not and `mount`). TallyUnavailable when there is no bpffs to pin in,
+    or when the tally's directory is not root's own (`_private_directory`)."""
+    device = _bpffs_device(root, proc_root)
+    if root == BPFFS and device is None:
         if not mount:
             raise TallyUnavailable(f"no bpffs mounted at {root}")
         _mount_bpffs(root)
+        device = _bpffs_device(root, proc_root)
     me = os.getpid()
-    directory = root / SUBDIR / f"agent-{me}-{start_time(proc_root, me)}"
+    base = root / SUBDIR
+    directory = base / f"agent-{me}-{start_time(proc_root, me)}"
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # checked below, whoever made it
+            base.mkdir(mode=0o700)
+        _private_directory(base, device)
+        directory.mkdir(mode=0o700, exist_ok=True)
+        _private_directory(directory, device)
         for name in MAPS:  # a pid reused by an earlier agent of this boot cannot be: start differs
             (directory / name).unlink(missing_ok=True)
     except OSError as exc:

@@ -26,6 +26,7 @@ from producer.capture import Capture
 from producer.decode import Enricher
 from producer.environment import TRACE_CAPABILITIES, check_can_probe
 from producer.errors import SetupError, UsageError
+from producer.holdguard import HoldGuard
 from producer.nvml import NvmlSampler, UtilizationFeed
 from producer.pricing import PriceBook
 from producer.probes import CUDA_KINDS, DropCounts, Probes
@@ -64,6 +65,9 @@ class TraceResult:
     #: output: a time the command took with time.monotonic_ns(), plus this, is on the
     #: events' time line, whatever the wall clock did meanwhile.
     clock_offset_ns: int = 0
+    #: Calls of the command whose probe the kernel single-stepped (ProbedFile.stepped); None:
+    #: not counted (a kernel without attach cookies).
+    stepped_calls: int | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,8 @@ def _probed(capture: Capture) -> tuple[ProbedFile, ...]:
     fails: the summary is printed without the list rather than lost."""
     try:
         return tuple(
-            ProbedFile(path=str(a.library.path), kind=a.library.kind, probes=a.probes)
+            ProbedFile(path=str(a.library.path), kind=a.library.kind, probes=a.probes,
+                       stepped=len(a.stepped))
             for a in list(capture.probes.attached.values())
         )
     except Exception as exc:
@@ -183,7 +188,14 @@ def _continue_tree(proc_root: Path, pid: int) -> None:
             os.kill(member, signal.SIGCONT)
 
 
-def _wait(pid: int, proc_root: Path) -> int:
+def _let_go(guard: HoldGuard, proc_root: Path, pid: int) -> None:
+    """Continue what the probes hold (of the command's tree: only they are in scope), and not
+    a process the user stopped; where the holds cannot be read, every process of the tree."""
+    if guard.let_go() is None:
+        _continue_tree(proc_root, pid)
+
+
+def _wait(pid: int, proc_root: Path, guard: HoldGuard) -> int:
     """Wait for the command, untraced. A process of its tree that a probe stopped in the
     moment the capture ended (a fork seen as the scope was cleared, then its exec) is
     continued again every half second: nothing stays held by a capture that is over."""
@@ -197,7 +209,7 @@ def _wait(pid: int, proc_root: Path) -> int:
         if done:
             return status
         time.sleep(0.5)  # polling a child we cannot wait on otherwise without blocking
-        _continue_tree(proc_root, pid)
+        _let_go(guard, proc_root, pid)
 
 
 def _utilization(
@@ -293,6 +305,9 @@ def run(
     capture.start(initial_scan=not capture.settings.watch_exec)
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)}
     forward = signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))
+    # Before the command can be held (from its exec on): a watchdog that continues what the
+    # probes hold, should this process die holding it (producer/holdguard.py).
+    guard = HoldGuard(capture.probes.holds, capture.probes.scope_map)
     started = time.monotonic()
     os.write(release, b"x")
     os.close(release)
@@ -338,8 +353,9 @@ def run(
             capture.utilization.stop()
             capture.utilization.sampler.close()
         if status is None:  # wait for the command, released from any hold
-            _continue_tree(settings.proc_root, pid)
-            status, ended = _wait(pid, settings.proc_root), time.monotonic()
+            _let_go(guard, settings.proc_root, pid)
+            status, ended = _wait(pid, settings.proc_root, guard), time.monotonic()
+        guard.close()
         wall_s = ended - started
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -378,6 +394,7 @@ def run(
         longest_hold_s=capture.stats.held_ns_max / 1e9,
         unheld=drops.quiet_loads,
         clock_offset_ns=enricher.clock_offset_ns,
+        stepped_calls=drops.stepped if capture.settings.attach_cookies else None,
     )
     if result.holds:
         attach_lines.append(
@@ -389,7 +406,8 @@ def run(
     if print_summary:
         title = " ".join(argv)
         text = "\n".join([
-            render(result.summary, title, wall_s, drops.events, probed=result.probed),
+            render(result.summary, title, wall_s, drops.events, probed=result.probed,
+                   stepped_calls=result.stepped_calls),
             *attach_lines,
         ])
         print("\n" + text + "\n", file=sys.stderr)

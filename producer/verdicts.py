@@ -9,20 +9,23 @@ agent) reads it back instead of the file.
         ──► Stored (runtime, driver, loader, probe_only, plan)
 
 `plan` is where the file's probes go (producer/attachplan.py: the file offset of each
-function probed; the loader's _dl_debug_state and its r_state cookie), so a warm start
-attaches without reading the file either.
+function probed, past its entry where the kernel would single-step that; the loader's
+_dl_debug_state and its r_state cookie), so a warm start attaches without reading the file
+either.
 
 st_ctime_ns is part of the identity because no user can set it: a file rewritten in place and
 given back its old size and mtime still reads as a new file.
 
 One JSON file (orjson), `verdicts.json`:
 
-    {"format": "gpuflight-verdicts", "version": 2, "fingerprint": "<hex>",
+    {"format": "gpuflight-verdicts", "version": 3, "fingerprint": "<hex>",
      "entries": [[dev, ino, size, mtime_ns, ctime_ns, used],               # defines nothing
                  [dev, ino, size, mtime_ns, ctime_ns, used, loader, runtime, driver, probe_only,
                   plan]]}
 
-    plan: null, or [kind, {name: file offset or null, ...}, cookie]
+    plan: null, or [kind, {name: file offset or null, ...}, cookie,
+                    {name: entry's file offset, ...} (the probes moved past their entry),
+                    [name, ...] (the probes at an instruction the kernel single-steps)]
 
 `used` is when the entry was last looked up (Unix seconds): the oldest-used go first when the
 store outgrows its bound. The fingerprint names what the verdicts were computed against (the
@@ -33,7 +36,8 @@ nobody else, in a folder owned by us (or root) that nobody else may write to unl
 sticky (a planted verdict could hide a CUDA library); anything else, and anything that does
 not parse exactly, is ignored with one log line: a plan naming a function that is not probed
 for its kind, an offset that is not within the file's size, a cookie that is not a u64 (or
-not a loader's) make the whole file ignored, never attached. Written atomically (a temporary file in
+not a loader's), a probe moved to before its entry or further past it than attachplan ever
+moves one, make the whole file ignored, never attached. Written atomically (a temporary file in
 the same folder, then os.replace), only when something new was learned, merged with what
 another gpuflight may have written meanwhile. Not thread-safe, like the Classifier it serves.
 """
@@ -49,7 +53,7 @@ from pathlib import Path
 
 import orjson
 
-from producer.attachplan import Plan
+from producer.attachplan import MAX_MOVE_BYTES, Plan
 from producer.cachefile import read_trusted, write_atomic
 
 __all__ = [
@@ -65,7 +69,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FILE_NAME = "verdicts.json"
 _FORMAT = "gpuflight-verdicts"
 #: ~60 bytes an entry on disk (a few KB for the few files probed, with their plans): 20,000
@@ -322,7 +326,8 @@ def _row(identity: Identity, verdict: Stored, used: int) -> list[object]:
         sorted(verdict.runtime),
         sorted(verdict.driver),
         probe_only,
-        None if plan is None else [plan.kind, dict(plan.offsets), plan.cookie],
+        None if plan is None else [plan.kind, dict(plan.offsets), plan.cookie,
+                                   dict(plan.entries), sorted(plan.stepped)],
     ]
 
 
@@ -349,12 +354,13 @@ class _Names:
 
     def plan(self, value: object, size: int) -> Plan:
         """An attach plan for a file of `size` bytes: every name probed for its kind, every
-        offset within the file, the cookie a u64 and only a loader's."""
-        if not isinstance(value, list) or len(value) != 3:
+        offset within the file, the cookie a u64 and only a loader's; a moved probe a little
+        past its function's entry, a stepped one a function the plan probes."""
+        if not isinstance(value, list) or len(value) != 5:
             raise _InvalidError("an entry with a bad attach plan")
-        kind, offsets, cookie = value
+        kind, offsets, cookie, moved, stepped = value
         known = self._plans.get(kind) if type(kind) is str else None
-        if known is None or not isinstance(offsets, dict):
+        if known is None or not isinstance(offsets, dict) or not isinstance(moved, dict):
             raise _InvalidError("an entry with a bad attach plan")
         if type(cookie) is not int or not 0 <= cookie < _U64 or (cookie and kind != "loader"):
             raise _InvalidError("an entry with a bad attach cookie")
@@ -365,7 +371,18 @@ class _Names:
         for _, offset in pairs:
             if offset is not None and not (type(offset) is int and 0 <= offset < size):
                 raise _InvalidError("an attach plan with an offset outside the file")
-        return Plan(kind, pairs, cookie)
+        at = dict(pairs)
+        entries = []
+        for name, entry in sorted(moved.items()):
+            offset = at.get(name)
+            if offset is None or type(entry) is not int or not (
+                    0 <= entry < offset <= entry + MAX_MOVE_BYTES):
+                raise _InvalidError("an attach plan moving a probe where it never goes")
+            entries.append((known[name], entry))
+        names = _names(stepped, known)
+        if not names <= at.keys():
+            raise _InvalidError("an attach plan stepping a function it does not probe")
+        return Plan(kind, pairs, cookie, tuple(entries), names)
 
 
 def _names(value: object, known: dict[str, str]) -> frozenset[str]:

@@ -38,6 +38,22 @@ Added within v1 (optional; a producer without the HTTP capture never writes them
    "requests": [REQUEST, ...],   # the process's requests answered in this flush interval
    "unattributed": {COST: number, ...}   # the cost of this message's events no request explains
 
+Added within v1 (optional; a producer only writes it when its kernel counted events under
+overload instead of recording them, bpf/cudart.bpf.c):
+
+   "aggregates": {"count": M, "columns": {NAME: [M ints], ...}}
+
+each of the M an aggregate (`records.AGGREGATE_DTYPE`): "count" events of this process that
+share its "api", "type", "flags" (F_ASYNC, F_HAS_RESULT, AGG_F_FAILED: the calls failed),
+"device", "handle" (a launch's function, a graph launch's exec) and "dim" (6·M values: a
+launch's grid and block, else dim[0] as the event has it: copy kind, allocation kind, sync
+scope; a graph launch's kernel nodes in GRAPH_KERNEL_NODES), made from "ts_ns" to "last_ts_ns"
+(wall clock ns, absolute), with "bytes" and "duration_ns" their sums. Columns of zeros are left
+out; "count" is never 0. They count as their events do (producer/counting.py,
+Counts.add_aggregates) in every figure; a message may hold aggregates and no event ("count": 0,
+"ts0" the first aggregate's time). An older reader ignores them: its figures miss those
+events, as they would have missed them had the kernel dropped them.
+
 An event has "request_id" (non-zero) when the thread that made the call was serving exactly
 one request (exact), or "request_set" (non-zero) when its cost is split equally over the
 requests of the process in flight at that time (shared), or neither (unattributed; both are
@@ -79,7 +95,12 @@ decodes on its own.
 Columns are those of struct gf_event (bpf/events.h) after enrichment (wall
 clock, free sizes), with "ts" as deltas from ts0 and "dim" flattened to 6·N
 values; a column that is all zeros is left out. Decoding gives back exactly the
-records, hence exactly the events `--output` writes.
+records, hence exactly the events `--output` writes — but for "bytes" and
+"duration_ns" beyond MAX_AMOUNT (2^48; a failed call's size is what its caller
+passed), which read as MAX_AMOUNT. "host" is 1 to 255 characters; a value out of
+its field's range (a time before 1970 or past 2^63 ns, a tid past 2^32) is a
+WireError. A request's bytes_in and bytes_out are at most MAX_AMOUNT, a cost at
+most 2^63.
 
 Added within v1: "device" (the CUDA device of the calling thread, its ordinal in the process).
 Like every column it is left out when all zeros, so a message of an older producer (which
@@ -117,7 +138,9 @@ started (a restart begins again at 0):
    "forwarded_driver_calls": int,    # driver calls left out as the runtime's own
    "requests": int, "http_records_lost": int, "http_connections_untracked": int,
    "dropped_agent_died": int,        # events a killed earlier agent never published nor
-   "dropped_agent_died_by_pid": {PID: int}}   # counted (the kernel's tally, producer/tally.py)
+   "dropped_agent_died_by_pid": {PID: int},   # counted (the kernel's tally, producer/tally.py)
+   "events_aggregated": int}         # not lost: counted in the kernel under overload, sent as
+                                     # events messages' "aggregates"
 
 PID keys are decimal strings (JSON object keys); every field after "libraries_attached" is
 optional (added within v1).
@@ -152,7 +175,7 @@ import numpy.typing as npt
 import orjson
 
 from producer.errors import GpuflightError
-from producer.records import EVENT_DTYPE
+from producer.records import AGGREGATE_DTYPE, EVENT_DTYPE
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +203,28 @@ _FIELD_OF: Final = {"ts": "ts_ns"}
 #: The most events a reader takes in one message (80 MB decoded; the producer sends at most
 #: KafkaSettings.max_batch_events, 100,000).
 MAX_EVENTS: Final = 1_000_000
+#: Columns of a message's aggregates (records.AGGREGATE_DTYPE; "dim" flattened to 6·M).
+AGGREGATE_COLUMNS: Final[tuple[str, ...]] = (
+    "ts_ns", "last_ts_ns", "api", "type", "flags", "device", "handle", "dim", "count", "bytes",
+    "duration_ns",
+)
+#: The most aggregates a reader takes in one message (the kernel's table holds 16,384).
+MAX_AGGREGATES: Final = 1_000_000
 _DIMS: Final = 6
+#: The most an event's `bytes` or `duration_ns` reads as (2^48: 256 TiB, 78 hours). A failed
+#: call's size is whatever the caller passed (cudaMalloc((size_t)-1)), and the wire carries
+#: these uint64 as int64; a reader takes anything beyond as this, so no sum of a window, nor
+#: InfluxQL's int64 sum of a range of windows, overflows on one absurd event.
+MAX_AMOUNT: Final = 1 << 48
+#: The longest host name (as `Host`).
+MAX_HOST: Final = 255
+#: Each integer column's range (its struct field's); "ts" is checked as times, "handle" and
+#: "stream" are any uint64 (as int64), "duration_ns" and "bytes" are read up to MAX_AMOUNT.
+_COLUMN_RANGES: Final[dict[str, tuple[int, int]]] = {
+    "tid": (0, 2**32 - 1), "api": (0, 2**16 - 1), "type": (0, 255), "flags": (0, 255),
+    "result": (-(2**31), 2**31 - 1), "dim": (0, 2**32 - 1), "device": (-(2**31), 2**31 - 1),
+}
+_AMOUNTS: Final = frozenset({"duration_ns", "bytes"})
 
 
 class WireError(GpuflightError):
@@ -209,6 +253,11 @@ class KernelName(NamedTuple):
     full: str
 
 
+def no_aggregates() -> npt.NDArray[np.void]:
+    """An empty array of aggregates (records.AGGREGATE_DTYPE)."""
+    return np.zeros(0, dtype=AGGREGATE_DTYPE)
+
+
 @dataclass(frozen=True)
 class EventBatch:
     """One events message: a process's records (records.EVENT_DTYPE)."""
@@ -225,12 +274,16 @@ class EventBatch:
     requests: tuple[RequestRecord, ...] = ()
     #: The cost of these events that no request explains (REQUEST_COST_FIELDS; zeros left out).
     unattributed: Mapping[str, float] = field(default_factory=dict)
+    #: Events of the process the kernel counted instead of recording (records.AGGREGATE_DTYPE).
+    aggregates: npt.NDArray[np.void] = field(default_factory=no_aggregates)
 
     @property
     def first_ts_ns(self) -> int:
         if len(self.events):
             return int(self.events["ts_ns"][0])
-        return min((r.end_ns for r in self.requests), default=0)
+        if self.requests:
+            return min(r.end_ns for r in self.requests)
+        return int(self.aggregates["ts_ns"].min()) if len(self.aggregates) else 0
 
 
 #: Where a request's GPU time came from (RequestRecord.gpu_source).
@@ -239,7 +292,8 @@ RequestId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 Share = Annotated[float, msgspec.Meta(gt=0, le=1)]
 _COST_NAMES = "|".join(REQUEST_COST_FIELDS)
 CostName = Annotated[str, msgspec.Meta(pattern=f"^({_COST_NAMES})$")]
-Costs = Annotated[Mapping[CostName, Annotated[float, msgspec.Meta(ge=0)]],
+#: A cost is finite, and at most 2^63 (a sum of a million of them is still a finite float).
+Costs = Annotated[Mapping[CostName, Annotated[float, msgspec.Meta(ge=0, le=2.0**63)]],
                   msgspec.Meta(max_length=len(REQUEST_COST_FIELDS))]
 #: The most requests one message carries, and shared sets (a reader refuses more).
 MAX_REQUESTS: Final = 1_000_000
@@ -261,8 +315,9 @@ class RequestRecord:
     #: Wall clock ns: the read that brought its first byte; the write of its response's last.
     start_ns: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
     end_ns: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
-    bytes_in: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
-    bytes_out: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    #: At most MAX_AMOUNT, so their sums fit what InfluxDB sums.
+    bytes_in: Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
+    bytes_out: Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
     #: The W3C traceparent the client sent: its trace id and the caller's span id.
     trace_id: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")] | None
     parent_span_id: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")] | None
@@ -344,8 +399,8 @@ def process_key(host: str, pid: int, start_time: int) -> bytes:
 
 def encode_events(batch: EventBatch) -> bytes:
     events = batch.events
-    if len(events) == 0 and not batch.requests:
-        raise ValueError("an events message holds at least one event or request")
+    if len(events) == 0 and not batch.requests and not len(batch.aggregates):
+        raise ValueError("an events message holds at least one event, request or aggregate")
     ts = events["ts_ns"].astype(np.int64)
     ts0 = batch.first_ts_ns
     columns: dict[str, npt.NDArray[Any]] = {}
@@ -386,7 +441,50 @@ def encode_events(batch: EventBatch) -> bytes:
         message["requests"] = [_request_json(r) for r in batch.requests]
     if any(batch.unattributed.values()):
         message["unattributed"] = _costs_json(batch.unattributed)
+    if len(batch.aggregates):
+        message["aggregates"] = _aggregates_json(batch.aggregates)
     return orjson.dumps(message, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _aggregates_json(aggregates: npt.NDArray[np.void]) -> dict[str, Any]:
+    if (aggregates["count"] == 0).any():
+        raise ValueError("an aggregate stands for at least one event")
+    columns: dict[str, list[int]] = {}
+    for name in AGGREGATE_COLUMNS:
+        column = np.ascontiguousarray(aggregates[name])
+        if column.any():
+            columns[name] = column.reshape(-1).tolist()
+    return {"count": len(aggregates), "columns": columns}
+
+
+def _aggregates(value: Any) -> npt.NDArray[np.void]:
+    """A message's "aggregates" (absent: none); WireError when they are not valid."""
+    if value is None:
+        return no_aggregates()
+    if not isinstance(value, dict) or not isinstance(value.get("columns"), dict):
+        raise WireError("aggregates is not an object of columns")
+    count = value.get("count")
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= MAX_AGGREGATES:
+        raise WireError(f"aggregates: a count of 1 to {MAX_AGGREGATES}, not {count!r}")
+    out = np.zeros(count, dtype=AGGREGATE_DTYPE)
+    for name, values in value["columns"].items():
+        if name not in AGGREGATE_COLUMNS:
+            continue  # additive: a column a later producer adds
+        expected = count * _DIMS if name == "dim" else count
+        if not isinstance(values, list) or len(values) != expected:
+            raise WireError(f"aggregates: column {name} does not have {expected} values")
+        least = -(2**31) if name == "device" else 0
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= least
+                   for v in values):
+            raise WireError(f"aggregates: column {name} holds what is not a count")
+        column = out[name]
+        try:
+            out[name] = np.asarray(values, dtype=column.dtype.base).reshape(column.shape)
+        except OverflowError:
+            raise WireError(f"aggregates: column {name} holds values beyond its width") from None
+    if (out["count"] == 0).any():
+        raise WireError("aggregates: an aggregate of no event")
+    return out
 
 
 def _load(value: bytes | None, schema: str) -> dict[str, Any]:
@@ -411,8 +509,15 @@ def decode_events(value: bytes | None) -> EventBatch:
         start_time = int(message["start_time"])
         ts0 = int(message["ts0"])
         columns = message["columns"]
+        if not 1 <= len(host) <= MAX_HOST:
+            raise WireError(f"host must be 1 to {MAX_HOST} characters, not {len(host)}")
+        if not 0 <= pid <= 2**32 - 1 or not 0 <= start_time <= _I64 or not 0 <= ts0 <= _I64:
+            raise WireError("pid, start_time or ts0 out of range")
         requests = _requests(message.get("requests", []))
-        if count < 0 or (count == 0 and not requests) or not isinstance(columns, dict):
+        aggregates = _aggregates(message.get("aggregates"))
+        aggregates["pid"] = pid
+        if (count < 0 or (count == 0 and not requests and not len(aggregates))
+                or not isinstance(columns, dict)):
             raise WireError("no events")
         if count > MAX_EVENTS:
             raise WireError(f"{count} events in one message, more than {MAX_EVENTS}")
@@ -435,6 +540,7 @@ def decode_events(value: bytes | None) -> EventBatch:
             column = np.asarray(values, dtype=np.int64)
             if column.ndim != 1:
                 raise WireError(f"column {name} is not a list of integers")
+            column = _in_range(name, column, ts0)
             if name == "dim":
                 events["dim"] = column.reshape(count, _DIMS)
             elif name == "ts":
@@ -452,7 +558,27 @@ def decode_events(value: bytes | None) -> EventBatch:
     return EventBatch(
         host=host, pid=pid, start_time=start_time, events=events, kernels=kernels,
         attribution=attribution, requests=requests, unattributed=dict(unattributed),
+        aggregates=aggregates,
     )
+
+
+def _in_range(name: str, column: npt.NDArray[np.int64], ts0: int) -> npt.NDArray[np.int64]:
+    """`column` checked against its field's range (WireError); amounts beyond MAX_AMOUNT (and
+    uint64 beyond int64, negative on the wire) read as MAX_AMOUNT."""
+    if not len(column):
+        return column
+    if name in _AMOUNTS:
+        absurd = (column < 0) | (column > MAX_AMOUNT)
+        return np.where(absurd, MAX_AMOUNT, column) if absurd.any() else column
+    if name == "ts":
+        low, high = 0 - ts0, _I64 - ts0  # event times within [0, 2^63)
+    elif name in _COLUMN_RANGES:
+        low, high = _COLUMN_RANGES[name]
+    else:
+        return column
+    if int(column.min()) < low or int(column.max()) > high:
+        raise WireError(f"column {name} has values out of range")
+    return column
 
 
 def _requests(value: Any) -> tuple[RequestRecord, ...]:
@@ -597,6 +723,9 @@ class MetricsRecord:
     #: (producer/tally.py), in all and by pid; since this agent started.
     dropped_agent_died: Count = 0
     dropped_agent_died_by_pid: ByPid = field(default_factory=dict)
+    #: Not lost: events the kernel counted under overload instead of recording them; they are
+    #: in the events messages' "aggregates" (and so in every count), their details shed.
+    events_aggregated: Count = 0
 
 
 @dataclass(frozen=True)
@@ -652,6 +781,8 @@ def _encode_record(schema: str, record: ProcessRecord | MetricsRecord | NvmlReco
     fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
     if fields.get("exited_ns", 0) is None:  # additive: a live process's record is as before
         del fields["exited_ns"]
+    if fields.get("events_aggregated") == 0:  # additive: a record without overload as before
+        del fields["events_aggregated"]
     return orjson.dumps({"schema": schema, "v": VERSION, **fields},
                         option=orjson.OPT_NON_STR_KEYS)
 

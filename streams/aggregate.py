@@ -3,6 +3,8 @@
     agg = WindowAggregate(window_start_ns, host, job)
     for start, part in split_windows(batch.events, window_ns):   # a message may straddle two
         add_events(table[start, host, job], part)                # vectorised, in place
+    for start, part in split_windows(batch.aggregates, window_ns):  # counted in the kernel
+        add_aggregates(table[start, host, job], part)
     merge(a, b)                                                  # partitions, workers
     points = to_points(agg, window_s, memory=ledger.close(agg))  # once the window is closed
 
@@ -67,7 +69,8 @@ from streams.measurements import LOST_FIELDS, Fields, FieldValue, Point, Tags
 # reach them here.
 __all__ = [
     "DEFAULT_MAX_KERNELS", "DEFAULT_TOP_KERNELS", "MAX_PIDS", "MemoryLedger", "MemoryLevel",
-    "StaleWindowError", "WindowAggregate", "add_events", "api_name", "blocked_share", "bucket_of",
+    "StaleWindowError", "WindowAggregate", "add_aggregates", "add_events", "api_name",
+    "blocked_share", "bucket_of",
     "device_fields_of",
     "gpu_points", "kernel_key", "lost_points", "merge", "percentile", "pipeline_point",
     "split_windows", "to_points", "top_kernels",
@@ -258,6 +261,9 @@ def split_windows(events: Events, window_ns: int) -> list[tuple[int, Events]]:
     """The events of each window they fall in, as (window start ns, events), in time order.
 
     A window starts at a multiple of `window_ns` (epoch-aligned, as the Faust windows are).
+    Aggregates (records.AGGREGATE_DTYPE) are split by their first event's time: the kernel
+    counts each in a wall-clock slot of records.AGG_SLOT_NS (100 ms), so with windows of whole
+    100 ms (every window gpuflight is given) all its events are in that one window.
     """
     if window_ns <= 0:
         raise ValueError(f"window_ns must be positive, not {window_ns}")
@@ -286,6 +292,15 @@ def add_events(
     (`handle`) to the kernel's name, for the batch's process.
     """
     agg.add(events, kernel_names)
+
+
+def add_aggregates(
+    agg: WindowAggregate, aggregates: Events, kernel_names: Mapping[int, str] | None = None
+) -> None:
+    """Add aggregates (records.AGGREGATE_DTYPE: events the kernel counted under overload
+    instead of recording them) of agg's window to `agg`, in place: each counts as its events
+    do (producer.counting.Counts.add_aggregates)."""
+    agg.add_aggregates(aggregates, kernel_names)
 
 
 # -- merging ---------------------------------------------------------------------------------

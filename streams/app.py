@@ -14,12 +14,14 @@ and its changelog record lands in that partition. Several workers with the same 
 the partitions (a Kafka consumer group); a restarted worker recovers the table from its
 changelog and skips what it had already applied (windows.JobState.apply).
 
-A job's time is its host's: the latest event time seen from the host — so a replay of old data
-closes its windows at replay speed, not at once — and, once the host has been silent for
-`host_idle_s`, advanced by the wall clock beyond that, so the windows of a host that stopped
-still close. Hence host time never runs ahead of the host's real time by more than it takes
-its events to arrive: an event is late only when it arrives more than host_idle_s + grace
-after it happened (a producer cut off from Kafka for longer, say).
+A job's time is its host's (streams/clock.py): the second latest time its messages say (their
+latest event or request end) — so a replay of old data closes its windows at replay speed, not
+at once, and no single message, however it is stamped, closes a host's windows — and, once the
+host has been silent for `host_idle_s`, advanced by the wall clock beyond that, so the windows
+of a host that stopped still close. Hence host time never runs ahead of the host's real time
+by more than it takes its events to arrive: an event is late only when it arrives more than
+host_idle_s + grace after it happened (a producer cut off from Kafka for longer, say). Events
+and requests stamped more than `max_future_s` ahead of the wall clock are not counted at all.
 
 A message whose process identity (processes topic, read by another thread) has not arrived
 yet is parked in the table, never waited for in the agent (streams/parking.py): the other
@@ -27,10 +29,15 @@ hosts of the partition flow on, its host's later batches queue behind it in orde
 resolved on the tick or by the host's next message, and goes to the job `unknown:PID` after
 `identity_wait_s`. Its host's windows stay open from its earliest event until then.
 
-Messages that are not gpuflight messages of this version, and events of windows already
-closed (late beyond grace), go to PREFIX.deadletter.v1 with the reason in a header, and are
-counted. Anomalies and memory-bound alerts go to
-PREFIX.alerts.v1 as JSON, keyed by host.
+Messages that are not gpuflight messages of this version, events of windows already closed
+(late beyond grace), beyond the windows a message or a job may take (streams/windows.py), and
+events and requests too far ahead of the clock, go to PREFIX.deadletter.v1 with the reason in a
+header ("malformed", "late", "windows", "future"), and are counted. Anomalies and memory-bound
+alerts go to PREFIX.alerts.v1 as JSON, keyed by host.
+
+The table's values (job states, parked messages) go through streams/stored.py, so none is a
+changelog record the broker refuses, whatever its size; a point that breaks the InfluxDB
+contract is left out alone (streams/sink.py), and a job whose tick fails holds up no other.
 """
 
 from __future__ import annotations
@@ -51,11 +58,13 @@ from producer.kafkaconf import ClientSecurity
 from producer.wire import ensure_topics, topic_configs
 from streams import measurements as m
 from streams.aggregate import gpu_points, lost_points, pipeline_point
+from streams.clock import HostClock
 from streams.identities import UNKNOWN_JOB_FORMAT, Directory, DirectoryReader
 from streams.measurements import Fields, Point, Tags
 from streams.parking import EVENTS, METRICS, Parked, ParkingLot, is_parked_key
 from streams.settings import StreamSettings
 from streams.sink import Batch, InfluxSink
+from streams.stored import Store
 from streams.windows import JobState, state_key
 
 log = logging.getLogger(__name__)
@@ -69,6 +78,10 @@ MAX_POLL_MESSAGES: Final = 32
 #: (1 MiB), which the worker's uncompressed messages (and their headers) must fit; late events
 #: are sent in as many events messages as it takes, a malformed message in parts.
 DEAD_LETTER_MAX_BYTES: Final = 900_000
+#: Kernel names (the `kernel` tag, and the keys of every window's counts) are cut to this.
+MAX_KERNEL_CHARS: Final = 512
+#: A price above this (USD per GPU-hour) is no price: the job's GPU time is unpriced.
+MAX_USD_PER_GPU_HOUR: Final = 1e6
 
 Token = tuple[bytes, int, int, bool]
 
@@ -97,6 +110,10 @@ class WorkerStats:
     requests: int = 0
     #: Requests of windows already closed (late beyond grace): not counted.
     late_requests: int = 0
+    #: Requests ending more than max_future_s ahead of the wall clock: not counted.
+    future_requests: int = 0
+    #: Jobs whose windows a tick could not write (logged; tried again on the next).
+    tick_errors: int = 0
 
 
 class GpuUtilization:
@@ -159,7 +176,10 @@ def gpu_price(settings: StreamSettings, gpu: GpuUtilization) -> Callable[[str, s
         if prices is None:
             return None
         name = gpu.gpu_name(host, job) or settings.gpu_model
-        return None if name is None else prices.per_hour(name)
+        usd = None if name is None else prices.per_hour(name)
+        # Costs are GPU-seconds times this: one that is not a finite price would make every
+        # cost point of the job one InfluxDB cannot take.
+        return usd if usd is not None and 0 <= usd <= MAX_USD_PER_GPU_HOUR else None
 
     return price
 
@@ -188,8 +208,10 @@ class Worker:
         self._indexed: set[int] = set()
         self._inflight: set[Token] = set()
         self._acked: dict[bytes, list[Token]] = defaultdict(list)
-        #: host → (latest event time, wall clock when it was seen), ns.
-        self._clocks: dict[str, tuple[int, int]] = {}
+        #: Each host's time (streams/clock.py).
+        self._clocks: dict[str, HostClock] = {}
+        #: The table's values, of any size (streams/stored.py).
+        self.store = Store(table)
         self._fallback_jobs: dict[tuple[str, int, int], str] = {}
         #: (host, pid) with drops and no identity after a wait: not waited for again.
         self._lossy_unknown: set[tuple[str, int]] = set()
@@ -217,6 +239,10 @@ class Worker:
             elif topic == self.topics.metrics:
                 await self._metrics(message)
         except (wire.WireError, KeyError, TypeError, ValueError) as exc:
+            if topic == self.settings.ticks_topic:  # the worker's own beat: no bad input
+                self.stats.tick_errors += 1
+                log.exception("a tick of partition %d failed", message.partition)
+                return
             await self._dead_letter(message, reason="malformed", detail=str(exc))
 
     async def _metrics(self, message: Any) -> None:
@@ -277,35 +303,58 @@ class Worker:
         team = self.directory.team(batch.host, batch.pid, batch.start_time)
         if team and state.labels.team != team:
             state.labels = replace(state.labels, team=team)
-        names = {handle: name.short for handle, name in batch.kernels.items()}
+        names = {handle: name.short[:MAX_KERNEL_CHARS] for handle, name in batch.kernels.items()}
         now = time.time_ns()
-        # An event stamped too far ahead of the wall clock (a forged message, a broken clock)
-        # would move its host's time, and every real event after it would be late: it is not
-        # counted, and never reaches the state (nor, through it, the changelog).
-        ahead = batch.events["ts_ns"] > now + round(self.settings.max_future_s * 1e9)
+        # An event or a request stamped too far ahead of the wall clock (a forged message, a
+        # broken clock) would move its host's time, and every real event after it would be
+        # late: it is not counted, and never reaches the state (nor, through it, the changelog).
+        limit = now + round(self.settings.max_future_s * 1e9)
+        ahead = batch.events["ts_ns"] > limit
         future = batch.events[ahead] if ahead.any() else None
         events = batch.events[~ahead] if future is not None else batch.events
+        requests = [r for r in batch.requests if r.end_ns <= limit]
+        future_requests = len(batch.requests) - len(requests)
+        # Aggregates (events the kernel counted, not recorded) stamped ahead: counted as future
+        # events, in the events_uncounted point (they have no dead letter of their own).
+        soon = batch.aggregates["ts_ns"] <= limit
+        aggregates = batch.aggregates[soon]
+        future_aggregated = int(batch.aggregates["count"][~soon].sum())
         applied = state.apply(events, message.partition, message.offset,
-                              self.settings.windows, names, requests=batch.requests,
-                              unattributed=batch.unattributed)
+                              self.settings.windows, names, requests=requests,
+                              unattributed=batch.unattributed, aggregates=aggregates)
+        clock = self._clock(batch.host)
         if applied.duplicate:
             self.stats.duplicates += 1
+            clock.heard(None, now)
             return
+        clock.heard(applied.time_ns, now)
         self.stats.events += applied.events
-        self.stats.requests += len(batch.requests) - applied.late_requests
+        self.stats.requests += len(requests) - applied.late_requests
         self.stats.late_requests += applied.late_requests
+        self.stats.future_requests += future_requests
         if applied.late_requests:
-            log.warning("%d requests of %s on %s ended in windows already closed: not counted",
-                        applied.late_requests, job, batch.host)
-        latest, _ = self._clocks.get(batch.host, (0, now))
-        if state.max_ts_ns >= latest:
-            self._clocks[batch.host] = (state.max_ts_ns, now)
+            log.warning("%d requests of %s on %s ended in windows already closed (or beyond"
+                        " the windows a job holds): not counted", applied.late_requests, job,
+                        batch.host)
         self._save(key, state)
-        late = applied.late
-        if late is None and future is None:
+        if future_requests:
+            log.warning("%d requests of %s on %s end more than %g s ahead of the worker's"
+                        " clock: not counted (dead letter, reason future)", future_requests,
+                        job, batch.host, self.settings.max_future_s)
+            await self._dead_letter(
+                message, reason="future", detail=f"{future_requests} requests ending more than"
+                f" {self.settings.max_future_s:g} s ahead of the worker's clock",
+                value=wire.encode_events(replace(
+                    batch, events=batch.events[:0], kernels={}, attribution=None,
+                    unattributed={},
+                    requests=tuple(r for r in batch.requests if r.end_ns > limit))))
+        late, refused = applied.late, applied.refused
+        if (late is None and future is None and refused is None and not applied.late_aggregated
+                and not future_aggregated):
             return
-        n_late = 0 if late is None else len(late)
-        n_future = 0 if future is None else len(future)
+        n_late = sum(0 if x is None else len(x) for x in (late, refused))
+        n_late += applied.late_aggregated
+        n_future = (0 if future is None else len(future)) + future_aggregated
         self.stats.late_events += n_late
         self.stats.future_events += n_future
         await self.sink.put(Batch([Point(
@@ -314,7 +363,18 @@ class Worker:
             self._uncounted_time(now))]))
         if late is not None:
             await self._dead_letter_events(message, batch, late, reason="late",
-                                           detail=f"{n_late} events of closed windows")
+                                           detail=f"{len(late)} events of closed windows")
+        if refused is not None:
+            settings = self.settings.windows
+            log.warning("%d events of %s on %s are beyond the windows a message (%d) or a job"
+                        " (%d) takes: not counted (dead letter, reason windows)", len(refused),
+                        job, batch.host, settings.max_windows_per_message,
+                        settings.open_windows_limit)
+            await self._dead_letter_events(
+                message, batch, refused, reason="windows",
+                detail=f"{len(refused)} events beyond the windows a message"
+                       f" ({settings.max_windows_per_message}) or a job"
+                       f" ({settings.open_windows_limit}) takes")
         if future is not None:
             await self._dead_letter_events(
                 message, batch, future, reason="future",
@@ -335,10 +395,10 @@ class Worker:
         parked = Parked(kind, host, pid, start_time, message.topic, message.partition,
                         message.offset, message.key, bytes(message.value), min_ts_ns,
                         time.monotonic_ns())
-        self.table[parked.table_key] = parked.to_bytes()
+        self.store.put(parked.table_key, parked.to_bytes(), parked.partition)
         self._parking.add(parked)
-        if kind == EVENTS and host in self._clocks:  # waiting, not silent
-            self._clocks[host] = (self._clocks[host][0], time.time_ns())
+        if kind == EVENTS:  # waiting, not silent
+            self._clock(host).heard(None, time.time_ns())
         log.debug("parked %s of %s pid %d: no identity yet", kind, host, pid)
 
     async def _unpark(self, parked: Parked, job: str | None = None) -> None:
@@ -355,7 +415,7 @@ class Worker:
             unknown = self._unknown_lossy_pids(record)
             self._lossy_unknown.update((record.host, p) for p in unknown)
             await self._lost(record)
-        del self.table[parked.table_key]
+        self.store.delete(parked.table_key)
         self._parking.remove(parked)
 
     async def _resolve_parked(self, partition: int) -> None:
@@ -387,36 +447,47 @@ class Worker:
             await self._unpark(parked, job)
 
     async def _tick(self, partition: int) -> None:
-        settings = self.settings.windows
         keys = self._keys_of(partition)
         await self._resolve_parked(partition)
         keys |= self._by_partition.get(partition, set())
         now = time.time_ns()
         for key in sorted(keys):
-            state = self._states[key]
-            changed = False
-            for token in self._acked.pop(key, ()):
-                changed |= state.acknowledge(token[1], token[2], token[3])
-            host_now = self._host_now(state, now)
-            writes, closed = state.due(host_now, settings, self.gpu.mean, self.price)
-            changed |= bool(closed.memory_bound)
-            for write in writes:
-                token = (key, write.window_start_ns, write.version, write.final)
-                if token not in self._inflight:
-                    self._inflight.add(token)
-                    await self.sink.put(Batch(write.points, token))
-            for anomaly in closed.anomalies:
-                await self._alert(state.host, "bandwidth_anomaly", asdict(anomaly))
-            for verdict in closed.memory_bound:
-                if verdict.fired:
-                    await self._alert(state.host, "memory_bound", {
-                        **asdict(verdict), "evidence": asdict(verdict.evidence)})
-            idle_ns = now - self._clocks.get(state.host, (state.max_ts_ns, now))[1]
-            if state.idle and (idle_ns > self.settings.forget_idle_s * 1e9
-                               or self._ended(state, host_now)):
-                self._forget(key, state)
-            elif changed:
-                self._save(key, state)
+            state = self._states.get(key)
+            if state is None:
+                continue
+            try:
+                await self._tick_state(key, state, now)
+            except (ArithmeticError, LookupError, TypeError, ValueError):
+                # One job's fault (a bug, a value no check foresaw) stops neither the tick nor
+                # the partition's other jobs; the job is tried again on the next tick.
+                self.stats.tick_errors += 1
+                log.exception("job %s on %s: its windows could not be written this tick",
+                              state.job, state.host)
+
+    async def _tick_state(self, key: bytes, state: JobState, now: int) -> None:
+        changed = False
+        for token in self._acked.pop(key, ()):
+            changed |= state.acknowledge(token[1], token[2], token[3])
+        host_now = self._host_now(state, now)
+        writes, closed = state.due(host_now, self.settings.windows, self.gpu.mean, self.price)
+        changed |= bool(closed.memory_bound)
+        for write in writes:
+            token = (key, write.window_start_ns, write.version, write.final)
+            if token not in self._inflight:
+                self._inflight.add(token)
+                await self.sink.put(Batch(write.points, token))
+        for anomaly in closed.anomalies:
+            await self._alert(state.host, "bandwidth_anomaly", asdict(anomaly))
+        for verdict in closed.memory_bound:
+            if verdict.fired:
+                await self._alert(state.host, "memory_bound", {
+                    **asdict(verdict), "evidence": asdict(verdict.evidence)})
+        idle_ns = now - self._clock(state.host).heard_ns
+        if state.idle and (idle_ns > self.settings.forget_idle_s * 1e9
+                           or self._ended(state, host_now)):
+            self._forget(key, state)
+        elif changed:
+            self._save(key, state)
 
     def _ended(self, state: JobState, host_now: int) -> bool:
         """Whether the state is of a job that was one process, which exited long enough ago
@@ -425,20 +496,26 @@ class Worker:
         return exited is not None and host_now >= exited + round(
             self.settings.forget_ended_after_s * 1e9)
 
+    def _clock(self, host: str) -> HostClock:
+        clock = self._clocks.get(host)
+        if clock is None:
+            clock = self._clocks[host] = HostClock(heard_ns=time.time_ns())
+        return clock
+
     def _host_now(self, state: JobState, now: int) -> int:
-        # A state recovered from a changelog written before events ahead of the clock were
-        # refused may hold such a time: it moves the host no further than they may be ahead.
-        max_ts = min(state.max_ts_ns, now + round(self.settings.max_future_s * 1e9))
-        latest, seen = self._clocks.setdefault(state.host, (max_ts, now))
-        if max_ts > latest:  # recovered from the changelog, not seen since
-            latest, seen = self._clocks[state.host] = (max_ts, now)
+        """The state's host's time (streams/clock.py), no further ahead of the wall clock than
+        events may be (a state recovered from a changelog written before they were refused may
+        hold such a time)."""
+        clock = self._clock(state.host)
+        ahead = now + round(self.settings.max_future_s * 1e9)
         if self._parking.holds(state.host):
             # Its batches wait for an identity: the host is not silent, and its windows from
             # the earliest waiting event on stay open.
-            self._clocks[state.host] = (latest, now)
+            clock.heard(None, now)
+            attested = min(clock.attested_ns or 0, ahead)
             held = self._parking.hold_ns(state.host)
-            return latest if held is None else min(latest, held)
-        return latest + max(now - seen - round(self.settings.host_idle_s * 1e9), 0)
+            return attested if held is None else min(attested, held)
+        return min(clock.now(now, round(self.settings.host_idle_s * 1e9)), ahead)
 
     def _written(self, token: Token) -> None:
         self._inflight.discard(token)
@@ -449,18 +526,21 @@ class Worker:
     def _load(self, key: bytes, host: str, job: str, partition: int) -> JobState:
         state = self._states.get(key)
         if state is None:
-            value = self.table.get(key)
-            state = (JobState.from_bytes(value, self.settings.windows) if value is not None
-                     else JobState(host, job, partition))
-            self._index(key, state)
+            value = self.store.get(key)
+            if value is None:
+                state = JobState(host, job, partition)
+                self._index(key, state)
+            else:
+                state = JobState.from_bytes(value, self.settings.windows)
+                self._recovered(key, state)
         return state
 
     def _save(self, key: bytes, state: JobState) -> None:
-        self.table[key] = state.to_bytes()
+        self.store.put(key, state.to_bytes(), state.partition)
         self._index(key, state)
 
     def _forget(self, key: bytes, state: JobState) -> None:
-        del self.table[key]
+        self.store.delete(key)
         self._states.pop(key, None)
         self._acked.pop(key, None)
         self._by_partition[state.partition].discard(key)
@@ -475,6 +555,11 @@ class Worker:
         self._states[key] = state
         self._by_partition[state.partition].add(key)
 
+    def _recovered(self, key: bytes, state: JobState) -> None:
+        """A state read from the table (the changelog): its host's clock gets its times."""
+        self._index(key, state)
+        self._clock(state.host).merge(state.latest_ns)
+
     def _keys_of(self, partition: int) -> set[bytes]:
         self._index_partition(partition)
         return set(self._by_partition.get(partition, ()))
@@ -484,7 +569,7 @@ class Worker:
             # First message since this partition was assigned: its states (and parked
             # messages) came from the changelog (recovery), not through this worker's agent.
             since = time.monotonic_ns()
-            for key, value in list(self.table.items()):
+            for key, value in self.store.items():
                 if is_parked_key(key):
                     self._index_parked(key, value, partition, since)
                     continue
@@ -496,7 +581,8 @@ class Worker:
                     log.error("dropping unreadable job state %r: %s", key, exc)
                     continue
                 if state.partition == partition:
-                    self._index(key, state)
+                    self._recovered(key, state)
+            self.store.sweep(partition)
             self._indexed.add(partition)
 
     def _index_parked(self, key: bytes, value: bytes, partition: int, since: int) -> None:
@@ -510,9 +596,11 @@ class Worker:
             self._parking.add(parked)
 
     def forget_partitions(self) -> None:
-        """After a rebalance: states may have moved; read them again from the table."""
+        """After a rebalance: states may have moved; read them again from the table (and
+        their hosts' clocks with them)."""
         self._parking.clear()
         self._states.clear()
+        self._clocks.clear()
         self._by_partition.clear()
         self._indexed.clear()
         self._inflight.clear()

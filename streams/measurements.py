@@ -620,6 +620,8 @@ def problems(point: Point) -> list[str]:
             )
         elif isinstance(value, float) and not math.isfinite(value):
             found.append(f"{spec.name}.{name}: {value} is not finite")
+        elif isinstance(value, int) and not -(2**63) <= value < 2**63:
+            found.append(f"{spec.name}.{name}: {value} is beyond InfluxDB's int64")
     return found
 
 

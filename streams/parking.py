@@ -4,7 +4,8 @@ An events batch names its process (host, pid, start time); a metrics record name
 it counts drops for. Their jobs come from the processes topic, read by another thread
 (streams/identities.py), which may not have caught up yet. The worker does not wait in its
 agent (that would stall every host of the partition): the message is parked in the worker's
-table, beside the job states (one changelog record, so a crash loses nothing), and resolved
+table, beside the job states (through streams/stored.py: one changelog record, or, over the
+broker's record limit, its parts and then a head, so a crash loses nothing), and resolved
 on the partition's tick, or by the host's next message; after `identity_wait_s` it goes to
 the unknown-job fallback.
 

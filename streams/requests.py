@@ -46,6 +46,11 @@ COPY_FIELDS: Final = ("h2d_bytes", "d2h_bytes", "d2d_bytes", "other_copy_bytes")
 LATENCY_STEPS: Final = 8
 #: Server errors: a response of 500 and beyond, or none at all (status 0).
 SERVER_ERROR: Final = 500
+#: Routes a (window, job) keeps (a job's processes each keep up to 200, producer/http.py); the
+#: requests of further routes count under OTHER_ROUTE: each route is a series in InfluxDB
+#: and about a kilobyte in the job's state (5,000 routes made it undurable).
+MAX_ROUTES: Final = 200
+OTHER_ROUTE: Final = "other"
 
 
 def costs_of(cost: Mapping[str, float]) -> list[float]:
@@ -103,7 +108,7 @@ class Sample:
         rid, method, status, latency, trace, parent, costs = row
         return cls(int(rid), str(method), int(status), int(latency),
                    None if trace is None else str(trace),
-                   None if parent is None else str(parent), [float(c) for c in costs])
+                   None if parent is None else str(parent), [_number(c) for c in costs])
 
 
 @dataclass
@@ -160,7 +165,7 @@ class RouteStats:
         if len(costs) != len(COSTS):
             raise ValueError(f"{len(costs)} costs where {len(COSTS)} belong")
         return cls(int(requests), int(errors), int(bytes_in), int(bytes_out),
-                   [float(c) for c in costs], {int(b): int(n) for b, n in latency},
+                   [_number(c) for c in costs], {int(b): int(n) for b, n in latency},
                    [Sample.from_list(s) for s in samples])
 
 
@@ -186,8 +191,12 @@ class RequestWindow:
         return self.request_gpu_ns + self.unattributed_gpu_ns
 
     def route(self, name: str) -> RouteStats:
+        """The route's stats, made if new; OTHER_ROUTE's past MAX_ROUTES routes."""
         stats = self.routes.get(name)
         if stats is None:
+            if name != OTHER_ROUTE and len(self.routes) - (OTHER_ROUTE in self.routes) \
+                    >= MAX_ROUTES:
+                return self.route(OTHER_ROUTE)
             stats = self.routes[name] = RouteStats()
         return stats
 
@@ -206,9 +215,15 @@ class RequestWindow:
             raise ValueError(f"request window version {data.get('v')!r}, expected {DICT_VERSION}")
         try:
             return cls({str(k): RouteStats.from_list(v) for k, v in data["routes"].items()},
-                       float(data["unattributed_gpu_ns"]))
+                       _number(data["unattributed_gpu_ns"]))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed request window: {exc!r}") from None
+
+
+def _number(value: Any) -> float:
+    """A float of a stored window: JSON has no infinity, so one that was written as null (by a
+    worker before costs were bounded at decode) reads as 0, not as a state dropped whole."""
+    return 0.0 if value is None else float(value)
 
 
 #: window start → that window's RequestWindow while it is open; None: closed.

@@ -101,8 +101,9 @@ class StreamSettings:
     tick_s: float = 1.0
     #: A host silent this long has its time advanced by the wall clock (see streams/app.py).
     host_idle_s: float = 5.0
-    #: Events stamped more than this ahead of the worker's wall clock are not counted (dead
-    #: letters, reason "future"), so one forged or broken clock cannot move its host's time.
+    #: Events stamped, and requests ending, more than this ahead of the worker's wall clock are
+    #: not counted (dead letters, reason "future"). Within it, one message moves no host's time
+    #: on its own either (streams/clock.py).
     max_future_s: float = 300.0
     #: How long a message waits for its process's identity before the job falls back to
     #: "COMM?:PID" (the processes topic normally has it first).

@@ -6,8 +6,11 @@ room, so the Faust agent stops taking messages (Faust then pauses the partitions
 stream buffer is full) instead of piling points up or dropping them. A batch is retried until
 InfluxDB takes it, except when InfluxDB answers that it can never take it (HTTP 400, e.g. a
 field type conflict): those points are counted as rejected and logged, so one bad point
-cannot stall the pipeline. Each `Batch` may carry a token; `on_written(token)` runs once
-InfluxDB has the batch's points (the worker marks windows written with it).
+cannot stall the pipeline. A point that breaks the contract (streams/measurements.py: an empty
+tag, a value that is not finite or not an int64) is not sent at all: it is counted as rejected
+and logged, and the rest of its batch goes on. Each `Batch` may carry a token;
+`on_written(token)` runs once InfluxDB has the batch's points (the worker marks windows written
+with it).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from streams.influxql import missing_database
-from streams.measurements import Point, validate
+from streams.measurements import Point, problems
 from streams.settings import InfluxSettings
 
 log = logging.getLogger(__name__)
@@ -107,12 +110,18 @@ class InfluxSink:
             await self._client.close()
 
     async def put(self, batch: Batch) -> None:
+        checked = [(p, problems(p)) for p in batch.points]
+        bad = [(p, found) for p, found in checked if found]
+        if bad:
+            self.stats.rejected_points += len(bad)
+            for point, found in bad[:3]:
+                log.error("not writing a %s point that breaks the contract: %s",
+                          point.measurement, "; ".join(found)[:300])
+            batch = Batch([p for p, found in checked if not found], batch.token)
         if not batch.points:
             if self._on_written and batch.token is not None:
                 self._on_written(batch.token)
             return
-        for point in batch.points:
-            validate(point)
         async with self._room:
             await self._room.wait_for(
                 lambda: self.stats.pending_points < self.settings.max_pending_points

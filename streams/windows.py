@@ -7,7 +7,11 @@ changelog record — a crash leaves a job either before or after a message, neve
 - `apply(batch, partition, offset)` adds a message's events to their windows, once: a message
   whose offset is not beyond the last one applied from its partition (a redelivery after a
   restart) changes nothing, so a worker killed mid-stream and restarted neither loses nor
-  double counts. Events of windows already closed are returned (late beyond grace).
+  double counts. Events of windows already closed are returned (late beyond grace), and so
+  are those beyond what one state holds (`refused`): a message adds to at most
+  `max_windows_per_message` windows (those it has the most events in; a real one spans a
+  flush interval, and the calls that took long before it), and a job has at most
+  `open_windows_limit` windows open, so one message cannot make a state of any size.
 - `due(host_now_ns)` says what to write: a window is written as soon as its end has passed
   (a provisional point; written again whenever late events change it) and closed at end +
   grace: then the memory ledger, the bandwidth detector and the memory-bound tracker see it,
@@ -20,6 +24,7 @@ again overwrites it in InfluxDB instead of adding to it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -33,6 +38,7 @@ from streams import aggregate as agg_math
 from streams import measurements as m
 from streams import requests as req_math
 from streams.aggregate import MemoryLedger, WindowAggregate
+from streams.clock import keep_latest
 from streams.detect import (
     BandwidthAnomaly,
     BandwidthDetector,
@@ -45,6 +51,8 @@ from streams.measurements import Point
 from streams.requests import Labels, RequestWindow
 
 STATE_VERSION: Final = 1
+DEFAULT_MAX_WINDOWS_PER_MESSAGE: Final = 64
+DEFAULT_MAX_OPEN_WINDOWS: Final = 256
 
 Events = npt.NDArray[np.void]
 #: (host, job, window start ns, window end ns) → the job's mean GPU utilisation, if known.
@@ -61,12 +69,25 @@ class WindowSettings:
     top_kernels: int = agg_math.DEFAULT_TOP_KERNELS
     max_kernels: int = agg_math.DEFAULT_MAX_KERNELS
     detect: DetectSettings = field(default_factory=DetectSettings)
+    #: The most windows one message adds events to (the rest of its events are refused).
+    max_windows_per_message: int = DEFAULT_MAX_WINDOWS_PER_MESSAGE
+    #: The most windows a job holds open, at the least (see `open_windows_limit`).
+    max_open_windows: int = DEFAULT_MAX_OPEN_WINDOWS
 
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.grace_s < 0:
             raise ValueError(
                 f"window must be > 0 and grace ≥ 0 seconds, not {self.window_s}, {self.grace_s}"
             )
+        if self.max_windows_per_message < 1 or self.max_open_windows < 1:
+            raise ValueError("a message and a job take at least one window each")
+
+    @property
+    def open_windows_limit(self) -> int:
+        """Windows a job may hold open: max_open_windows, or more where the grace alone keeps
+        more open (a long --grace with short windows)."""
+        return max(self.max_open_windows,
+                   math.ceil(self.grace_s / self.window_s) + 2 * self.max_windows_per_message)
 
     @property
     def window_ns(self) -> int:
@@ -111,8 +132,15 @@ class Applied:
     #: Events of windows closed before the message came (late beyond grace).
     late: Events | None = None
     duplicate: bool = False
-    #: Requests of windows closed before the message came (late beyond grace: not counted).
+    #: Requests of windows closed before the message came (late beyond grace), or beyond the
+    #: windows the state holds: not counted.
     late_requests: int = 0
+    #: Events beyond the windows a message or a job may take (see the module's docstring).
+    refused: Events | None = None
+    #: When the message was on its host: its latest event or request end (None: neither).
+    time_ns: int | None = None
+    #: Events of its aggregates (counted in the kernel) that no open window took: not counted.
+    late_aggregated: int = 0
 
 
 @dataclass
@@ -130,6 +158,9 @@ class JobState:
     pending: dict[int, tuple[int, list[Point]]] = field(default_factory=dict)
     #: The latest event time seen (ns).
     max_ts_ns: int = 0
+    #: The latest times of the job's messages, latest first: its part of its host's clock
+    #: (streams/clock.py).
+    latest_ns: list[int] = field(default_factory=list)
     ledger: MemoryLedger = field(default_factory=MemoryLedger)
     bandwidth: BandwidthDetector = field(default_factory=BandwidthDetector)
     tracker: MemoryBoundTracker = field(default_factory=MemoryBoundTracker)
@@ -148,21 +179,47 @@ class JobState:
         *,
         requests: Sequence[RequestRecord] = (),
         unattributed: Mapping[str, float] | None = None,
+        aggregates: Events | None = None,
     ) -> Applied:
-        """Add one message's events, its requests and its cost of no request (all of this job)
-        to their windows, unless already done."""
+        """Add one message's events, its requests, its cost of no request and its aggregates
+        (events the kernel counted instead of recording them; all of this job) to their
+        windows, unless already done."""
         if offset <= self.offsets.get(partition, -1):
             return Applied(0, duplicate=True)
         self.offsets[partition] = offset
         late: list[Events] = []
-        for start, part in agg_math.split_windows(events, settings.window_ns):
-            window = self._window(start, settings)
+        refused: list[Events] = []
+        parts = agg_math.split_windows(events, settings.window_ns)
+        kept: set[int] | None = None
+        if len(parts) > settings.max_windows_per_message:
+            # The windows it has the most events in (the latest of equals) take the message.
+            ranked = sorted(parts, key=lambda sp: (-len(sp[1]), -sp[0]))
+            kept = {start for start, _ in ranked[: settings.max_windows_per_message]}
+        for start, part in parts:
+            window = None if kept is not None and start not in kept else self._window(
+                start, settings)
             if window is None:
-                late.append(part)
+                (late if start < self.closed_before_ns else refused).append(part)
                 continue
             agg_math.add_events(window.agg, part, kernel_names)
+        aggregated = late_aggregated = 0
+        if aggregates is not None and len(aggregates):
+            for start, part in agg_math.split_windows(aggregates, settings.window_ns):
+                window = self._window(start, settings)
+                if window is None:
+                    late_aggregated += int(part["count"].sum())
+                    continue
+                agg_math.add_aggregates(window.agg, part, kernel_names)
+                aggregated += int(part["count"].sum())
+
+        # Its requests, too, add to at most max_windows_per_message windows (its events' first).
+        touched = {start for start, _ in parts if kept is None or start in kept}
 
         def window_of(start: int) -> RequestWindow | None:
+            if start not in touched:
+                if len(touched) >= settings.max_windows_per_message:
+                    return None
+                touched.add(start)
             window = self._window(start, settings)
             return None if window is None else window.requests
 
@@ -171,21 +228,29 @@ class JobState:
                  else min((r.end_ns for r in requests), default=None))
         if unattributed and at_ns is not None:
             req_math.add_unattributed(unattributed, at_ns, settings.window_ns, window_of)
-        if len(events):
-            self.max_ts_ns = max(self.max_ts_ns, int(events["ts_ns"].max()))
-        if requests:
-            self.max_ts_ns = max(self.max_ts_ns, *(r.end_ns for r in requests))
+        times = [int(events["ts_ns"].max())] if len(events) else []
+        times += [r.end_ns for r in requests]
+        if aggregates is not None and len(aggregates):
+            times.append(int(aggregates["last_ts_ns"].max()))
+        time_ns = max(times) if times else None
+        if time_ns is not None:
+            self.max_ts_ns = max(self.max_ts_ns, time_ns)
+            self.latest_ns = keep_latest(self.latest_ns, time_ns)
         late_events = np.concatenate(late) if late else None
-        applied = len(events) - (0 if late_events is None else len(late_events))
-        return Applied(applied, late_events, late_requests=len(late_requests))
+        refused_events = np.concatenate(refused) if refused else None
+        applied = len(events) - sum(len(x) for x in (*late, *refused)) + aggregated
+        return Applied(applied, late_events, late_requests=len(late_requests),
+                       refused=refused_events, time_ns=time_ns, late_aggregated=late_aggregated)
 
     def _window(self, start: int, settings: WindowSettings) -> Window | None:
         """The open window starting at `start`, made if new, its version bumped (it is about
-        to change); None when it is closed."""
+        to change); None when it is closed, or new beyond `open_windows_limit`."""
         if start < self.closed_before_ns:
             return None
         window = self.windows.get(start)
         if window is None:
+            if len(self.windows) >= settings.open_windows_limit:
+                return None
             window = self.windows[start] = Window(
                 WindowAggregate(start, self.host, self.job, settings.max_kernels)
             )
@@ -291,6 +356,7 @@ class JobState:
                 for start, (version, points) in sorted(self.pending.items())
             ],
             "max_ts_ns": self.max_ts_ns,
+            "latest_ns": self.latest_ns,
             "ledger": self.ledger.to_dict(),
             "bandwidth": self.bandwidth.to_dict(),
             "tracker": self.tracker.to_dict(),
@@ -310,6 +376,9 @@ class JobState:
                 requests = RequestWindow.from_dict(more[0]) if more else RequestWindow()
                 windows[agg.window_start_ns] = Window(agg, int(version), int(written), requests)
             namespace, team = data.get("labels", [m.NO_LABEL, m.NO_LABEL])
+            max_ts = int(data["max_ts_ns"])
+            # A state from before the host clock (streams/clock.py): its latest event, alone.
+            latest = [int(t) for t in data.get("latest_ns", [max_ts] if max_ts else [])]
             return cls(
                 host=str(data["host"]),
                 job=str(data["job"]),
@@ -321,7 +390,8 @@ class JobState:
                     int(start): (int(version), [_point_from_list(p) for p in points])
                     for start, version, points in data["pending"]
                 },
-                max_ts_ns=int(data["max_ts_ns"]),
+                max_ts_ns=max_ts,
+                latest_ns=latest,
                 ledger=MemoryLedger.from_dict(data["ledger"]),
                 bandwidth=BandwidthDetector.from_dict(data["bandwidth"], settings.detect),
                 tracker=MemoryBoundTracker.from_dict(data["tracker"]),

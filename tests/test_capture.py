@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -28,12 +29,19 @@ import pytest
 from gpuflight.demo.build import SIMGPU_SONAME
 from gpuflight.simgpu.build import SimGpu, read_counts
 from gpuflight.simgpu.build import build as build_sim
+from producer.summary import Summary
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import (
     GPUFLIGHT,
     Producer,
     read_events,
     wait_for_probe_releases,
+)
+from tests.support.counting import (
+    aggregates_from_json,
+    events_from_json,
+    figures_of_text,
+    text_figures_of_summary,
 )
 from tests.workloads import build, expected
 
@@ -167,18 +175,102 @@ def test_each_event_carries_its_threads_device(
     assert "5    on device 0" in summary and "6    on device 1" in summary, summary
 
 
-def test_kernel_drops_are_counted_never_silent(bindir: Path, tmp_path: Path) -> None:
-    """A one-page ring buffer cannot hold a burst: what is lost is counted exactly."""
+def test_what_a_full_ring_cannot_hold_is_counted_never_silent(bindir: Path,
+                                                              tmp_path: Path) -> None:
+    """A one-page ring buffer cannot hold a burst: what it cannot take is counted in the kernel
+    (the --output's "aggregate" lines, each with its count) and what fits nowhere is counted
+    lost: recorded + counted + lost is every call."""
     binary = build.build_capture(bindir, "stub")
     threads, iters = 2, 4000
-    proc, events = trace([str(binary), "--threads", str(threads), "--iters", str(iters)],
-                         tmp_path / "out.jsonl", "--ring-buffer-pages", "1")
+    proc, lines = trace([str(binary), "--threads", str(threads), "--iters", str(iters)],
+                        tmp_path / "out.jsonl", "--ring-buffer-pages", "1")
     assert proc.returncode == 0, proc.stderr
     want = len(expected.capture_events(threads, iters))
     dropped = int(proc.stderr.rsplit("events dropped:", 1)[1].split()[0].replace(",", ""))
-    assert dropped > 0
-    assert len(events) + dropped == want
-    assert "dropped in the kernel" in proc.stderr
+    counted = sum(a["count"] for a in lines if a["type"] == "aggregate")
+    recorded = sum(e["type"] != "aggregate" for e in lines)
+    assert counted > 0
+    assert recorded + counted + dropped == want
+    assert f"events counted in the kernel: {counted:,}" in proc.stderr
+    assert ("dropped in the kernel" in proc.stderr) == (dropped > 0)
+
+
+def test_a_flood_leaves_a_small_job_seen_and_every_count_exact(bindir: Path,
+                                                               tmp_path: Path) -> None:
+    """One process floods a small ring (16 pages, ~680 events) while another makes a few calls:
+    the small one's events are all recorded (under pressure each process has a share of the
+    ring), and what the flood's could not be is counted in the kernel, so every figure of the
+    summary and of --output is exact: the workloads' own counts."""
+    binary = build.build_capture(bindir, "stub")
+    flood_threads, flood_iters, small_iters = 2, 20_000, 5
+    script = (f'"{binary}" --threads {flood_threads} --iters {flood_iters} & '
+              f'"{binary}" --iters {small_iters}; wait')
+    proc, lines = trace(["sh", "-c", script], tmp_path / "out.jsonl",
+                        "--ring-buffer-pages", "16")
+    assert proc.returncode == 0, proc.stderr
+    assert "events dropped: 0" in proc.stderr
+    events = [e for e in lines if e["type"] != "aggregate"]
+    counted = [a for a in lines if a["type"] == "aggregate"]
+    totals: Counter[int] = Counter(e["pid"] for e in events)
+    for a in counted:
+        totals[a["pid"]] += a["count"]
+    small_pid, flood_pid = sorted(totals, key=totals.__getitem__)
+    small_want = expected.capture_events(1, small_iters)
+    flood_want = expected.capture_events(flood_threads, flood_iters)
+    # The small job: every event recorded, exactly, none of it only counted.
+    assert_exact(small_want, of_pid(events, small_pid))
+    assert not of_pid(counted, small_pid)
+    # The flood: the ring was under pressure, and what it shed was counted, per api exactly.
+    assert sum(a["count"] for a in counted) > 0
+    flood = expected.api_counts(of_pid(events, flood_pid))
+    for a in of_pid(counted, flood_pid):
+        flood[a["api"]] += a["count"]
+    assert flood == expected.api_counts(flood_want)
+    # The summary: what it printed is what its events and aggregates count, and exact.
+    summary = Summary()
+    summary.add(events_from_json(events))
+    summary.add_aggregates(aggregates_from_json(counted))
+    printed = figures_of_text(proc.stderr)
+    assert printed == text_figures_of_summary(summary)
+    both = [*flood_want, *small_want]
+    assert printed["kernel launches"] == sum(e["type"] == "launch" for e in both)
+    assert printed["copies"] == dict(Counter(e["kind"] for e in both if e["type"] == "memcpy"))
+    assert summary.events == len(both)
+
+
+#: Copies through the simulated GPU's runtime by ctypes: N cudaMemcpy and N cudaMemcpyAsync.
+TAIL_COPIES = """
+import ctypes, sys
+rt = ctypes.CDLL("libcudart.so.13")
+n = int(sys.argv[1])
+d = ctypes.c_void_p()
+assert rt.cudaMalloc(ctypes.byref(d), ctypes.c_size_t(1 << 20)) == 0
+h = ctypes.create_string_buffer(1 << 20)
+for _ in range(n):
+    assert rt.cudaMemcpy(d, h, ctypes.c_size_t(4096), 1) == 0
+for _ in range(n):
+    assert rt.cudaMemcpyAsync(d, h, ctypes.c_size_t(8192), 1, None) == 0
+assert rt.cudaDeviceSynchronize() == 0
+"""
+
+
+def test_a_runtime_that_tail_calls_the_driver_is_counted_once(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The simulated runtime's cudaMemcpy and cudaMemcpyAsync end in `jmp *ptr` to the driver
+    entry points cuGetProcAddress gave (GF_SIM_TAIL_CALLS=1): the driver returns straight to
+    the application, so its return address is no runtime's. 25 copies of each are 25 events
+    each, recorded once by the runtime's probes, as the simulated driver counted them."""
+    sim: SimGpu = build_sim(tmp_path_factory.mktemp("simgpu"), runtimes=(13,))
+    counts = tmp_path / "counts.json"
+    env = {**sim.env(counts=counts), "GF_SIM_TAIL_CALLS": "1"}
+    proc, events = trace([sys.executable, "-c", TAIL_COPIES, "25"], tmp_path / "out.jsonl",
+                         env=env)
+    assert proc.returncode == 0, proc.stderr
+    copies = Counter((e["api"], e["layer"]) for e in events if e["type"] == "memcpy")
+    assert copies == {("cudaMemcpy", "runtime"): 25, ("cudaMemcpyAsync", "runtime"): 25}
+    (c,) = read_counts(counts)
+    assert c["copies"]["h2d"]["count"] == 50
 
 
 # ---- producer: node-wide --------------------------------------------------------
@@ -397,12 +489,12 @@ def test_the_cuda_programs_load_after_the_command_starts_and_capture_is_exact(
         loads[(name, prog_type, attach_type)] += 1
         return real_load(self, name, prog_type, attach_type)
 
-    def attach_runtime(self: Probes, library: Any, fds: list[int]) -> Any:
+    def attach_runtime(self: Probes, library: Any, path: str, fds: list[int]) -> Any:
         done, _failure = self._bpf.background_failure()
         waiting_at_attach.append(not done)
         rings_at_attach.append(self._bpf.made("events") or self._bpf.made("names"))
         gate.set()
-        return real_attach(self, library, fds)
+        return real_attach(self, library, path, fds)
 
     monkeypatch.setattr(bpfload.LoadedObject, "_load", gated_load)
     monkeypatch.setattr(bpfload.LoadedObject, "_make_later_maps", gated_maps)
@@ -632,10 +724,10 @@ def test_kernel_naming_reads_no_process_while_it_is_held(
         held.update(n.pid for n in notes if n.held)
         return notes
 
-    def released(self: Capture, pid: int, held_since_ns: int = 0) -> None:
-        held.discard(pid)
-        log.append(("release", pid, frozenset(held)))
-        release(self, pid, held_since_ns)
+    def released(self: Capture, note: probes.LoaderEvent) -> None:
+        held.discard(note.pid)
+        log.append(("release", note.pid, frozenset(held)))
+        release(self, note)
 
     def remembered(self: KernelNames, pid: int) -> None:
         log.append(("remember", pid, frozenset(held)))

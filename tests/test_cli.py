@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 from pathlib import Path
@@ -127,4 +128,56 @@ def test_streams_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit) as exit_:
         cli.main(["streams", "--window", "0"])
     assert exit_.value.code == 2
-    assert "must be positive" in capsys.readouterr().err
+    assert "must be 1 to 86400 seconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "why"), [
+    (["producer", "--output", "o", "--pid", "-1"], "a process id is 1 to 4194304, got -1"),
+    (["producer", "--output", "o", "--pid", "0"], "a process id is 1 to 4194304"),
+    (["producer", "--output", "o", "--pid", "99999999999"], "a process id is 1 to 4194304"),
+    (["replay", "--kafka", "h:1", "--from", "0", "--to", "1", "--output", "o", "--pid", "-1"],
+     "a process id is 1 to 4194304"),
+    (["streams", "--window", "1e300"], "--window: must be 1 to 86400 seconds"),
+    (["streams", "--window", "1e-10"], "--window: must be 1 to 86400 seconds"),
+    (["streams", "--window", "nan"], "--window: must be 1 to 86400 seconds"),
+    (["streams", "--grace", "1e300"], "--grace: must be 0 to 86400 seconds"),
+    (["streams", "--max-future", "1e300"], "--max-future: must be 1 to 86400 seconds"),
+    (["streams", "--max-future", "0"], "--max-future: must be 1 to 86400 seconds"),
+    (["streams", "--idle", "1e300"], "--idle: must be 0 to 86400 seconds"),
+    (["streams", "--idle=-1"], "--idle: must be 0 to 86400 seconds"),
+    (["producer", "--kafka", "h:\u0669\u0660\u0669\u0662", "--output", "o"],
+     "port must be 1-65535"),
+    (["demo", "--steps", "-5"], "must be 1 or more, got -5"),
+    (["demo", "--steps", "0"], "must be 1 or more, got 0"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_numbers_out_of_range_are_refused_before_the_command_runs(
+        argv: list[str], why: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """They used to reach the command: a pid of -1 or 10^11 ended the agent with 70, a window
+    of 1e300 s crashed the stream agent (OverflowError) while the worker stayed up, a window of
+    1e-10 s (0 ns) dead-lettered every event, an Arabic-Indic port passed for 9092."""
+    monkeypatch.setattr(cli, "_dispatch", lambda args: pytest.fail(f"{args.command} ran"))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err, err
+
+
+def test_the_stream_durations_documented_bounds_are_taken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[argparse.Namespace] = []
+
+    def dispatch(args: argparse.Namespace) -> int:
+        taken.append(args)
+        return 0
+
+    monkeypatch.setattr(cli, "_dispatch", dispatch)
+    assert cli.main(["streams", "--window", "1", "--grace", "0", "--idle", "0",
+                     "--max-future", "1"]) == 0
+    assert cli.main(["streams", "--window", "86400", "--grace", "86400", "--idle", "86400",
+                     "--max-future", "86400"]) == 0
+    assert [(a.window, a.grace, a.idle, a.max_future) for a in taken] == [
+        (1.0, 0.0, 0.0, 1.0), (86400.0, 86400.0, 86400.0, 86400.0)]
+    with pytest.raises(SystemExit):
+        cli.main(["streams", "--window", "86400.5"])

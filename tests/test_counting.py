@@ -36,6 +36,7 @@ from tests.support.counting import (
     SYNTHETIC_KERNEL_LAUNCHES,
     T0,
     S,
+    aggregates_of,
     alloc,
     copy,
     events_from_json,
@@ -191,6 +192,43 @@ def test_the_trace_summary_and_the_stream_app_agree_on_every_shared_figure() -> 
     text = render(summary, "synthetic", wall_s=3.0, drops=0)
     assert figures_of_text(text) == text_figures_of_summary(summary)
     assert "CPU blocked on the GPU" in text and "in synchronous copies" in text
+
+
+# -- under overload: what the kernel counted instead of recording ------------------------------
+
+#: The kinds of event the kernel sheds under pressure (bpf/cudart.bpf.c gf_sheddable).
+SHED_TYPES = (EventType.LAUNCH, EventType.GRAPH_LAUNCH, EventType.MEMCPY, EventType.MEMSET,
+              EventType.SYNC)
+
+
+def test_aggregates_count_every_figure_as_their_events_do() -> None:
+    """Events the kernel counted in aggregates (by process, api, kernel, shape, kind, device,
+    failure and 100 ms slot) rather than recorded count, in the trace summary and through the
+    wire in the stream windows, exactly as the events would have: all of them, or some."""
+    events = synthetic_events(T0)
+    shed = events[np.isin(events["type"], SHED_TYPES) & ((events["flags"] & F_CAPTURED) == 0)]
+    aggregates = aggregates_of(shed)
+    assert len(aggregates) < len(shed) and aggregates["count"].max() > 1  # fewer rows
+    recorded = Summary()
+    recorded.add(shed)
+    counted = Summary()
+    counted.add_aggregates(aggregates)
+    assert counted.counts == recorded.counts  # every field: shapes, kernels, devices, times
+    assert counted.aggregated == len(shed) and counted.events == len(shed)
+    # Part recorded, part counted, as under pressure: the same again, in both paths.
+    kept = shed[::3]
+    mixed = Summary()
+    mixed.add(kept)
+    mixed.add_aggregates(aggregates_of(np.delete(shed, np.s_[::3])))
+    assert figures_of_summary(mixed) == figures_of_summary(recorded)
+    streams = figures_of_points(stream_points(shed))
+    assert figures_of_points(stream_points(shed[:0], aggregates=aggregates)) == streams
+    assert figures_of_points(stream_points(
+        kept, aggregates=aggregates_of(np.delete(shed, np.s_[::3])))) == streams
+    assert streams == figures_of_summary(recorded)
+    text = render(counted, "overloaded", wall_s=3.0, drops=0)
+    assert f"events counted in the kernel: {len(shed):,}" in text
+    assert figures_of_text(text) == text_figures_of_summary(recorded)
 
 
 # -- one term, one meaning -------------------------------------------------------------------

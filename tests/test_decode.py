@@ -219,6 +219,26 @@ def test_summary_lists_each_probed_file_once_with_its_probes() -> None:
     assert "probed library files" not in render(Summary(), "job", wall_s=1.0, drops=0)
 
 
+def test_summary_says_which_probes_are_single_stepped_and_what_their_calls_cost() -> None:
+    from producer.summary import STEP_COST_S, ProbedFile
+
+    probed = [ProbedFile("/opt/libcuda.so.1", "driver", 81, stepped=3),
+              ProbedFile("/venv/libcudart.so.13", "runtime", 74)]
+    text = render(Summary(), "job", wall_s=1.0, drops=0, probed=probed, stepped_calls=200_000)
+    (driver,) = [ln for ln in text.splitlines() if "/opt/libcuda.so.1" in ln]
+    assert driver.split("#")[1].strip() == "3 function(s) single-stepped"
+    (runtime,) = [ln for ln in text.splitlines() if "libcudart.so.13" in ln]
+    assert "single-stepped" not in runtime
+    (calls,) = [ln for ln in text.splitlines() if "single-stepped calls" in ln]
+    assert calls.split(":")[1].split()[0] == "200,000"
+    assert f"~{200_000 * STEP_COST_S:.1f} s" in calls
+    uncounted = render(Summary(), "job", wall_s=1.0, drops=0, probed=probed, stepped_calls=None)
+    assert "single-stepped calls: not counted" in uncounted
+    # nothing stepped: nothing said
+    quiet = render(Summary(), "job", wall_s=1.0, drops=0, probed=probed[1:], stepped_calls=0)
+    assert "single-stepped" not in quiet
+
+
 def test_forget_drops_what_is_kept_of_exited_processes_only() -> None:
     """Node-wide, what the enricher keeps per process (sizes of allocations never freed,
     graphs and execs, kernel names) goes with the process (capture.Capture forgets a pid once

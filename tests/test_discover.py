@@ -515,14 +515,46 @@ def static_proc(tmp_path: Path, elves: Elves) -> Path:
     for where, name in placed.items():
         (root / where).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(elves[name], root / where)
+    # A file opened through map_files is checked to be the one maps shows (device and
+    # inode), as on a real node: the maps are rewritten to show the copies' own.
+    for where in placed:
+        if "/map_files/" not in where:
+            continue
+        pid, _, name = where.partition("/map_files/")
+        maps = root / pid / "maps"
+        fake = _mapping_key(maps.read_text(), name)
+        STATIC_KEYS[fake] = key_of(root / where)
+        shown, real = _key_text(fake), _key_text(STATIC_KEYS[fake])
+        for other in root.glob("*/maps"):
+            other.write_text(other.read_text().replace(shown, real))
     return root
+
+
+#: The hand-written tree's (device, inode) → the copy's that stands for it (static_proc).
+STATIC_KEYS: dict[LibraryKey, LibraryKey] = {}
+
+
+def _mapping_key(maps: str, map_files_name: str) -> LibraryKey:
+    wanted = [int(address, 16) for address in map_files_name.split("-")]
+    for line in maps.splitlines():
+        fields = line.split()
+        if fields and [int(address, 16) for address in fields[0].split("-")] == wanted:
+            major, minor = fields[3].split(":")
+            return os.makedev(int(major, 16), int(minor, 16)), int(fields[4])
+    raise AssertionError(f"no mapping {map_files_name}")
+
+
+def _key_text(key: LibraryKey) -> str:
+    return f"{os.major(key[0]):02x}:{os.minor(key[0]):02x} {key[1]} "
 
 
 def test_hand_written_tree(static_proc: Path) -> None:
     snapshot = discover.scan(static_proc)
     fd01 = os.makedev(0xFD, 0x01)
+    real = dict(STATIC_KEYS)
     found = {
-        key: (lib.kind, lib.path, lib.host_path.removeprefix(f"{static_proc}/"))
+        next((fake for fake, k in real.items() if k == key), key):
+            (lib.kind, lib.path, lib.host_path.removeprefix(f"{static_proc}/"))
         for key, lib in snapshot.libraries.items()
     }
     assert found == {
@@ -548,9 +580,10 @@ def test_hand_written_tree(static_proc: Path) -> None:
             "4300/map_files/7f00aa021000-7f00aa080000",
         ),
     }
-    assert snapshot.pids_by_library[(fd01, 2622)] == {4200, 4201}
-    assert snapshot.pids_by_library[(fd01, 1311)] == {4200, 4201}
-    assert snapshot.libraries_by_pid[4201] == {(fd01, 1311), (fd01, 2622), (fd01, 2701)}
+    assert snapshot.pids_by_library[real[(fd01, 2622)]] == {4200, 4201}
+    assert snapshot.pids_by_library[real[(fd01, 1311)]] == {4200, 4201}
+    assert snapshot.libraries_by_pid[4201] == {
+        real[(fd01, 1311)], real[(fd01, 2622)], real[(fd01, 2701)]}
     assert snapshot.libraries_by_pid[4202] == frozenset()
     assert snapshot.libraries_by_pid[1] == frozenset()
     assert snapshot.errors == {4400}

@@ -8,7 +8,9 @@ make handles. The oracle is tests/workloads/expected.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -22,7 +24,7 @@ from elftools.elf.sections import SymbolTableSection
 from producer import discover, elfsyms, records
 from producer.errors import SetupError
 from tests.conftest import bpf_unavailable_reason, require
-from tests.support.capture import Producer, wait_for_probe_releases
+from tests.support.capture import Producer, read_events, wait_for_probe_releases
 from tests.workloads import build, expected
 
 pytestmark = pytest.mark.bpf
@@ -92,13 +94,41 @@ def test_stub_driver_defines_what_the_real_one_does(bindir: Path) -> None:
 # ---- the real driver: attach and argument decoding ---------------------------------
 
 
+def assert_results_and_durations(stdout: str, events: list[dict[str, Any]]) -> None:
+    """Each call that completes at its return (a return probe: copies, allocations, frees,
+    syncs, ...) has the result the workload saw it return (driver.c --results), and a
+    duration within the time the workload measured around the call."""
+    printed: dict[str, list[tuple[int, int]]] = {}
+    for line in stdout.splitlines():
+        if line.startswith("result "):
+            _, api, code, ns = line.split()
+            printed.setdefault(api, []).append((int(code), int(ns)))
+    traced: dict[str, list[tuple[int, int]]] = {}
+    for e in sorted((e for e in events if "result" in e), key=lambda e: e["ts_ns"]):
+        traced.setdefault(e["api"], []).append((e["result"], e["duration_ns"]))
+    assert printed and traced.keys() == printed.keys()
+    for api, calls in printed.items():
+        assert [code for code, _ in traced[api]] == [code for code, _ in calls], api
+        for (_, duration), (_, measured) in zip(traced[api], calls, strict=True):
+            assert 0 < duration <= measured, api
+
+
+def probed_line(stderr: str, path: Path) -> str:
+    """The summary's line for the probed file at `path` (its real path)."""
+    (line,) = [ln for ln in stderr.splitlines() if ln.endswith(str(path.resolve()))
+               or f"{path.resolve()}   #" in ln]
+    return line
+
+
 @pytest.mark.parametrize("mode", ["all", "triton"])
 def test_real_driver_arguments_are_decoded_exactly(mode: str, bindir: Path,
                                                    tmp_path: Path) -> None:
+    """NVIDIA's 535 driver begins each function with a `cmp` the kernel single-steps: its
+    probes go at the `je` after it, and read there every argument, result and duration."""
     real_driver_or_skip()
     binary = build.build_driver(bindir, "real")
-    proc, events = trace([str(binary), "--mode", mode, "--iters", "5", "--handles-in-memory"],
-                         tmp_path / "out.jsonl")
+    proc, events = trace([str(binary), "--mode", mode, "--iters", "5", "--handles-in-memory",
+                          "--results"], tmp_path / "out.jsonl")
     base = int(proc.stdout.split("handle-base", 1)[1].split()[0], 16)
     h = expected.memory_handles(base)
     want = (expected.driver_all_events(h) if mode == "all"
@@ -108,9 +138,57 @@ def test_real_driver_arguments_are_decoded_exactly(mode: str, bindir: Path,
     # No driver: every call that was timed failed, and no handle was made or named.
     completed = [e for e in events if "result" in e]
     assert completed and all(e["ok"] is False for e in completed)
+    assert_results_and_durations(proc.stdout, events)
+    # Every probe of the driver at an instruction the kernel emulates: none single-stepped.
+    line = probed_line(proc.stderr, build.real_libcuda_dir() / build.LIBCUDA_SONAME)
+    assert "single-stepped" not in line and "single-stepped" not in proc.stderr
     launches = [e for e in events if e["type"] == "launch"]
     assert launches and all(e["function"] == 0 for e in launches)
     assert all(e["kernel"] == "unknown+0x0" for e in launches)
+
+
+def test_no_call_into_nvidia_s_driver_is_single_stepped(bindir: Path, tmp_path: Path) -> None:
+    """Every probe on NVIDIA's driver is where the kernel emulates: the trace counts, in the
+    kernel, no call that hit a single-stepped probe, and lists the file with none."""
+    from producer import trace as tracing
+    from producer.settings import CaptureSettings
+
+    real_driver_or_skip()
+    require(None if CaptureSettings().attach_cookies else
+            "a kernel without attach cookies (before 5.15) does not count stepped calls")
+    binary = build.build_driver(bindir, "real")
+    out = tmp_path / "out.jsonl"
+    result = tracing.run([str(binary), "--mode", "triton", "--iters", "50",
+                          "--handles-in-memory"], output=out, print_summary=False)
+    assert result.exit_code == 0
+    assert len([e for e in read_events(out) if e["type"] == "launch"]) == 50
+    (driver,) = [p for p in result.probed if p.kind == "driver"]
+    assert driver.path == str((build.real_libcuda_dir() / build.LIBCUDA_SONAME).resolve())
+    assert driver.probes > 60 and driver.stepped == 0
+    assert result.stepped_calls == 0
+
+
+def test_a_driver_entered_through_thunks_is_probed_past_them(bindir: Path,
+                                                             tmp_path: Path) -> None:
+    """The stub driver with each function entered through a thunk of the shapes real drivers
+    begin with (tests/workloads/thunks.S: NVIDIA's cmp+je, endbr64, test+jne, nops): every
+    argument, result and duration decoded at the moved probes; where nothing could be moved
+    past (a first `lea`, a loop back to the `je`) the probe stays at the entry, single-stepped,
+    and the summary says so: per file, and how many calls paid for it."""
+    binary = build.build_driver(bindir, "thunked")
+    proc, events = trace([str(binary), "--mode", "all", "--results"], tmp_path / "out.jsonl")
+    want = expected.driver_all_events()
+    assert_exact(want, events)
+    completed = [e for e in events if "result" in e]
+    assert completed and all(e["ok"] is True for e in completed)
+    assert_results_and_durations(proc.stdout, events)
+    shapes = build.thunk_shapes()
+    stepped = {name for name, shape in shapes.items() if shape in ("stepped", "loop_back")
+               and name in discover.DRIVER_SYMBOLS}
+    line = probed_line(proc.stderr, build.libcuda_dir(bindir, "thunked") / build.LIBCUDA_SONAME)
+    assert line.split("#")[1].strip() == f"{len(stepped)} function(s) single-stepped"
+    calls = sum(1 for e in want if e["api"] in stepped)
+    assert calls and f"single-stepped calls: {calls:,}   #" in proc.stderr
 
 
 # ---- the stub driver: frameworks' launches, names, graphs ---------------------------
@@ -187,6 +265,34 @@ def test_names_of_a_process_attached_late(bindir: Path, tmp_path: Path) -> None:
         proc.kill()
     assert_exact(expected.nvccstyle_events(6, 2, late=True), events, names=True)
 
+
+
+def test_a_command_gone_before_its_maps_are_read_keeps_its_kernel_names(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short command runs to its end as soon as it is let go; on a loaded node the capture
+    loop reads its maps only after it has exited. The kernel it launches by address (never
+    registered) is still named from its executable's .symtab. Here the loop reads each
+    process's maps only once it has exited (or stopped again)."""
+    from producer import trace as tracing
+    from producer.kernels import KernelNames
+
+    read = KernelNames.remember_maps
+    waited: list[int] = []
+
+    def once_it_has_run(self: KernelNames, pid: int) -> None:
+        with contextlib.suppress(ChildProcessError):  # only the command is our child
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WSTOPPED | os.WNOWAIT)
+            waited.append(pid)
+        read(self, pid)
+
+    monkeypatch.setattr(KernelNames, "remember_maps", once_it_has_run)
+    binary = build.build_nvccstyle(bindir)
+    out = tmp_path / "out.jsonl"
+    result = tracing.run([str(binary), "--iters", "3", "--replays", "2"], output=out,
+                         print_summary=False)
+    assert result.exit_code == 0 and waited
+    assert_exact(expected.nvccstyle_events(3, 2), read_events(out), names=True)
 
 #: cuGetProcAddress queries (base names, as runtimes ask) → the exported symbol we probe.
 PROC_ADDRESS_QUERIES = {

@@ -464,3 +464,224 @@ def test_rel32_hits_drop_targets_4_gb_away() -> None:
     assert sites.tolist() == [] and targets.tolist() == []
     sites, targets = elfsyms._rel32_hits(code, 0, np.array([address], dtype=np.int64))
     assert sites.tolist() == [0] and targets.tolist() == [address]
+
+
+# --- issue 25, item 3: what a file's headers claim costs no more than what it holds ---------
+
+#: Asked of a crafted file in a fresh interpreter: what discovery, attach plans and kernel
+#: names ask, and the peak memory and CPU time the answers cost.
+MEASURE = r"""
+import json, resource, sys, time
+from producer import discover, elfsyms
+path = sys.argv[1]
+runtime = discover.RUNTIME_SYMBOLS
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.process_time()
+found = elfsyms.defined_functions(path, runtime | discover.DRIVER_SYMBOLS, runtime)
+classified = time.process_time() - started
+found |= elfsyms.defined_functions(path, runtime)
+found |= set(elfsyms.function_addresses(path, runtime))
+elfsyms.referenced_functions(path, runtime)
+elfsyms.symbol_at(path, 0x1000)
+elfsyms.local_statics(path, "__handle")
+print(json.dumps({
+    "found": sorted(found),
+    "classify_cpu_s": classified,
+    "cpu_s": time.process_time() - started,
+    "rss_increase_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
+}))
+"""
+
+
+def _sparse_elf(path: Path, table_bytes: int) -> Path:
+    from tests.fixtures.elf import sparse_tables
+
+    try:
+        size = sparse_tables.write(path, table_bytes)
+    except OSError as exc:
+        pytest.skip(f"this file system cannot hold a sparse file of 4 GB: {exc}")
+    assert path.stat().st_size == size
+    if path.stat().st_blocks * 512 > 1 << 20:
+        pytest.skip("this file system does not keep holes (the file was written whole)")
+    return path
+
+
+def test_a_sparse_file_claiming_four_tables_of_a_gib_costs_little_memory_and_time(
+    tmp_path: Path,
+) -> None:
+    # Issue 25, item 3: 2.6 GB of RSS and a 20 s stall, for a file of 24 KB on disk.
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.fixtures.elf import sparse_tables
+
+    path = _sparse_elf(tmp_path / "libcrafted.so", sparse_tables.TABLE_BYTES)
+    result = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=True,
+    )
+    measured = json.loads(result.stdout)
+    assert measured["rss_increase_mb"] < 64, measured  # was 2,350 MB
+    assert measured["cpu_s"] < 1.0, measured  # was 12.5 s
+    assert measured["found"] == []  # defines nothing that can be read
+    # Refused in one line, once for the file, naming it.
+    refusals = [line for line in result.stderr.splitlines() if str(path) in line]
+    assert len(refusals) == 1, result.stderr
+    assert "read as defining nothing" in refusals[0]
+
+
+def test_tables_within_the_budget_that_are_holes_are_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Four tables of 100 MiB: each within the per-table bound and the per-file budget, so
+    # only the bytes the file has on disk tell that they are holes.
+    path = _sparse_elf(tmp_path / "libcrafted.so", 100 << 20)
+    read: list[int] = []
+    pread = os.pread
+
+    def counted(fd: int, length: int, offset: int) -> bytes:
+        read.append(length)
+        return pread(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", counted)
+    every_question(path)
+    for _ in range(2):  # answered from the cache, and not warned about again
+        assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == frozenset()
+        assert elfsyms.symbol_address(str(path), "cudaMalloc") is None
+    assert sum(read) < 1 << 20, f"{sum(read)} bytes read"
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and str(path) in r.message]
+    assert len(warnings) == 1 and "not on disk" in warnings[0].message
+
+
+class _UnderCounted:
+    """A stat result whose file system counts 8 blocks for any file (ZFS before its
+    transaction group is written, a compressed file system, FUSE)."""
+
+    def __init__(self, st: os.stat_result) -> None:
+        self._st = st
+
+    def __getattr__(self, name: str) -> object:
+        return 8 if name == "st_blocks" else getattr(self._st, name)
+
+
+def test_a_real_runtime_is_read_where_the_file_system_under_counts_its_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The check a sparse file fails must not hide a genuine runtime: its tables hold no hole.
+    from tests.conftest import require
+    from tests.test_discover import NVIDIA_DIRS
+
+    libraries = sorted(lib for d in NVIDIA_DIRS for lib in d.glob("*/lib/libcudart.so.*"))
+    require(None if libraries else "the nvidia-cuda-runtime wheels are not installed")
+    runtime = discover.RUNTIME_SYMBOLS
+    expected = {}
+    for library in libraries:
+        expected[library] = (
+            elfsyms.defined_functions(str(library), runtime | discover.DRIVER_SYMBOLS, runtime),
+            elfsyms.function_addresses(str(library), runtime),
+        )
+        assert expected[library][0] == runtime, library
+    elfsyms.clear_cache()
+    fstat, lseek = os.fstat, os.lseek
+    holes_asked: list[int] = []
+
+    def asked(fd: int, offset: int, whence: int) -> int:
+        if whence == os.SEEK_HOLE:
+            holes_asked.append(offset)
+        return lseek(fd, offset, whence)
+
+    monkeypatch.setattr(os, "fstat", lambda fd: _UnderCounted(fstat(fd)))
+    monkeypatch.setattr(os, "lseek", asked)
+    monkeypatch.setattr(elfsyms, "_UNCHECKED_BYTES", 0)  # the whole file is past the blocks
+    for library in libraries:
+        assert (
+            elfsyms.defined_functions(str(library), runtime | discover.DRIVER_SYMBOLS, runtime),
+            elfsyms.function_addresses(str(library), runtime),
+        ) == expected[library], library
+    assert holes_asked  # each table was checked, and held no hole
+
+
+def test_a_file_of_a_thousand_symbol_tables_costs_what_one_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    strings, symbols = strings_and_symbols([("cudaMalloc", STT_FUNC)])
+    dynsym = Section(SHT_DYNSYM, symbols.tobytes(), link=1, entsize=SYM.itemsize)
+    path = tmp_path / "libmany.so"
+    path.write_bytes(build([Section(SHT_STRTAB, strings), *[dynsym] * 1000]))
+    read = _symbol_tables_read(monkeypatch)
+    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == {"cudaMalloc"}
+    assert read == [SHT_DYNSYM]
+
+
+#: Names long enough to cross the pieces the tables are read in, below.
+LONG = "Z" * 700
+
+
+def test_tables_are_read_in_pieces_with_the_answers_of_a_whole_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = [
+        ("cudaMalloc", STT_FUNC),
+        (f"_ZZ{len(LONG)}{LONG}E8__handle", STT_OBJECT),
+        ("cudaFree", STT_FUNC),
+        ("_ZZ1kE8__handle", STT_OBJECT),
+        (f"x{LONG}cudaLaunchKernel", STT_FUNC),  # not the runtime's: a longer name
+        ("cudaMemcpy@@libcudart.so.12", STT_FUNC),
+        (f"_ZZ2k{LONG}E8__handle", STT_OBJECT),
+    ]
+    strings, symbols = strings_and_symbols(names, filler=3000)
+    sections = [
+        Section(SHT_STRTAB, strings),
+        Section(SHT_SYMTAB, symbols.tobytes(), link=1, entsize=SYM.itemsize),
+    ]
+    path = str(tmp_path / "libpieces.so")
+    Path(path).write_bytes(build(sections))
+    runtime = discover.RUNTIME_SYMBOLS
+
+    def answers() -> tuple[object, ...]:
+        elfsyms.clear_cache()
+        functions = elfsyms._cached(path, ("functions",), elfsyms._read_function_table)
+        assert functions is not None
+        return (
+            elfsyms.defined_functions(path, runtime),
+            elfsyms.function_addresses(path, runtime),
+            elfsyms.local_statics(path, "__handle"),
+            [a.tolist() for a in (functions.starts, functions.sizes, functions.names)],
+        )
+
+    whole = answers()
+    assert whole[0] == {"cudaMalloc", "cudaFree", "cudaMemcpy"}
+    statics = whole[2]
+    assert isinstance(statics, elfsyms.LocalStatics)
+    assert sorted(name for _, name in statics.objects) == sorted(
+        name for name, kind in names if kind == STT_OBJECT
+    )
+    lengths: list[int] = []
+    pread = os.pread
+
+    def counted(fd: int, length: int, offset: int) -> bytes:
+        lengths.append(length)
+        return pread(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", counted)
+    monkeypatch.setattr(elfsyms, "_CHUNK_BYTES", 997)  # odd: names and symbols straddle pieces
+    monkeypatch.setattr(elfsyms, "_MAX_NAME_BYTES", 64)  # long names are read back
+    assert answers() == whole
+    assert max(lengths) <= 997 + 64  # a piece, and the most a name may cross its end by
+
+
+def test_a_static_runtime_read_in_pieces_is_probed_for_the_same_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lib = str(_compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME))
+    runtime = discover.RUNTIME_SYMBOLS
+    whole = elfsyms.referenced_functions(lib, runtime)
+    assert whole == frozenset({"cudaMalloc", "cudaLaunchKernel"})
+    elfsyms.clear_cache()
+    monkeypatch.setattr(elfsyms, "_CHUNK_BYTES", 97)  # relocations 4 a piece, symbols 4
+    assert elfsyms.referenced_functions(lib, runtime) == whole
+    assert elfsyms.defined_functions(lib, runtime) == {
+        "cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"
+    }

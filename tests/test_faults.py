@@ -20,7 +20,7 @@ import pytest
 from gpuflight import cli, stack
 from producer import trace
 from producer.capture import Capture
-from producer.probes import Probes, UprobeLinks
+from producer.probes import LoaderEvent, Probes, UprobeLinks
 from producer.records import EVENT_DTYPE
 from producer.settings import CaptureSettings
 from producer.sinks import Guarded, JsonLinesSink
@@ -270,8 +270,8 @@ def test_a_slow_nvml_start_holds_up_neither_the_capture_nor_the_command(
     released = threading.Event()
     real_release = capturing.Capture._release
 
-    def release(self: capturing.Capture, pid: int, held_since_ns: int = 0) -> None:
-        real_release(self, pid, held_since_ns)
+    def release(self: capturing.Capture, note: LoaderEvent) -> None:
+        real_release(self, note)
         released.set()
 
     waited: list[bool] = []
@@ -393,10 +393,10 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.bpf
 def test_a_short_lived_first_mapper_costs_the_file_nothing(bindir: Path, tmp_path: Path) -> None:
-    """The agent's path to a file is through the process that mapped it (/proc/PID/root):
-    when that process exits between the scan and the attach, the failure is not the file's —
-    the next process that maps it is probed (it was once marked failed for the agent's life,
-    "defines none of the CUDA runtime functions")."""
+    """The agent reaches a file through the process that mapped it (/proc/PID/root), and
+    holds it open from its check on: when that process exits between the scan and the
+    attach, the file is probed all the same (it was once marked failed for the agent's life,
+    "defines none of the CUDA runtime functions", then left to the next process)."""
     import shutil
 
     from producer import discover
@@ -414,37 +414,40 @@ def test_a_short_lived_first_mapper_costs_the_file_nothing(bindir: Path, tmp_pat
                  .libraries.values() if f.kind == "runtime"]
         assert [f.host_path for f in found] == [f"/proc/{first.pid}/root{library}"]
         _end(first)  # gone before the attach
-        assert probes.attach(found[0]) is None
+        attached = probes.attach(found[0])
+        assert attached is not None and attached.probes > 0
         assert found[0].key not in probes.failed
         second = _mapper(library)
         try:
             again = [f for f in discover.scan_pid(Path("/proc"), second.pid, classifier)
                      .libraries.values() if f.kind == "runtime"]
             assert [f.key for f in again] == [found[0].key]
-            attached = probes.attach(again[0])
-            assert attached is not None and attached.probes > 0
+            assert probes.attach(again[0]) is attached  # once per file
         finally:
             _end(second)
     finally:
         probes.close(background=False)
 
 
-def test_a_file_gone_while_classified_is_not_remembered(tmp_path: Path) -> None:
-    """The scan's stat found the file, its read did not (the process exited in between): the
-    file is not classified "no CUDA" for good."""
-    import os as os_
-
+def test_a_file_that_could_not_be_read_is_not_remembered(tmp_path: Path) -> None:
+    """The checked descriptor could not be read again (out of descriptors, say): the file
+    reads as defining nothing, which is not kept as its verdict ("no CUDA" for good)."""
     from producer import discover
 
     path = tmp_path / "libcudart.so.12"
     path.write_bytes(b"\x7fELF")
-    st = os_.stat(path)
+    opened = discover._open_regular(str(path))
+    assert opened is not None
+    key = (opened.stat.st_dev, opened.stat.st_ino)
+    located = discover._Located(mapping=("1000-2000", str(path)), opened=opened)
     classifier = discover.Classifier()
-    located = discover._Located(mapping=None, host_path=str(tmp_path / "gone"),  # type: ignore[arg-type]
-                                stat=st)
-    verdict = classifier._verdict((st.st_dev, st.st_ino), located, loader_candidate=False)
-    assert not verdict.runtime
-    assert len(classifier) == 0
-    located = discover._Located(mapping=None, host_path=str(path), stat=st)  # type: ignore[arg-type]
-    classifier._verdict((st.st_dev, st.st_ino), located, loader_candidate=False)
-    assert len(classifier) == 1  # a file that is there and defines nothing is remembered
+    try:
+        verdict = classifier._verdict(key, located, str(tmp_path / "unreadable"),
+                                      loader_candidate=False)
+        assert not verdict.runtime
+        assert len(classifier) == 0
+        with opened.reading() as through:
+            classifier._verdict(key, located, through, loader_candidate=False)
+        assert len(classifier) == 1  # a file that is there and defines nothing is remembered
+    finally:
+        opened.close()

@@ -955,6 +955,37 @@ def test_the_device_panels_split_a_job_by_device(influx_url: str) -> None:
                 "0": (0, 2 * 4 * COPIER.copy_ns), "1": (0, 2 * 11 * COPIER.copy_ns)}
 
 
+def test_achieved_bandwidth_stays_right_past_9_gb_an_interval(influx_url: str) -> None:
+    """The pipeline's fused job copies 10.5 GB synchronously in a few seconds: an interval that
+    held over 2^63 / 1e9 bytes (9.2 GB) read as a negative bandwidth (-11e9 beside 11.2e9,
+    once, in test_every_panel_query_returns_the_pipeline_numbers) where the query multiplied
+    InfluxQL's integer sum by an integer, which wraps. Both bandwidth panels read it right."""
+    window_ns = int(WINDOW_S * 1e9)
+    job = "big-copies"
+    fast = dataclasses.replace(COPIER, launches=1, copies=5, copy_bytes=1 << 30,
+                               copy_ns=90_000_000)  # 5 GiB each way a window, ~12 GB/s
+    points: list[m.Point] = []
+    for i in range(2):
+        agg = aggregate.WindowAggregate(T1 + 100 * window_ns + i * window_ns, HOST, job)
+        aggregate.add_events(agg, events(fast, agg.window_start_ns))
+        points += aggregate.to_points(agg, WINDOW_S)
+    write_points(influx_url, SCENARIOS, points)
+    expected = fast.copy_bytes * 1e9 / fast.copy_ns
+    assert 2 * fast.copies * fast.copy_bytes * 1e9 > 2**63  # what the interval holds wraps
+    for board, title in (("job", "Achieved bandwidth of synchronous copies"),
+                         ("transfers", "Achieved bandwidth vs baseline")):
+        (panel,) = [p for p in dashboards()[board]["panels"] if p["title"] == title]
+        query = interpolate(panel["targets"][0]["query"], {"host": [HOST], "job": [job]},
+                            T1 + 100 * window_ns, T1 + 102 * window_ns - 1, 2 * WINDOW_S)
+        found = by_tag(influxql(influx_url, SCENARIOS, query), Tags.KIND)
+        assert set(found) == {"H2D", "D2H"}, (board, found)
+        for kind, s in found.items():
+            values = [v for v in s.numbers(s.columns[1]) if v is not None]
+            assert values, (board, kind)
+            for value in values:
+                approx(value, expected)
+
+
 def test_interpolation_is_grafanas() -> None:
     query = 'SELECT 1 FROM "x" WHERE "job" =~ /^$job$/ AND $timeFilter GROUP BY time($__interval)'
     out = interpolate(query, {"job": ["a.b", "c/d"]}, 1_500_000_000, 2_500_000_001, 10)

@@ -491,3 +491,72 @@ def test_a_body_sent_with_sendfile_is_counted_not_read() -> None:
     (done,) = feed(p, w)
     assert (done.status, done.end_ns, done.complete) == (200, last.ts_exit_ns, True)
     assert done.bytes_out == len(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n") + 1_000_000
+
+
+@pytest.mark.parametrize(("head", "method", "path"), [
+    (f"POST /v1/small/7 HTTP/1.1\r\nHost: a\r\ntraceparent: 00-{TRACE}-{PARENT}-01\r\n".encode(),
+     "POST", "/v1/small/7"),
+    (b"GET /v1/big/8?q=1 HTTP/1.1\r\n", "GET", "/v1/big/8"),  # the request line alone
+    (b"GET /v1/big/9 HTTP/1.1", "GET", "/v1/big/9"),  # not even the line ended
+    (b"GET /v1/items HTTP/1.0\nHost: a\n", "GET", "/v1/items"),  # bare line feeds
+])
+def test_a_head_the_client_ends_without_its_blank_line_is_a_request_never_complete(
+    head: bytes, method: str, path: str
+) -> None:
+    """The client ends its stream (shutdown(SHUT_WR)) before its head's blank line; Python's
+    http.server takes what came as the whole head, does the work and answers. The request is
+    what was seen of it, in flight from its first byte (its GPU work is its own), and is
+    flagged incomplete."""
+    p, w = HttpParser(), Wire()
+    w.accept()
+    first = w.read(head[:9], tid=31)
+    w.read(head[9:], tid=31)
+    w.read(b"", tid=31)  # the end of stream
+    assert feed(p, w) == []
+    (open_,) = p.open_requests(w.pid)
+    assert (open_.tid, open_.start_ns) == (31, first.ts_exit_ns)
+    answer = response(200, b"{}")
+    w.write(answer)
+    (done,) = feed(p, w)
+    assert (done.method, done.path, done.status, done.complete) == (method, path, 200, False)
+    assert (done.request_id, done.bytes_in, done.bytes_out) == (
+        open_.request_id, len(head), len(answer))
+    assert (done.trace is not None) == (b"traceparent" in head)
+    stats = p.stats(w.pid)
+    assert (stats.heads_cut, stats.incomplete, stats.orphan_responses) == (1, 1, 0)
+    assert stats.garbage_connections == 0
+    w.close()
+    assert feed(p, w) == []
+
+
+def test_an_answer_to_a_head_without_its_blank_line_is_its_request() -> None:
+    """The server answers a head that has not ended (a 408 once it waited long enough): the
+    answer is that request's, and what the client sends next is framed from its request line.
+    A head still being read behind a pipelined request is not cut by the earlier answer."""
+    p, w = HttpParser(), Wire()
+    w.accept()
+    w.read(b"GET /slow HTTP/1.1\r\nHost: a\r\n")
+    w.write(response(408, b""))
+    (cut,) = feed(p, w)
+    assert (cut.path, cut.status, cut.complete) == ("/slow", 408, False)
+    w.read(b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\nHo")
+    w.write(response(200, b"a"))
+    (a,) = feed(p, w)
+    assert (a.path, a.status, a.complete) == ("/a", 200, True)
+    w.read(b"st: a\r\n")
+    w.read(b"")
+    w.write(response(200, b"b"))
+    (b,) = feed(p, w)
+    assert (b.path, b.status, b.complete) == ("/b", 200, False)
+    assert p.stats(w.pid).heads_cut == 2 and p.stats(w.pid).orphan_responses == 0
+
+
+def test_bytes_that_are_no_request_at_the_end_of_stream_stay_garbage() -> None:
+    p, w = HttpParser(), Wire()
+    w.accept()
+    w.read(b"HELLO THERE")
+    w.read(b"")
+    w.write(response(400, b""))
+    assert feed(p, w) == []
+    stats = p.stats(w.pid)
+    assert (stats.heads_cut, stats.requests, stats.garbage_connections) == (0, 0, 1)

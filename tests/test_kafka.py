@@ -152,10 +152,12 @@ def test_round_trip_through_kafka_is_exact(broker: stack.KafkaHandle, bindir: Pa
     assert last.dropped_kernel == 0 and last.dropped_user == 0
 
 
-def test_overload_drops_are_counted_per_process_and_published(
+def test_overload_is_counted_per_process_and_published(
         broker: stack.KafkaHandle, bindir: Path, tmp_path: Path) -> None:
-    """Two processes overrun a one-page ring buffer: what each lost is counted against its
-    pid, exactly, and published in the metrics topic; what was kept reaches Kafka."""
+    """Two processes overrun a one-page ring buffer: what each could not record is counted in
+    the kernel and published with its events (its messages' aggregates, --output's aggregate
+    lines), and what fit nowhere is counted lost against its pid in the metrics topic: per pid,
+    recorded + counted + lost is every call; what was recorded reaches Kafka."""
     prefix = f"ov{uuid.uuid4().hex[:8]}"
     node = node_producer(broker.bootstrap, prefix, tmp_path / "node.jsonl",
                          "--ring-buffer-pages", "1")
@@ -172,16 +174,27 @@ def test_overload_drops_are_counted_per_process_and_published(
                for v in consume_all(broker.bootstrap, f"{prefix}.metrics.v1")]
     last = max(metrics, key=lambda m: m.ts_ns)
     by_pid = dict(last.dropped_kernel_by_pid)
-    assert sum(by_pid.values()) == last.dropped_kernel > 0
+    assert sum(by_pid.values()) == last.dropped_kernel
+    events = [e for e in recorded if e["type"] != "aggregate"]
+    counted: Counter[int] = Counter()
+    for a in recorded:
+        if a["type"] == "aggregate":
+            counted[a["pid"]] += a["count"]
+    assert last.events_aggregated == sum(counted.values()) > 0
     want = len(expected.capture_events(threads, iters))
     for proc in procs:
-        kept = sum(1 for e in recorded if e["pid"] == proc.pid)
-        assert kept + by_pid.get(proc.pid, 0) == want, (proc.pid, kept, by_pid)
-    assert set(by_pid) <= {p.pid for p in procs}
-    assert last.captured == len(recorded) == last.published
-    published = [e for v in consume_all(broker.bootstrap, f"{prefix}.events.v1")
-                 for e in decode_named(v)]
-    assert Counter(map(key, published)) == Counter(map(key, recorded))
+        kept = sum(1 for e in events if e["pid"] == proc.pid)
+        assert kept + counted[proc.pid] + by_pid.get(proc.pid, 0) == want, (
+            proc.pid, kept, counted, by_pid)
+    assert set(by_pid) | set(counted) <= {p.pid for p in procs}
+    assert last.captured == len(events) == last.published
+    values = consume_all(broker.bootstrap, f"{prefix}.events.v1")
+    published = [e for v in values for e in decode_named(v)]
+    assert Counter(map(key, published)) == Counter(map(key, events))
+    sent: Counter[int] = Counter()
+    for batch in map(wire.decode_events, values):
+        sent[batch.pid] += int(batch.aggregates["count"].sum())
+    assert +sent == +counted
 
 
 def test_replay_into_another_topic(broker: stack.KafkaHandle, bindir: Path,
@@ -286,8 +299,7 @@ def test_a_full_disk_under_output_leaves_kafka_whole(broker: stack.KafkaHandle, 
     """ENOSPC on --output switches that output off; the Kafka sink gets every event, and the
     agent ends with 74 (an output is incomplete) after saying which and what it lost."""
     prefix = f"full{uuid.uuid4().hex[:8]}"
-    full = tmp_path / "full.jsonl"
-    full.symlink_to("/dev/full")
+    full = Path("/dev/full")  # a character device: taken as --output, a symlink to it is not
     node = node_producer(broker.bootstrap, prefix, full)
     try:
         binary = build.build_capture(bindir, "stub")
@@ -309,6 +321,24 @@ def test_a_full_disk_under_output_leaves_kafka_whole(broker: stack.KafkaHandle, 
     mine = [e for value in consume_all(broker.bootstrap, f"{prefix}.events.v1")
             for e in decode_named(value) if e["pid"] == proc.pid]
     assert len(mine) == want
+
+
+def test_a_producer_pointed_at_the_controller_port_says_so_in_one_line_before_ready(
+        broker: stack.KafkaHandle, tmp_path: Path) -> None:
+    """A port that answers but serves no metadata (a KRaft controller's) is no broker to wait
+    for: the producer said "ready", then died with 70 a few seconds later (its --output with
+    it). It ends at once with 4, in one line, before it captures anything."""
+    controller = f"127.0.0.1:{broker.controller_port}"
+    wait_for_probe_releases()
+    proc = subprocess.run([*GPUFLIGHT, "producer", "--kafka", controller, "--output",
+                           str(tmp_path / "node.jsonl")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 4, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0] == (f"gpuflight: error: {controller} is not a Kafka broker's port (it "
+                        "answers, but serves no metadata: a KRaft controller's port? the "
+                        "brokers' listeners are in its server.properties)")
 
 
 def test_a_killed_agent_s_unpublished_events_are_counted_by_the_next(

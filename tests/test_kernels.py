@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -186,7 +188,9 @@ def _fake_proc(root: Path, pid: int, maps: str) -> None:
     (root / str(pid) / "maps").write_text(maps)
 
 
-def test_address_in_a_file_is_named_by_its_symbol_or_module_offset(tmp_path: Path) -> None:
+def _library(tmp_path: Path) -> tuple[Path, int]:
+    """A shared library defining _Z6kernelPf, and that function's address in it (its file
+    offset too, for this layout)."""
     cc = shutil.which("cc")
     if cc is None:
         pytest.fail("a C compiler is required (run scripts/setup)")
@@ -196,17 +200,94 @@ def test_address_in_a_file_is_named_by_its_symbol_or_module_offset(tmp_path: Pat
     library = tmp_path / "libk.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", str(source), "-o", str(library)], check=True)
     symbol = elfsyms.function_addresses(str(library), frozenset({"_Z6kernelPf"}))["_Z6kernelPf"]
-    # Mapped at 0x7f0000000000 from file offset 0; the symbol's file offset equals its
-    # vaddr for this layout (checked by file_offset_to_vaddr).
+    # Mapped from file offset 0: the symbol's file offset equals its vaddr for this layout.
     assert elfsyms.file_offset_to_vaddr(str(library), symbol) == symbol
+    return library, symbol
+
+
+def _dev(path: Path) -> str:
+    """st_dev of `path` as /proc/PID/maps writes it (major:minor in hex)."""
+    dev = path.stat().st_dev
+    return f"{os.major(dev):02x}:{os.minor(dev):02x}"
+
+
+BASE = 0x7F0000000000
+
+
+def test_address_in_a_file_is_named_by_its_symbol_or_module_offset(tmp_path: Path) -> None:
+    library, symbol = _library(tmp_path)
     inode = library.stat().st_ino
-    base = 0x7F0000000000
     proc = tmp_path / "proc"
-    _fake_proc(proc, 42, f"{base:x}-{base + 0x100000:x} r-xp 00000000 fd:01 {inode}   "
-                         f"{library}\n555500000000-555500021000 rw-p 00000000 00:00 0   [heap]\n")
+    _fake_proc(proc, 42, f"{BASE:x}-{BASE + 0x100000:x} r-xp 00000000 {_dev(library)} {inode}"
+                         f"   {library}\n"
+                         "555500000000-555500021000 rw-p 00000000 00:00 0   [heap]\n")
     kernels = KernelNames(proc_root=proc)
-    assert kernels.name_of(42, base + symbol) == KernelName("kernel", "kernel(float*)")
+    assert kernels.name_of(42, BASE + symbol) == KernelName("kernel", "kernel(float*)")
     # An address in the file but in no function: the module and the offset.
-    assert name_of(kernels, 42, base + 0x10).short == "libk.so+0x10"
+    assert name_of(kernels, 42, BASE + 0x10).short == "libk.so+0x10"
     assert name_of(kernels, 42, 0x555500000040).short == "[heap]+0x40"
     assert name_of(kernels, 42, 0x10).short == "unknown+0x10"
+
+
+def test_a_file_with_the_inode_number_on_another_file_system_is_not_read(
+    tmp_path: Path,
+) -> None:
+    """A process's maps name a file by device and inode: a path that stats to the same inode
+    number on another device is another file (one a user can make), and is never read."""
+    library, symbol = _library(tmp_path)
+    real = library.stat().st_dev
+    other = f"{os.major(real) ^ 0x40:02x}:{os.minor(real) ^ 0x5:02x}"
+    proc = tmp_path / "proc"
+    _fake_proc(proc, 42, f"{BASE:x}-{BASE + 0x100000:x} r-xp 00000000 {other} "
+                         f"{library.stat().st_ino}   {library}\n")
+    kernels = KernelNames(proc_root=proc)
+    assert name_of(kernels, 42, BASE + symbol).short == f"libk.so+0x{symbol:x}"
+
+
+def test_the_mapped_file_is_opened_through_map_files_whatever_stat_says(
+    tmp_path: Path,
+) -> None:
+    """Through overlayfs (or a btrfs subvolume) stat gives another device, even another inode,
+    than /proc/PID/maps does: /proc/PID/map_files opens the mapped file itself."""
+    library, symbol = _library(tmp_path)
+    proc = tmp_path / "proc"
+    _fake_proc(proc, 42, f"{BASE:x}-{BASE + 0x100000:x} r-xp 00000000 00:2f 12345678   "
+                         f"/usr/lib/libk.so\n")
+    (proc / "42" / "map_files").mkdir()
+    (proc / "42" / "map_files" / f"{BASE:x}-{BASE + 0x100000:x}").symlink_to(library)
+    kernels = KernelNames(proc_root=proc)
+    assert kernels.name_of(42, BASE + symbol) == KernelName("kernel", "kernel(float*)")
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_process_that_exited_is_named_from_the_files_it_mapped(tmp_path: Path) -> None:
+    """Its maps were read while it lived; by the time its launch is named it has exited and
+    its library was deleted, and another file took its path: the name comes from the file it
+    mapped. Forgotten, the files kept for it are closed."""
+    library, symbol = _library(tmp_path)
+    fds = _open_fds()
+    kernels = KernelNames()
+    with subprocess.Popen(
+        [sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1]); "
+         "print('mapped', flush=True); sys.stdin.read()", str(library)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as child:
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            assert child.stdout.readline() == "mapped\n"
+            kernels.remember_maps(child.pid)
+            with open(f"/proc/{child.pid}/maps") as maps:
+                base = next(int(line.split("-", 1)[0], 16) for line in maps
+                            if line.rstrip().endswith(str(library))
+                            and line.split()[2] == "00000000")
+        finally:
+            child.stdin.close()
+            assert child.wait(timeout=60) == 0
+    library.unlink()
+    library.write_bytes(b"not the library: another file at its path\n")
+    assert kernels.name_of(child.pid, base + symbol) == KernelName("kernel", "kernel(float*)")
+    kernels.forget([child.pid])
+    assert _open_fds() <= fds

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+import orjson
 import pytest
 
 from streams.parking import EVENTS, METRICS, Parked, ParkingLot, is_parked_key
+from streams.stored import MAX_RECORD_BYTES, Store, is_part_key
 from streams.windows import state_key
 
 
@@ -53,3 +56,66 @@ def test_the_lot_queues_a_hosts_batches_in_order() -> None:
     assert lot.of_partition(1) == [] and not lot.holds("g") and len(lot) == 1
     lot.clear()
     assert len(lot) == 0
+
+
+def big_parked(offset: int, size: int) -> Parked:
+    """An events message of `size` bytes parked (real ones reach 6.5 MB: 100k events)."""
+    rng = np.random.default_rng(offset)
+    value = orjson.dumps({"schema": "gpuflight.events",
+                          "columns": {"ts": rng.integers(0, 10**9, size // 8).tolist()}})
+    return Parked(EVENTS, "h", 7, 11, "gpuflight.events.v1", 2, offset, b"h", value[:size],
+                  1_000, since_ns=5)
+
+
+def test_a_parked_message_over_the_broker_limit_is_kept_in_records_it_takes() -> None:
+    """A parked message was one table value, so one changelog record: a broker refuses one over
+    its message.max.bytes (1 MiB), and 40,000 of 40,000 events were gone after a restart. A
+    value over MAX_RECORD_BYTES is kept compressed, in parts of at most that, and read back
+    whole; the parts of the value it replaces go."""
+    table: dict[bytes, bytes] = {}
+    store = Store(table)
+    small, big = parked(1), big_parked(3, 6_500_000)
+    store.put(small.table_key, small.to_bytes(), 2)
+    assert table == {small.table_key: small.to_bytes()}  # as before: itself
+    store.put(big.table_key, big.to_bytes(), 2)
+    assert max(len(v) for v in table.values()) <= MAX_RECORD_BYTES
+    assert len([k for k in table if is_part_key(k)]) >= 2
+    assert store.get(big.table_key) == big.to_bytes()
+    assert dict(store.items()) == {small.table_key: small.to_bytes(),
+                                   big.table_key: big.to_bytes()}
+    bigger = big_parked(4, 9_000_000)
+    store.put(big.table_key, bigger.to_bytes(), 2)  # replaced: the old parts go
+    assert Parked.from_bytes(store.get(big.table_key) or b"", 0).value == bigger.value
+    parts = [k for k in table if is_part_key(k)]
+    store.delete(big.table_key)
+    assert set(table) == {small.table_key} and parts
+
+
+def test_a_worker_stopped_while_writing_parts_recovers_the_value_before() -> None:
+    table: dict[bytes, bytes] = {}
+    store = Store(table, max_record_bytes=1000)
+    key = b"host\x00job:1"
+    first = bytes(range(256)) * 40
+    store.put(key, first, 1)
+    written = dict(table)
+
+    class Stops(dict[bytes, bytes]):
+        """A table whose worker stops before the head of the next value is written."""
+
+        def __setitem__(self, k: bytes, v: bytes) -> None:
+            if k == key:
+                raise KeyboardInterrupt
+            super().__setitem__(k, v)
+
+    stopped = Stops(written)
+    with pytest.raises(KeyboardInterrupt):
+        Store(stopped, max_record_bytes=1000).put(key, bytes(range(255, -1, -1)) * 50, 1)
+    recovered = Store(stopped, max_record_bytes=1000)
+    assert recovered.get(key) == first
+    assert recovered.sweep(0) == 0  # another partition's parts are not its to delete
+    assert recovered.sweep(1) > 0
+    assert dict(stopped) == written and recovered.get(key) == first
+    del stopped[min(k for k in stopped if is_part_key(k))]
+    with pytest.raises(ValueError, match="missing"):
+        recovered.get(key)
+    assert list(recovered.items()) == []  # logged, left out

@@ -61,6 +61,10 @@ def test_a_users_file_overrides_the_defaults_model_by_model(tmp_path: Path) -> N
     ('[usd_per_gpu_hour]\n"H100" = "three"\n', "must be a number"),
     ('[usd_per_gpu_hour]\n"H100" = -1\n', "must be a number"),
     ('[usd_per_gpu_hour]\n"H100" = true\n', "must be a number"),
+    ('[usd_per_gpu_hour]\n"H100" = nan\n', "must be a number >= 0 and finite"),
+    ('[usd_per_gpu_hour]\n"H100" = inf\n', "must be a number >= 0 and finite"),
+    ('[usd_per_gpu_hour]\n"H100" = 1e999\n', "must be a number >= 0 and finite"),
+    (f'[usd_per_gpu_hour]\n"H100" = {"9" * 400}\n', "must be a number >= 0 and finite"),
 ])
 def test_bad_price_files_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "p.toml"

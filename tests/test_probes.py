@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import select
+import shutil
+import subprocess
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from producer import elfsyms
-from producer.discover import LibraryFile
+from producer import attachplan, discover, elfsyms
+from producer.discover import Classifier, LibraryFile
 from producer.errors import SetupError
 from producer.probes import ENOTSUPP, Probes, UprobeLinks
-from producer.records import NAME_WITH_RETURN, PROBES, WITH_RETURN
+from producer.records import COOKIE_STEPPED, NAME_WITH_RETURN, PROBES, WITH_RETURN
 from producer.settings import CaptureSettings
+from tests.conftest import require
 from tests.workloads import build
 
 
@@ -118,10 +124,19 @@ def stub_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build.build_simgpu(tmp_path_factory.mktemp("simgpu")) / "libcudart.so.12"
 
 
-def offset_of(path: Path, name: str) -> int:
+def entry_of(path: Path, name: str) -> int:
     address = elfsyms.function_addresses(str(path), frozenset({name}))[name]
     offset = elfsyms.vaddr_to_file_offset(str(path), address)
     assert offset is not None
+    return offset
+
+
+def offset_of(path: Path, name: str) -> int:
+    """Where the probes of `name` go: its entry, or past it where the kernel would single-step
+    what is there (producer/entrypoint.py: the stub runtime's cudaMalloc begins `test; je`)."""
+    kind = "runtime" if name.startswith("cuda") else "driver"
+    offset = attachplan.read_plan(str(path), kind, path.stat().st_size).offset(name)
+    assert offset is not None and entry_of(path, name) <= offset
     return offset
 
 
@@ -167,6 +182,68 @@ def test_each_row_runs_its_program_with_its_cookie(stub_runtime: Path, cookies: 
         assert rows["cudaMalloc"].arg != rows["cudaMallocHost"].arg  # one program, two kinds
         assert len(loaded) < len({n for n, _ in got.values()}) + 1
         assert len({n for n, _ in got.values()}) < len(got) / 2
+
+
+@pytest.mark.parametrize("cookies", [True, False], ids=["cookies", "a program per row"])
+def test_probes_go_where_the_plan_moved_them_and_stepped_ones_say_so(
+    tmp_path: Path, cookies: bool
+) -> None:
+    """On a driver whose functions begin as NVIDIA's do (tests/workloads/thunks.S), each
+    function's entry and return probes go at its planned offset, past its entry where that is
+    what the kernel emulates; those left where the kernel single-steps carry the stepped flag
+    in their cookie (counted in BPF), and the file says which they are."""
+    path = build.build_thunked_stubcuda(tmp_path) / build.LIBCUDA_SONAME
+    plan = attachplan.read_plan(str(path), "driver", path.stat().st_size)
+    assert plan.entries and plan.stepped  # both kinds, or the test tells nothing
+    uprobes = FakeUprobes()
+    probes = make_probes(uprobes, cookies)
+    library = LibraryFile(key=(1, 3), path="/opt/x/libcuda.so.1", host_path=str(path),
+                          kind="driver")
+    attached = probes.attach(library)
+    assert attached is not None and not attached.unprobed
+    assert attached.stepped == plan.stepped
+    held: dict[tuple[int, bool], int] = {}
+    for fd, (where, at, ret) in uprobes.held.items():
+        assert where != str(path)  # through the descriptor, /proc/self/fd/N
+        held[at, ret] = uprobes.programs[fd][1]
+    rows = {p.name: p for p in PROBES}
+    for name, offset in plan.offsets:
+        assert offset is not None
+        row = rows[name]
+        stepped = COOKIE_STEPPED if name in plan.stepped else 0
+        want = (row.cookie | stepped) if cookies else 0
+        assert held[offset, False] == want, name
+        if row.returns:  # the kernel takes the return address at %rsp there, as at the entry
+            assert held[offset, True] == want, name
+    assert {at for at, _ret in held} == {o for _n, o in plan.offsets}
+
+
+def test_two_names_of_a_moved_function_are_probed_once(tmp_path: Path) -> None:
+    source = tmp_path / "alias.S"
+    source.write_text("""
+    .data
+flag: .long 0
+    .text
+    .globl cuLaunchKernel, cuLaunchKernel_ptsz
+    .type cuLaunchKernel, @function
+    .type cuLaunchKernel_ptsz, @function
+cuLaunchKernel_ptsz:
+cuLaunchKernel:
+    cmpl $0x321cba00, flag(%rip)
+    je 1f
+    xor %eax, %eax
+1:  ret
+    .size cuLaunchKernel, .-cuLaunchKernel
+    .section .note.GNU-stack,"",@progbits
+""")
+    path = tmp_path / "libcuda.so.1"
+    subprocess.run(["cc", "-shared", "-nostdlib", str(source), "-o", str(path)], check=True)
+    uprobes = FakeUprobes()
+    attached = make_probes(uprobes).attach(
+        LibraryFile(key=(1, 4), path="/x/libcuda.so.1", host_path=str(path), kind="driver"))
+    assert attached is not None and attached.probes == 1  # launches: entry only, once
+    ((_where, offset, _ret),) = uprobes.held.values()
+    assert offset == entry_of(path, "cuLaunchKernel") + 10  # past the cmp, for both names
 
 
 def test_a_function_the_kernel_refuses_costs_only_itself(
@@ -363,3 +440,96 @@ def test_the_fd_table_is_grown_at_once_and_nothing_is_left_open(limit: int | Non
     before, after, unchanged = int(out[0]), int(out[1]), out[2] == "True"
     assert unchanged
     assert after >= (1024 if limit is None else 256) and after >= before
+
+
+# --- a user racing the agent's path to a file -------------------------------------------------
+
+NOBODY = 65534
+RACE_ROUNDS = 300
+
+
+@dataclass(frozen=True)
+class SwapRace:
+    """nobody's process maps its own "runtime" from a directory it swaps, over and over, with
+    a link to a root-owned directory holding another file of the same name."""
+
+    pid: int
+    key: tuple[int, int]  # the runtime it maps
+    symbols: frozenset[str]  # what that runtime defines
+    victim: int  # the inode of the root-owned file of the same name
+
+
+class InodeRecordingUprobes(FakeUprobes):
+    """Records which file each probe would be placed in: the inode its path names then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inodes: list[int] = []
+
+    def attach(self, prog_fd: int, path: str, offset: int, retprobe: bool,
+               cookie: int = 0) -> int:
+        self.inodes.append(os.stat(path).st_ino)
+        return super().attach(prog_fd, path, offset, retprobe, cookie)
+
+
+@pytest.fixture
+def swap_race(stub_runtime: Path, tmp_path: Path) -> Iterator[SwapRace]:
+    require(None if os.geteuid() == 0 else "needs root: the race is run as another user")
+    require(None if shutil.which("setpriv") else "no setpriv (util-linux)")
+    racer = build.build_swaprace(tmp_path)
+    victim = Path(tempfile.mkdtemp(prefix="gpuflight-victim-", dir="/tmp"))
+    home = Path(tempfile.mkdtemp(prefix="gpuflight-racer-", dir="/tmp"))
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        victim.chmod(0o755)
+        shutil.copy(racer, victim / "libcudart.so.12")  # root's own file: an ELF, no CUDA
+        shutil.copytree(stub_runtime.parent, home / "a")
+        shutil.copy(racer, home / "swaprace")
+        (home / "b").symlink_to(victim)
+        for path in [home, *home.rglob("*")]:
+            os.lchown(path, NOBODY, NOBODY)
+        home.chmod(0o755)
+        runtime_file = home / "a" / "libcudart.so.12"
+        st = runtime_file.stat()
+        symbols = elfsyms.defined_functions(str(runtime_file), discover.RUNTIME_SYMBOLS)
+        proc = subprocess.Popen(
+            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
+             str(home / "swaprace"), str(home / "a"), str(home / "b"), "libcudart.so.12"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == b"mapped\n"
+        yield SwapRace(proc.pid, (st.st_dev, st.st_ino), symbols,
+                       (victim / "libcudart.so.12").stat().st_ino)
+    finally:
+        if proc is not None:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.close()
+            proc.stdout.close()
+            assert proc.wait(timeout=30) == 0, "the racer failed"
+        shutil.rmtree(home)
+        shutil.rmtree(victim)
+
+
+def test_a_user_racing_the_path_to_a_library_never_steers_a_probe_or_a_verdict(
+    swap_race: SwapRace,
+) -> None:
+    """The file is checked once and used only through its descriptor: a probe never lands in
+    the root-owned file the path is swapped to (item 1), and the runtime is never classified
+    from it either — as defining nothing, never probed again (item 2)."""
+    assert discover.RUNTIME_SYMBOLS & swap_race.symbols
+    steered = misclassified = 0
+    for _ in range(RACE_ROUNDS):
+        uprobes = InodeRecordingUprobes()
+        probes = make_probes(uprobes)
+        snapshot = discover.scan(Path("/proc"), pids=[swap_race.pid], cache=Classifier())
+        runtimes = [lib for lib in snapshot.libraries.values() if lib.kind == "runtime"]
+        if [(lib.key, lib.symbols) for lib in runtimes] != [(swap_race.key, swap_race.symbols)]:
+            misclassified += 1
+            continue
+        if probes.attach(runtimes[0]) is None:  # planned from another file: no offsets
+            misclassified += 1
+        steered += sum(1 for inode in uprobes.inodes if inode != swap_race.key[1])
+    assert (steered, misclassified) == (0, 0), (
+        f"{steered} probe(s) placed in another file than the mapped one, and the runtime "
+        f"misclassified or misplanned in {misclassified} of {RACE_ROUNDS} scans"
+    )

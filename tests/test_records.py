@@ -51,6 +51,19 @@ def test_arguments_are_the_compiled_header_s(tmp_path: Path) -> None:
     assert all(p.api < 1 << 16 and p.arg < 1 << 16 for p in records.PROBES if p.api)
 
 
+def test_the_stepped_flag_is_the_header_s_and_clear_of_every_row_s_cookie(
+    tmp_path: Path,
+) -> None:
+    """A probe at an instruction the kernel single-steps carries GF_COOKIE_STEPPED: a bit the
+    programs' reads of the api id (16 bits) and the constant (the 32 above) never see."""
+    (value,) = compiled_values(tmp_path, ["GF_COOKIE_STEPPED"]).values()
+    assert value % (1 << 64) == records.COOKIE_STEPPED
+    for probe in records.PROBES:
+        assert probe.cookie & records.COOKIE_STEPPED == 0
+        assert (probe.cookie | records.COOKIE_STEPPED) & 0xFFFF == (probe.api or 0)
+        assert ((probe.cookie | records.COOKIE_STEPPED) >> 16) & 0xFFFFFFFF == probe.arg
+
+
 def test_families_list_every_family_of_the_table_once() -> None:
     families = api_families()
     assert len(families) == len(set(families))
@@ -246,3 +259,55 @@ def test_device_probes_read_the_cudevice_parameter(tmp_path: Path) -> None:
         devices = [i + 1 for i, p in enumerate(params)
                    if re.fullmatch(r"(CUdevice|int) dev(ice)?", p)]
         assert [int(arguments[name])] == (devices or [0]), (name, params)
+
+
+def test_the_aggregates_mirror_the_header(tmp_path: Path) -> None:
+    """struct gf_agg_key / gf_agg_value / gf_agg_state (the kernel's counts under overload)
+    are records.AGG_*_DTYPE, field for field; the slot, the failed flag and the drop slot
+    that counts them too."""
+    structs = {"gf_agg_key": records.AGG_KEY_DTYPE, "gf_agg_value": records.AGG_VALUE_DTYPE,
+               "gf_agg_state": records.AGG_STATE_DTYPE}
+    prints = "".join(
+        f'printf("{struct}.{f} %zu\\n", offsetof(struct {struct}, {f}));\n'
+        for struct, dtype in structs.items() for f in dtype.names or ())
+    prints += "".join(f'printf("{struct} %zu\\n", sizeof(struct {struct}));\n'
+                      for struct in structs)
+    source = tmp_path / "aggregates.c"
+    source.write_text("#include <stdio.h>\n#include <stddef.h>\n#include <linux/types.h>\n"
+                      f'#include "{HEADER}"\nint main(void) {{\n{prints}return 0; }}\n')
+    binary = tmp_path / "aggregates"
+    subprocess.run([compiler(), str(source), "-o", str(binary)], check=True)
+    out = dict(line.split() for line in subprocess.run(
+        [str(binary)], check=True, capture_output=True, text=True).stdout.splitlines())
+    for struct, dtype in structs.items():
+        assert int(out[struct]) == dtype.itemsize, struct
+        for name in dtype.names or ():
+            assert int(out[f"{struct}.{name}"]) == dtype.fields[name][1], (struct, name)  # type: ignore[index]
+    values = compiled_values(tmp_path, ["GF_AGG_SLOT_NS", "GF_AGG_F_FAILED", "GF_F_ASYNC",
+                                        "GF_F_HAS_RESULT"])
+    assert values == {"GF_AGG_SLOT_NS": records.AGG_SLOT_NS,
+                      "GF_AGG_F_FAILED": records.AGG_F_FAILED, "GF_F_ASYNC": records.F_ASYNC,
+                      "GF_F_HAS_RESULT": records.F_HAS_RESULT}
+    assert not records.AGG_F_FAILED & (records.F_ASYNC | records.F_HAS_RESULT)
+    # User space's form holds every field of the key and value it is made of.
+    user = set(records.AGGREGATE_DTYPE.names or ())
+    assert set(records.AGG_KEY_DTYPE.names or ()) - user == {"slot", "gen"}
+    assert set(records.AGG_VALUE_DTYPE.names or ()) - user == {"first_ts_ns"}
+
+
+def test_the_events_ring_is_the_first_table_bcc_sees(tmp_path: Path) -> None:
+    """bpf_ringbuf_query is given `events` by bcc's placeholder of the first table declared
+    (bpf/cudart.bpf.c GF_EVENTS_RING: bpf_pseudo_fd(1, -1)): `events` must come first."""
+    for header in ("uapi/linux/ptrace.h", "asm/unistd.h"):
+        stub = tmp_path / "include" / header
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        stub.write_text("")
+    text = subprocess.run(
+        [compiler(), "-E", "-P", "-nostdinc", "-I", str(tmp_path / "include"), "-DPAGE_SIZE=4096",
+         str(REPO / "bpf" / "cudart.bpf.c")],
+        check=True, capture_output=True, text=True).stdout
+    tables = re.findall(r"\bBPF_(?:RINGBUF_OUTPUT|HASH|ARRAY|PERCPU_ARRAY|TABLE|TABLE_PINNED)"
+                        r"\(\s*(?:\"\w+\",[^,]*,[^,]*,\s*)?(\w+)", text)
+    assert tables and tables[0] == "events", tables[:3]
+    source = (REPO / "bpf" / "cudart.bpf.c").read_text()
+    assert "#define GF_EVENTS_RING ((void *)bpf_pseudo_fd(1, -1))" in source

@@ -84,7 +84,11 @@ class TestThreadPerRequest:
         routes = {r["path"]: r["route"] for r in requests}
         for s in sent:
             assert routes[s["path"]] == ROUTES[s["kind"]]
-        assert all(r["complete"] and r["start_ns"] < r["end_ns"] for r in requests)
+        # Heads the client ended before their blank line: served, recorded, never complete.
+        cut = Counter(s["path"] for s in sent if s.get("cut"))
+        assert cut.total() == 6
+        assert Counter(r["path"] for r in requests if not r["complete"]) == cut
+        assert all(r["start_ns"] < r["end_ns"] for r in requests)
         assert len({r["request_id"] for r in requests}) == len(requests)
         assert sum(1 for s in sent if s["traceparent"]) > 50  # the round trip was exercised
 
@@ -132,6 +136,7 @@ class TestThreadPerRequest:
         (line,) = [x for x in stderr.splitlines() if x.startswith(" HTTP: ")]
         assert "connections ignored:" in line and "not HTTP" in line and "TLS" in line
         assert "parser errors" not in line
+        assert "(6 incomplete)" in line  # the heads ended by the client's end of stream
         assert "requests by route" in stderr and "POST /v1/big/{id}" in stderr
 
     def test_each_request_is_a_span_in_its_callers_trace(

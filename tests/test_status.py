@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from producer import status
+from tests.support.shared_place import as_nobody, shared_directory
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class _Attached:
     library: _Library
     probes: int
     unprobed: dict[str, str] = field(default_factory=dict)
+    stepped: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -42,14 +46,17 @@ def test_the_status_is_written_whole_and_read_back(tmp_path: Path) -> None:
     attached: dict[object, _Attached] = {
         (1, 2): _Attached(_Library("/lib/libcudart.so.12", "runtime"), 84),
         (1, 3): _Attached(_Library("/lib/libcuda.so.1", "driver"), 101,
-                          {"cuMemFree_v2": "the kernel cannot probe the instruction there"})}
+                          {"cuMemFree_v2": "the kernel cannot probe the instruction there"},
+                          frozenset({"cuMemcpy", "cuLaunchKernel"}))}
     _update(file, status.STATE_READY, attached, force=True)
     got = status.read(path)
     assert got is not None and got["state"] == "ready" and got["captured"] == 12
     assert got["libraries"] == [
         {"path": "/lib/libcuda.so.1", "kind": "driver", "probes": 101,
-         "unprobed": {"cuMemFree_v2": "the kernel cannot probe the instruction there"}},
-        {"path": "/lib/libcudart.so.12", "kind": "runtime", "probes": 84, "unprobed": {}}]
+         "unprobed": {"cuMemFree_v2": "the kernel cannot probe the instruction there"},
+         "stepped": 2},
+        {"path": "/lib/libcudart.so.12", "kind": "runtime", "probes": 84, "unprobed": {},
+         "stepped": 0}]
     assert got["skipped"] == [{"file": "8:1:7", "path": "/opt/libcudart.so.11", "kind": "runtime",
                                "reason": "defines none of them"}]
     assert got["outputs"] == [{"name": "--output x", "failure": None, "lost": 0}]
@@ -80,3 +87,23 @@ def test_a_half_written_or_foreign_file_is_no_status(tmp_path: Path) -> None:
 def test_an_unwritable_status_file_is_never_fatal(tmp_path: Path) -> None:
     file = status.StatusFile(tmp_path / "no" / "dir" / "status.json")
     _update(file, status.STATE_READY, {}, force=True)  # logged, not raised
+
+
+def test_a_link_planted_at_the_status_file_s_temporary_name_is_never_written_through(
+        tmp_path: Path) -> None:
+    """The status used to be written to .NAME.PID.tmp beside it, a name anyone could guess
+    and plant a symlink at (to a file of root's) in a directory others write to."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    victim.chmod(0o600)
+    with shared_directory() as shared:
+        path = shared / "status.json"
+        planted = shared / f".{path.name}.{os.getpid()}.tmp"
+        as_nobody("ln", "-s", victim, planted)
+        file = status.StatusFile(path)
+        _update(file, status.STATE_READY, {}, force=True)
+        written = status.read(path)
+        assert written is not None and written["state"] == status.STATE_READY
+        assert victim.read_text() == "root's own\n"
+        assert sorted(p.name for p in shared.iterdir()) == [planted.name, path.name]
+        assert planted.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o644

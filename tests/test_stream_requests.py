@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -209,3 +210,54 @@ def test_a_job_state_counts_requests_once_across_restarts_and_prices_them() -> N
     # A request of a window closed already is late: not counted.
     late = state.apply(empty, 0, 6, settings, requests=[done(3, "/a", T0, T0 + 30)])
     assert late.late_requests == 1
+
+
+def test_a_window_keeps_max_routes_and_counts_the_rest_as_other() -> None:
+    """5,000 routes in one job were 5,000 series a window, and ~1.15 KB each in the job's
+    state (undurable past 1 MB: a pod with ~900 routes). A (window, job) keeps MAX_ROUTES;
+    the requests of the others count under "other", and merging keeps the bound."""
+    windows = Windows()
+    batch = [done(i + 1, f"/r{i}", T0, T0 + 10, gpu_ns=1.0) for i in range(5000)]
+    assert rq.add_requests(batch, W, windows) == []
+    (win,) = windows.open.values()
+    assert len(win.routes) == rq.MAX_ROUTES + 1
+    assert win.routes[rq.OTHER_ROUTE].requests == 5000 - rq.MAX_ROUTES
+    assert sum(s.requests for s in win.routes.values()) == 5000
+    assert math.fsum(s.costs[rq.GPU_NS] for s in win.routes.values()) == 5000.0
+    more = RequestWindow()
+    rq.add_requests([done(9000 + i, f"/x{i}", T0, T0 + 10) for i in range(300)], W,
+                    lambda start: more)
+    win.merge_from(more)
+    assert len(win.routes) == rq.MAX_ROUTES + 1
+    assert sum(s.requests for s in win.routes.values()) == 5300
+    assert len(rq.to_points(win, T0, host="h", job="j", labels=Labels(), window_s=1.0,
+                            usd_per_gpu_hour=None)) < 2 * (rq.MAX_ROUTES + 1) * (
+                                m.REQUEST_SAMPLES + 1)
+
+
+def test_a_cost_stored_as_null_is_read_as_zero_not_a_state_dropped() -> None:
+    """JSON has no infinity: a cost that summed to it was written as null, and the whole job
+    state was dropped when a restarted worker read it. Costs are bounded at decode now
+    (producer/wire.py); one stored so before reads as 0."""
+    win = RequestWindow()
+    win.route("/a").add(done(1, "/a", T0, T0 + 10, gpu_ns=5.0))
+    win.unattributed_gpu_ns = math.inf
+    data = orjson.loads(orjson.dumps(win.to_dict()))
+    assert data["unattributed_gpu_ns"] is None
+    data["routes"]["/a"][4][1] = None
+    back = RequestWindow.from_dict(data)
+    assert back.unattributed_gpu_ns == 0.0 and back.routes["/a"].costs[rq.GPU_NS] == 0.0
+    assert back.routes["/a"].requests == 1
+
+
+def test_one_message_of_requests_over_many_windows_makes_a_bounded_state() -> None:
+    """As its events (tests/test_windows.py), a message's requests add to at most
+    max_windows_per_message windows; those ending in others are not counted."""
+    from streams.windows import JobState, WindowSettings
+
+    settings = WindowSettings(window_s=1.0, grace_s=1.0)
+    state = JobState("h", "serve:1", 0)
+    batch = [done(i + 1, "/a", T0 + i * W, T0 + i * W + 10) for i in range(5000)]
+    applied = state.apply(np.zeros(0, dtype=EVENT_DTYPE), 0, 0, settings, requests=batch)
+    assert len(state.windows) == settings.max_windows_per_message
+    assert applied.late_requests == 5000 - settings.max_windows_per_message

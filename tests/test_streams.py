@@ -27,6 +27,7 @@ from streams.windows import JobState, WindowSettings
 from tests.support.counting import SYNTHETIC_KERNEL_LAUNCHES, SYNTHETIC_PIDS, synthetic_events
 from tests.support.streams_support import (
     Feed,
+    Harness,
     StreamWorker,
     copies,
     group_assignment,
@@ -265,11 +266,14 @@ def test_a_message_from_the_future_moves_no_clock(
     t0 = past_window(90)
     day = 86_400 * W
     feed.process(host, 320, 1, "clock:320")
+    feed.process(host, 321, 1, "beside:321")  # another process of the host
     feed.events(host, 320, 1, launches([t0 + w * W for w in range(5)], 320, 8, 64))
     # Not first in its message: Kafka 4 refuses a message stamped (by its first event) over
     # an hour ahead, but the rest of a message is the producer's word alone.
     feed.events(host, 320, 1, launches([t0 + 5 * W, time.time_ns() + day], 320, 8, 64))
     feed.events(host, 320, 1, launches([t0 + w * W + 1 for w in range(6, 20)], 320, 8, 64))
+    # The host's time is what two messages attest to (streams/clock.py): the other process's.
+    feed.events(host, 321, 1, launches([t0 + 19 * W + 5], 321, 8, 64))
     feed.flush()
     worker.start("first")
     try:
@@ -281,6 +285,7 @@ def test_a_message_from_the_future_moves_no_clock(
         assert wire.decode_events(dead[0].value()).events["ts_ns"].tolist()[0] > t0 + day // 2
         worker.kill()
         feed.events(host, 320, 1, launches([t0 + w * W + 2 for w in range(20, 40)], 320, 8, 64))
+        feed.events(host, 321, 1, launches([t0 + 39 * W + 5], 321, 8, 64))
         feed.flush()
         worker.start("second")
         sums: list[int] = []
@@ -841,3 +846,213 @@ def test_a_forgotten_job_leaves_no_gpu_samples() -> None:
         gpu.forget("h", f"c:{pid}")
     assert len(gpu._job) == len(gpu._job_gpu) == 1  # only c:500's
     assert gpu.mean("h", "c:7", 0, 1000) == 50  # the host's mean, as for any unknown job
+
+
+# -- the worker's logic, without services (tests/support/streams_support.py: Harness) -------
+
+
+def request(request_id: int, end_ns: int, gpu_ns: float = 1000.0) -> wire.RequestRecord:
+    return wire.RequestRecord(request_id, 1, "GET", "/infer", "/infer", 200, end_ns - 10**6,
+                              end_ns, 100, 200, None, None, True, 8080, {"gpu_ns": gpu_ns})
+
+
+def live_stream(harness: Harness, host: str, pid: int, t0: int, seconds: int, *,
+                forged: dict[int, tuple[np.ndarray, list[wire.RequestRecord]]]) -> int:
+    """A host's process as a producer sends it: a message every quarter second (each a
+    launch every millisecond), the tick after each; at step i, `forged[i]` instead. Events
+    of the real messages counted."""
+    sent = 0
+    for i in range(seconds * 4):
+        start = t0 + i * W // 4
+        events, requests = forged.get(i, (launches(
+            [start + k * 1_000_000 for k in range(250)], pid, 8, 64), []))
+        harness.events(host, pid, 1, events, requests=requests)
+        harness.tick()
+        sent += len(events) if i not in forged else 0
+    return sent
+
+
+@pytest.mark.parametrize("ahead_s", [86_400, 290])
+def test_one_request_ending_ahead_closes_no_window_of_its_host(ahead_s: int) -> None:
+    """A forged request end a day ahead moved its host's clock (only event times were
+    checked): 75.5 % of the host's events were then late, and a job started on the host two
+    minutes later lost 94.4 %. Now a request ending beyond --max-future (300 s) is not counted
+    (dead letter, reason "future"), and one within it moves no clock on its own."""
+    harness = Harness()
+    host, t0 = "h-req", (time.time_ns() // W - 600) * W
+    harness.process(host, 10, 1, "serve:10")
+    harness.process(host, 11, 1, "later:11")
+    forged = request(1, time.time_ns() + ahead_s * W)
+    sent = live_stream(harness, host, 10, t0, 20, forged={
+        8: (launches([t0 + 2 * W], 10, 8, 64), [forged, request(2, t0 + 2 * W)])})
+    sent += live_stream(harness, host, 11, t0 + 120 * W, 20, forged={})  # 2 minutes later
+    stats = harness.worker.stats
+    assert (stats.late_events, stats.late_requests) == (0, 0)
+    assert stats.events == sent + 1
+    if ahead_s > harness.settings.max_future_s:
+        assert stats.future_requests == 1 and stats.requests == 1
+        ((reason, value),) = harness.dead_letters()
+        assert reason == b"future"
+        assert [r.request_id for r in wire.decode_events(value).requests] == [1]
+    else:
+        assert stats.requests == 2 and harness.dead_letters() == []
+
+
+def test_one_event_just_under_the_future_bound_closes_no_window() -> None:
+    """An event 290 s ahead (under --max-future, so counted) made 75.9 % of its host's events
+    late: one message no longer moves its host's clock, whatever it is stamped — nor after a
+    restart, when the host's clock comes back from the job states."""
+    harness = Harness()
+    host, t0 = "h-ev", (time.time_ns() // W - 600) * W
+    harness.process(host, 20, 1, "train:20")
+    ahead = time.time_ns() + 290 * W
+    sent = live_stream(harness, host, 20, t0, 10, forged={
+        12: (launches([t0 + 3 * W, ahead], 20, 8, 64), [])})
+    assert harness.worker.stats.late_events == 0
+    counted = harness.worker.stats.events
+    assert counted == sent + 2
+    harness = harness.restart()
+    harness.process(host, 20, 1, "train:20")
+    sent = live_stream(harness, host, 20, t0 + 10 * W, 20, forged={})
+    stats = harness.worker.stats
+    assert (stats.late_events, stats.future_events) == (0, 0)
+    assert stats.events == sent
+
+
+def test_one_bad_point_freezes_no_partition() -> None:
+    """A message with an empty host, or a price that makes a cost infinite (`--prices` with
+    inf), raised inside the tick: the tick was dead-lettered, and every later job of the
+    partition was no longer written. The message is refused at decode now, a cost that is no
+    number is no cost (the GPU time is written unpriced), and a point that still breaks the
+    contract is not written, alone."""
+    import math
+
+    from producer.pricing import PriceBook
+
+    harness = Harness(prices=PriceBook({"H100": math.inf}), gpu_model="H100")
+    t0 = (time.time_ns() // W - 60) * W
+    empty = orjson.loads(wire.encode_events(wire.EventBatch("x", 1, 1, launches([t0], 1, 8, 8))))
+    empty["host"] = ""
+    harness.process("", 1, 1, "x:1")  # its identity is known: it reached a job state
+    harness.raw(orjson.dumps(empty))
+    harness.process("priced", 30, 1, "serve:30")
+    harness.events("priced", 30, 1, launches([t0 + 1], 30, 8, 8), requests=[request(5, t0 + 2)])
+    harness.process("plain", 31, 1, "train:31")
+    for second in range(5):
+        harness.events("plain", 31, 1, launches([t0 + second * W + 5], 31, 8, 8))
+        harness.tick()
+    for second in (3, 4):  # what closes its first window: two later messages
+        harness.events("priced", 30, 1, launches([t0 + second * W], 30, 8, 8))
+    for _ in range(3):
+        harness.tick()
+    launched = {(p.tags["host"], p.time_ns) for p in harness.points("launches")}
+    assert {("plain", t0 + s * W) for s in range(3)} <= launched
+    assert ("priced", t0) in launched
+    assert [reason for reason, _ in harness.dead_letters()] == [b"malformed"]  # no tick
+    assert harness.worker.stats.tick_errors == 0
+    (cost,) = {p.fields["unpriced_gpu_ns"] for p in harness.points("job_cost")}
+    assert cost == 1000.0
+    assert all(p.tags["host"] for p in harness.points())
+
+
+def test_the_sink_leaves_out_a_point_that_breaks_the_contract_alone() -> None:
+    import asyncio
+    import math
+
+    from streams.settings import InfluxSettings
+    from streams.sink import Batch, InfluxSink
+
+    written: list[object] = []
+    sink = InfluxSink(InfluxSettings(), on_written=written.append)
+    good = m.Point("memset", {"host": "h", "job": "j"}, {"count": 1, "bytes": 2}, 5)
+    bad = [m.Point("memset", {"host": "", "job": "j"}, {"count": 1, "bytes": 2}, 5),
+           m.Point("memset", {"host": "h", "job": "j"}, {"count": 1, "bytes": 2**64}, 5),
+           m.Point("job_cost", {"host": "h", "job": "j", "namespace": "-", "team": "-"},
+                   {"cost_usd": math.inf}, 5)]
+    asyncio.run(sink.put(Batch([bad[0], good, *bad[1:]], token="t1")))
+    assert [p for b in sink._queue for p in b.points] == [good]
+    assert sink.stats.rejected_points == 3 and sink.stats.pending_points == 1
+    asyncio.run(sink.put(Batch(bad, token="t2")))  # nothing left: done at once
+    assert written == ["t2"]
+
+
+# -- what one message may cost the stream, with Kafka's limits ------------------------------
+
+
+def varied_launches(t0: int, n: int, pid: int) -> np.ndarray:
+    """`n` launches of a process spread over two seconds, with as varied columns as a real
+    capture has (so its message is as large: ~30 bytes an event)."""
+    rng = np.random.default_rng(pid)
+    events = launches(sorted((t0 + rng.integers(0, 2 * W, n)).tolist()), pid, 8, 64)
+    events["tid"] = pid + rng.integers(0, 64, n)
+    events["handle"] = 0x7F00_0000_0000 + rng.integers(0, 1 << 24, n)
+    events["dim"][:, 0] = rng.integers(1, 1 << 16, n)
+    return events
+
+
+def test_a_parked_message_over_the_broker_limit_survives_a_restart(
+        kafka_bootstrap: str, influx_url: str, names: str, tmp_path: Path) -> None:
+    """A message waiting for its identity is kept in the worker's table: it was one changelog
+    record, which the broker refuses over 1 MB (a real 100k-event message is 6.5 MB). After a
+    restart its 40,000 events were gone, and no dead letter said so."""
+    from streams.app import TABLE
+    from streams.parking import is_parked_key
+    from tests.support.streams_support import all_committed
+
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-p"
+    t0 = past_window(60)
+    events = varied_launches(t0, 40_000, 950)
+    assert len(wire.encode_events(wire.EventBatch(host, 950, 5, events))) > 1_200_000
+    feed.events(host, 950, 5, events)  # no identity yet: parked
+    feed.flush()
+    worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
+                          env=RESTARTS_SOON, extra=("--identity-wait", "600"))
+    changelog = f"{names}-app-{TABLE}-changelog"
+    try:
+        worker.start("first")
+        wait_for(lambda: all_committed(kafka_bootstrap, f"{names}-app", feed.topics.events),
+                 90, "the parked message taken and committed", worker)
+        wait_for(lambda: any(is_parked_key(msg.key()) and msg.value() for msg in read_topic(
+            kafka_bootstrap, changelog, timeout_s=2)), 60, "the parked message kept", worker)
+        worker.kill()
+        worker.start("second")
+        feed.process(host, 950, 5, "big:950")
+        feed.flush()
+        wait_for(lambda: sum_of(influx_url, "launches", "count", "big:950", t0, host=host)
+                 == 40_000, 120, "every parked launch counted after the restart", worker)
+        assert read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=2) == []
+    finally:
+        worker.stop()
+
+
+def test_one_message_over_twenty_thousand_windows_stops_no_worker(
+        kafka_bootstrap: str, influx_url: str, names: str, worker: StreamWorker) -> None:
+    """One message spread over 20,000 windows made an 11.9 MB job state: its changelog record
+    failed (ProducerSendError), the worker exited, and the message was not taken again. Now
+    the message adds to max_windows_per_message windows, the rest of its events go to the
+    dead letters (reason "windows"), and the job goes on."""
+    from streams.windows import DEFAULT_MAX_WINDOWS_PER_MESSAGE as KEPT
+
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-s"
+    t0 = past_window(25_000)
+    feed.process(host, 960, 1, "spread:960")
+    feed.events(host, 960, 1, launches([t0 + i * W for i in range(20_000)], 960, 8, 64))
+    after = t0 + 20_010 * W
+    for i in range(4):  # the job goes on
+        feed.events(host, 960, 1, launches([after + i * W + k for k in range(10)], 960, 8, 64))
+    feed.flush()
+    worker.start()
+    wait_for(lambda: sum_of(influx_url, "launches", "count", "spread:960", t0, host=host)
+             == KEPT + 40, 120, "the kept windows and the job's next ones written", worker)
+
+    def refused() -> int:
+        dead = read_topic(kafka_bootstrap, f"{names}.deadletter.v1", timeout_s=2)
+        assert {dict(d.headers())["reason"] for d in dead} <= {b"windows"}
+        return sum(len(wire.decode_events(d.value()).events) for d in dead)
+
+    wait_for(lambda: refused() == 20_000 - KEPT, 60, "the refused events dead-lettered", worker)
+    wait_for(lambda: uncounted(influx_url, "spread:960") == (20_000 - KEPT, 0), 30,
+             "the refused events counted as not counted", worker)
+    assert worker.process is not None and worker.process.poll() is None, worker.output()[-3000:]

@@ -6,10 +6,16 @@ SIGKILLed agent, the next one's metrics on a real Kafka broker) is in tests/test
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
+
 from producer import tally
+from tests.support.shared_place import as_nobody, shared_directory
 
 
 def stat_line(pid: int, start: int) -> str:
@@ -77,6 +83,75 @@ def test_prepare_makes_a_directory_per_agent(tmp_path: Path) -> None:
     directory = tally.prepare(tmp_path / "bpffs", proc)
     assert directory == tmp_path / "bpffs" / tally.SUBDIR / f"agent-{os.getpid()}-4242"
     assert directory.is_dir()
+
+
+def agent_proc(root: Path, mount: tuple[Path, int] | None = None) -> Path:
+    """A /proc of this process (start 4242), with `mount` (a bpffs there, on that device) in
+    its mountinfo."""
+    proc = fake_proc(root, {os.getpid(): 4242})
+    (proc / "self").symlink_to(str(os.getpid()))
+    if mount is not None:
+        where, device = mount
+        (proc / str(os.getpid()) / "mountinfo").write_text(
+            f"46 23 {os.major(device)}:{os.minor(device)} / {where} rw,relatime - bpf bpf "
+            "rw,mode=700\n")
+    return proc
+
+
+def test_the_tally_directory_is_root_s_alone(tmp_path: Path) -> None:
+    directory = tally.prepare(tmp_path / "bpffs", agent_proc(tmp_path / "proc"))
+    for made in (directory.parent, directory):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
+
+
+@pytest.mark.parametrize(("symlink", "why"), [
+    (True, "is a symlink"),
+    (False, "belongs to uid 65534, not to root"),
+], ids=["symlink", "directory"])
+def test_a_tally_directory_another_user_planted_turns_the_tally_off(
+        symlink: bool, why: str, tmp_path: Path) -> None:
+    """bpffs is mounted 1777 where the host mounted it so: anyone may make
+    /sys/fs/bpf/gpuflight before the first agent starts. A symlink there made every agent exit
+    3 (its maps could not be pinned where it led); a directory of theirs let them read, rename
+    and remove the tallies."""
+    proc = agent_proc(tmp_path / "proc")
+    with shared_directory(0o1777) as bpffs:
+        if symlink:
+            as_nobody("mkdir", bpffs / "theirs")
+            as_nobody("ln", "-s", bpffs / "theirs", bpffs / tally.SUBDIR)
+        else:
+            as_nobody("mkdir", bpffs / tally.SUBDIR)
+        with pytest.raises(tally.TallyUnavailable, match=why):
+            tally.prepare(bpffs, proc)
+        assert not list(bpffs.rglob("agent-*"))  # nothing of the agent's in their hands
+
+
+def test_a_tally_directory_off_the_bpffs_turns_the_tally_off(tmp_path: Path) -> None:
+    root = tmp_path / "bpffs"
+    root.mkdir()
+    elsewhere = os.makedev(os.major(root.stat().st_dev) + 1, 0)
+    with pytest.raises(tally.TallyUnavailable, match="is not on the bpffs mounted at"):
+        tally.prepare(root, agent_proc(tmp_path / "proc", (root, elsewhere)))
+    ours = tally.prepare(root, agent_proc(tmp_path / "proc2", (root, root.stat().st_dev)))
+    assert ours.is_dir()
+
+
+@pytest.mark.parametrize("failure", [tally.TallyUnavailable("/sys/fs/bpf/gpuflight is a "
+                                                            "symlink"),
+                                     PermissionError(1, "Operation not permitted")])
+def test_a_tally_that_cannot_be_had_is_one_warning_and_the_agent_goes_on(
+        failure: Exception, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from producer import node
+
+    def prepare() -> Path:
+        raise failure
+
+    monkeypatch.setattr(tally, "prepare", prepare)
+    with caplog.at_level(logging.WARNING):
+        assert node._tally_dir() is None
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "will not be counted" in caplog.records[0].getMessage()
 
 
 def test_ledger_settles_each_delivery_and_each_acknowledged_drop_count(tmp_path: Path) -> None:

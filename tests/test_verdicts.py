@@ -102,16 +102,17 @@ def _fresh_elf_cache() -> Iterator[None]:
 
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The files classification reads (defined_functions and referenced_functions calls)."""
+    """The files classification reads (defined_functions and referenced_functions calls), by
+    the paths they were opened from (a file is read through its descriptor, /proc/self/fd/N)."""
     seen: list[str] = []
     defined, referenced = elfsyms.defined_functions, elfsyms.referenced_functions
 
     def counted_defined(path: str, wanted: frozenset[str], *rest: frozenset[str]) -> frozenset[str]:
-        seen.append(path)
+        seen.append(os.readlink(path) if path.startswith("/proc/self/fd/") else path)
         return defined(path, wanted, *rest)
 
     def counted_referenced(path: str, wanted: frozenset[str]) -> frozenset[str] | None:
-        seen.append(path)
+        seen.append(os.readlink(path) if path.startswith("/proc/self/fd/") else path)
         return referenced(path, wanted)
 
     monkeypatch.setattr(elfsyms, "defined_functions", counted_defined)
@@ -243,7 +244,7 @@ def test_a_plan_read_from_a_file_gone_meanwhile_is_not_kept(
 
     def counted(path: str, kind: str, size: int,
                 probe_only: frozenset[str] | None = None) -> attachplan.Plan:
-        planned.append(Path(path).name)
+        planned.append(Path(os.readlink(path)).name)  # read through /proc/self/fd/N
         return read_plan(path, kind, size, probe_only)
 
     monkeypatch.setattr(attachplan, "read_plan", counted)
@@ -270,6 +271,24 @@ def test_a_plan_round_trips_to_its_limits(tmp_path: Path) -> None:
     assert store.save_if_dirty()
     kept = verdicts.VerdictStore.load(cache, *_args())
     assert [kept.get(identity(n)) for n in range(3)] == [runtime, loader, none]
+
+
+def test_a_plan_with_probes_moved_past_their_entries_round_trips(tmp_path: Path) -> None:
+    """Where each probe goes, which were moved past their function's entry (and from where),
+    and which are single-stepped: all kept, so that a warm start attaches and counts alike."""
+    cache = tmp_path / "cache"
+    driver = verdicts.Stored(
+        frozenset(), frozenset({"cuLaunchKernel", "cuMemcpy"}), None, None,
+        attachplan.Plan("driver", (("cuLaunchKernel", 1034), ("cuMemcpy", 2048),
+                                   ("cuMemcpyAsync", None)),
+                        entries=(("cuLaunchKernel", 1024),), stepped=frozenset({"cuMemcpy"})),
+    )
+    store = verdicts.VerdictStore.load(cache, *_args())
+    store.put(identity(1), driver)
+    assert store.save_if_dirty()
+    kept = verdicts.VerdictStore.load(cache, *_args()).get(identity(1))
+    assert kept == driver and kept.plan is not None
+    assert kept.plan.entry("cuLaunchKernel") == 1024 and kept.plan.entry("cuMemcpy") == 2048
 
 
 def test_files_that_define_nothing_are_kept_compactly(node: Node, tmp_path: Path) -> None:
@@ -424,23 +443,37 @@ DAMAGED = {
 BAD_PLANS: dict[str, object] = {
     "not a list": "runtime",
     "too short": ["runtime", {"cudaMalloc": 64}],
-    "unknown kind": ["kernel", {"cudaMalloc": 64}, 0],
-    "kind not a string": [1, {"cudaMalloc": 64}, 0],
-    "offsets not an object": ["runtime", [["cudaMalloc", 64]], 0],
-    "offset at the file's end": ["runtime", {"cudaMalloc": 4096}, 0],
-    "offset past the file": ["runtime", {"cudaMalloc": 1 << 40}, 0],
-    "negative offset": ["runtime", {"cudaMalloc": -64}, 0],
-    "float offset": ["runtime", {"cudaMalloc": 64.0}, 0],
-    "bool offset": ["runtime", {"cudaMalloc": True}, 0],
-    "string offset": ["runtime", {"cudaMalloc": "64"}, 0],
-    "unprobed name": ["runtime", {"system": 64}, 0],
-    "driver name in a runtime plan": ["runtime", {"cuLaunchKernel": 64}, 0],
-    "loader name in a driver plan": ["driver", {"_dl_debug_state": 64}, 0],
-    "runtime name in a loader plan": ["loader", {"cudaMalloc": 64}, 0],
-    "cookie in a runtime plan": ["runtime", {"cudaMalloc": 64}, 8],
-    "negative cookie": ["loader", {"_dl_debug_state": 64}, -8],
-    "cookie past u64": b'["loader", {"_dl_debug_state": 64}, 18446744073709551616]',
-    "cookie not a number": ["loader", {"_dl_debug_state": 64}, "8"],
+    "a version 2 plan": ["runtime", {"cudaMalloc": 64}, 0],
+    "unknown kind": ["kernel", {"cudaMalloc": 64}, 0, {}, []],
+    "kind not a string": [1, {"cudaMalloc": 64}, 0, {}, []],
+    "offsets not an object": ["runtime", [["cudaMalloc", 64]], 0, {}, []],
+    "offset at the file's end": ["runtime", {"cudaMalloc": 4096}, 0, {}, []],
+    "offset past the file": ["runtime", {"cudaMalloc": 1 << 40}, 0, {}, []],
+    "negative offset": ["runtime", {"cudaMalloc": -64}, 0, {}, []],
+    "float offset": ["runtime", {"cudaMalloc": 64.0}, 0, {}, []],
+    "bool offset": ["runtime", {"cudaMalloc": True}, 0, {}, []],
+    "string offset": ["runtime", {"cudaMalloc": "64"}, 0, {}, []],
+    "unprobed name": ["runtime", {"system": 64}, 0, {}, []],
+    "driver name in a runtime plan": ["runtime", {"cuLaunchKernel": 64}, 0, {}, []],
+    "loader name in a driver plan": ["driver", {"_dl_debug_state": 64}, 0, {}, []],
+    "runtime name in a loader plan": ["loader", {"cudaMalloc": 64}, 0, {}, []],
+    "cookie in a runtime plan": ["runtime", {"cudaMalloc": 64}, 8, {}, []],
+    "negative cookie": ["loader", {"_dl_debug_state": 64}, -8, {}, []],
+    "cookie past u64": b'["loader", {"_dl_debug_state": 64}, 18446744073709551616, {}, []]',
+    "cookie not a number": ["loader", {"_dl_debug_state": 64}, "8", {}, []],
+    # A probe moved past its function's entry (producer/entrypoint.py) goes a little further,
+    # never before it nor further than attachplan moves one; a stepped one is a planned one.
+    "moved further than any move": ["runtime", {"cudaMalloc": 64 + attachplan.MAX_MOVE_BYTES
+                                                + 1}, 0, {"cudaMalloc": 64}, []],
+    "moved before its entry": ["runtime", {"cudaMalloc": 64}, 0, {"cudaMalloc": 80}, []],
+    "moved to its entry": ["runtime", {"cudaMalloc": 64}, 0, {"cudaMalloc": 64}, []],
+    "moved, not probed": ["runtime", {"cudaMalloc": None}, 0, {"cudaMalloc": 54}, []],
+    "moved, not planned": ["runtime", {"cudaMalloc": 64}, 0, {"cudaFree": 54}, []],
+    "entry not a number": ["runtime", {"cudaMalloc": 64}, 0, {"cudaMalloc": "54"}, []],
+    "moves not an object": ["runtime", {"cudaMalloc": 64}, 0, [["cudaMalloc", 54]], []],
+    "stepped, unprobed name": ["runtime", {"cudaMalloc": 64}, 0, {}, ["system"]],
+    "stepped, not planned": ["runtime", {"cudaMalloc": 64}, 0, {}, ["cudaFree"]],
+    "stepped not a list": ["runtime", {"cudaMalloc": 64}, 0, {}, "cudaMalloc"],
 }
 
 

@@ -3,6 +3,8 @@ state's round trip through a Faust table value. Pure: no services."""
 
 from __future__ import annotations
 
+import numpy as np
+import orjson
 import pytest
 
 from streams import measurements as m
@@ -78,3 +80,70 @@ def test_memory_carries_across_windows_and_the_state_round_trips() -> None:
         JobState.from_bytes(b'{"v": 1}', SETTINGS)
     with pytest.raises(ValueError, match="version"):
         JobState.from_bytes(b'{"v": 0}', SETTINGS)
+
+
+def test_one_message_over_twenty_thousand_windows_makes_a_bounded_state() -> None:
+    """One message spread over 20,000 windows made an 11.9 MB state (its changelog record
+    stopped the worker). A message takes the windows it has the most events in, up to
+    max_windows_per_message, and a job holds at most open_windows_limit windows open: the
+    rest of the events are refused (returned, not counted)."""
+    state = JobState("h", "j", 0)
+    spread = launches([T0 + i * W for i in range(20_000)], 1, 8, 8)
+    dense = launches([T0 + 7 * W + i for i in range(5)], 1, 8, 8)  # the message's own window
+    applied = state.apply(np.concatenate([spread, dense]), 0, 0, SETTINGS)
+    limit = SETTINGS.max_windows_per_message
+    assert limit < 100 and len(state.windows) == limit
+    assert T0 + 7 * W in state.windows  # the window it has the most events in
+    assert applied.events == limit - 1 + 6
+    assert applied.refused is not None and len(applied.refused) == 20_000 - limit
+    assert len(state.to_bytes()) < 200_000
+    for k in range(1, 10):  # more such messages fill the job's windows, no further
+        state.apply(launches([T0 + (k * 1000 + i) * W for i in range(1000)], 1, 8, 8), 0, k,
+                    SETTINGS)
+    assert len(state.windows) == SETTINGS.open_windows_limit < 1000
+    assert WindowSettings(window_s=0.1, grace_s=60).open_windows_limit >= 600 + 2 * limit
+
+
+def test_a_state_keeps_its_messages_latest_times_for_its_hosts_clock() -> None:
+    """What streams/clock.py needs after a restart: the two latest message times of the job
+    (a state from before them has its latest event time alone)."""
+    from streams.clock import HostClock
+
+    state = JobState("h", "j", 0)
+    for offset, t in enumerate((T0 + 5, T0 + 9 * W, T0 + 2 * W)):
+        assert state.apply(launches([T0, t], 1, 8, 8), 0, offset, SETTINGS).time_ns == t
+    assert state.latest_ns == [T0 + 9 * W, T0 + 2 * W]
+    back = JobState.from_bytes(state.to_bytes(), SETTINGS)
+    assert back.latest_ns == state.latest_ns
+    data = orjson.loads(state.to_bytes())
+    del data["latest_ns"]
+    assert JobState.from_bytes(orjson.dumps(data), SETTINGS).latest_ns == [T0 + 9 * W]
+    clock = HostClock()
+    clock.merge(back.latest_ns)
+    clock.heard(None, T0 + 10 * W)
+    assert clock.now(T0 + 10 * W, 5 * W) == T0 + 2 * W  # what two messages attest to
+
+
+def test_no_single_message_moves_a_hosts_clock() -> None:
+    from streams.clock import HostClock
+
+    idle = 5 * W
+    clock = HostClock()
+    assert clock.now(T0, idle) == 0  # nothing heard yet
+    clock.heard(T0 + 100 * W, T0)  # one message, ahead of the wall clock
+    assert clock.now(T0, idle) == T0  # the wall clock when it came, no further
+    clock.heard(T0 + 1, T0 + 1)
+    assert clock.now(T0 + 1, idle) == T0 + 1
+    for i in range(2, 10):  # the host's real messages
+        clock.heard(T0 + i * W // 4, T0 + i * W // 4)
+    assert clock.now(T0 + 9 * W // 4, idle) == T0 + 9 * W // 4  # the second latest: real
+    clock.heard(T0 + 10 * W // 4, T0 + 10 * W // 4)
+    assert clock.now(T0 + 10 * W // 4, idle) == T0 + 10 * W // 4
+    # Silent: its time goes on with the wall clock beyond host_idle (the forged message's
+    # time counts alone now, but no further than the wall clock host_idle ago).
+    assert clock.now(T0 + 10 * W // 4 + idle + 3 * W, idle) == T0 + 10 * W // 4 + 3 * W
+    replay = HostClock()  # old data: its last message far beyond the one before
+    replay.heard(T0 + 1, T0 + 3600 * W)
+    replay.heard(T0 + 60 * W, T0 + 3600 * W)
+    assert replay.now(T0 + 3600 * W, idle) == T0 + 1
+    assert replay.now(T0 + 3600 * W + idle, idle) == T0 + 60 * W  # silent: it counts alone

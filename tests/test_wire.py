@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -11,8 +12,18 @@ import pytest
 from producer import identity, wire
 from producer.decode import to_events
 from producer.errors import UsageError
-from producer.publish import load_config
-from producer.records import API_IDS, EVENT_DTYPE, F_BYTES_KNOWN, F_HAS_RESULT, EventType
+from producer.publish import KafkaSettings, KafkaSink, load_config
+from producer.records import (
+    AGG_F_FAILED,
+    AGGREGATE_DTYPE,
+    API_IDS,
+    EVENT_DTYPE,
+    F_ASYNC,
+    F_BYTES_KNOWN,
+    F_HAS_RESULT,
+    EventType,
+)
+from tests.conftest import one_line
 from tests.support.fakeproc import write_proc
 
 
@@ -316,3 +327,147 @@ def test_request_costs_are_the_attribution_costs() -> None:
     from producer.attribution import COST_FIELDS
 
     assert wire.REQUEST_COST_FIELDS == COST_FIELDS
+
+
+def test_absurd_amounts_read_as_the_bound_and_values_out_of_range_are_refused() -> None:
+    """A failed cudaMalloc((size_t)-1) is 2^64 - 1 bytes, and a forged message may claim any
+    duration: read as they came, their sums wrapped in InfluxQL (`report` showed -0.00 GB/s
+    and -9,223,372,036 s blocked). Bytes and durations read as at most MAX_AMOUNT (2^48); an
+    empty host, or a value outside its field's range, is a WireError."""
+    events = sample(20)
+    events[3]["bytes"] = 2**64 - 1
+    events[4]["duration_ns"] = 2**63 + 5
+    events[5]["bytes"] = wire.MAX_AMOUNT + 1
+    back = wire.decode_events(wire.encode_events(wire.EventBatch("h", 4242, 1, events)))
+    assert back.events["bytes"][3:6].tolist() == [wire.MAX_AMOUNT, 0, wire.MAX_AMOUNT]
+    assert back.events["duration_ns"][4] == wire.MAX_AMOUNT
+    rest = np.ones(len(events), dtype=bool)
+    rest[[3, 4, 5]] = False
+    assert to_events(back.events[rest]) == to_events(events[rest])
+    good = orjson.loads(wire.encode_events(wire.EventBatch("h", 4242, 1, sample(20))))
+
+    def spoiled(name: str, value: int) -> dict[str, object]:
+        column = list(good["columns"][name])
+        column[1] = value
+        return {"columns": {**good["columns"], name: column}}
+
+    for change, reason in (
+            ({"host": ""}, "host must be 1 to 255"), ({"host": "h" * 256}, "host must be"),
+            ({"pid": -1}, "out of range"), ({"ts0": -5}, "out of range"),
+            (spoiled("ts", -(2**62)), "column ts"), (spoiled("tid", 2**32), "column tid"),
+            (spoiled("api", -1), "column api"), (spoiled("dim", 2**32), "column dim")):
+        with pytest.raises(wire.WireError, match=reason):
+            wire.decode_events(orjson.dumps({**good, **change}))
+
+
+@pytest.mark.parametrize("change", [{"bytes_in": 2**62}, {"cost": {"gpu_ns": 1e300}}])
+def test_request_amounts_that_would_overflow_their_sums_are_refused(change: object) -> None:
+    """Two requests of 1e308 GPU-ns summed to infinity, which no InfluxDB point can hold."""
+    batch = wire.EventBatch("h", 4242, 1, sample(20), requests=(_request(11),))
+    message = orjson.loads(wire.encode_events(batch))
+    message["requests"][0].update(change)
+    with pytest.raises(wire.WireError, match="malformed request"):
+        wire.decode_events(orjson.dumps(message))
+
+
+# -- aggregates: what the kernel counted under overload (additive within v1) ----------------
+
+
+def counted_sample() -> np.ndarray:
+    """Aggregates of every kind the kernel makes, with values at the edges of their widths."""
+    a = np.zeros(4, dtype=AGGREGATE_DTYPE)
+    a["ts_ns"] = 1_796_000_000_000_000_000 + np.arange(4) * 1000
+    a["last_ts_ns"] = a["ts_ns"] + 999
+    a["pid"] = 4242
+    a["api"] = [API_IDS["cudaLaunchKernel"], API_IDS["cudaMemcpy"],
+                API_IDS["cudaStreamSynchronize"], API_IDS["cudaGraphLaunch"]]
+    a["type"] = [EventType.LAUNCH, EventType.MEMCPY, EventType.SYNC, EventType.GRAPH_LAUNCH]
+    a["flags"] = [0, F_HAS_RESULT | AGG_F_FAILED, F_HAS_RESULT, F_ASYNC]
+    a["device"] = [0, 1, -1, 3]
+    a["handle"] = [2**64 - 1, 0, 0, 0x3000]
+    a["dim"][0] = [4096, 2, 3, 256, 1, 1]
+    a["dim"][1, 0] = 1
+    a["dim"][3, 0] = 5
+    a["count"] = [2**40, 1, 3, 7]
+    a["bytes"] = [0, 2**63, 0, 0]
+    a["duration_ns"] = [0, 12, 2**40, 0]
+    return a
+
+
+def test_aggregates_round_trip_exactly_with_or_without_events() -> None:
+    counted = counted_sample()
+    events = sample()
+    back = wire.decode_events(wire.encode_events(
+        wire.EventBatch("h", 4242, 1, events, aggregates=counted)))
+    assert back.aggregates.tobytes() == counted.tobytes()
+    assert back.events.tobytes() == events.tobytes()
+    # Aggregates alone make a message: no event, at the first aggregate's time.
+    alone = wire.EventBatch("h", 4242, 1, events[:0], aggregates=counted)
+    value = wire.encode_events(alone)
+    assert orjson.loads(value)["count"] == 0 and alone.first_ts_ns == counted["ts_ns"][0]
+    assert wire.decode_events(value).aggregates.tobytes() == counted.tobytes()
+    # A message of a producer before them has none; a reader before them ignores them.
+    assert len(wire.decode_events(wire.encode_events(
+        wire.EventBatch("h", 4242, 1, events))).aggregates) == 0
+
+
+@pytest.mark.parametrize(("aggregates", "reason"), [
+    ([], "aggregates is not an object"),
+    ({"count": 0, "columns": {}}, "a count of 1"),
+    ({"count": 2, "columns": {"count": [1]}}, "does not have 2 values"),
+    ({"count": 1, "columns": {"count": [0]}}, "of no event"),
+    ({"count": 1, "columns": {"count": [1], "bytes": [-1]}}, "not a count"),
+    ({"count": 1, "columns": {"count": [1], "api": [1 << 20]}}, "beyond its width"),
+    ({"count": 1, "columns": {"count": [1], "dim": [1, 2]}}, "does not have 6 values"),
+    ({"count": 1, "columns": {"count": [True]}}, "not a count"),
+])
+def test_malformed_aggregates_are_refused_in_one_line(aggregates: object, reason: str) -> None:
+    message = orjson.loads(wire.encode_events(wire.EventBatch("h", 1, 1, sample()[:2])))
+    message["aggregates"] = aggregates
+    with pytest.raises(wire.WireError) as error:
+        wire.decode_events(orjson.dumps(message))
+    assert reason in one_line(error)
+
+
+def test_the_kafka_sink_sends_aggregates_with_their_process_s_events() -> None:
+    """Aggregates go out in their process's next events message, or in one of their own (no
+    event of it pending), and are counted as no event delivered (the tally counts the ring's)."""
+    sent: list[tuple[str, bytes, Any]] = []
+
+    class FakeProducer:  # the Kafka client boundary only: what it is handed is decoded here
+        def __init__(self, _config: dict[str, Any]) -> None:
+            pass
+
+        def produce(self, topic: str, value: bytes, **kw: Any) -> None:
+            sent.append((topic, value, kw["on_delivery"]))
+
+        def poll(self, _t: float) -> int:
+            return 0
+
+        def flush(self, _t: float) -> int:
+            return 0
+
+        def __len__(self) -> int:
+            return 0
+
+    sink = KafkaSink(KafkaSettings(bootstrap="127.0.0.1:1"), producer_factory=FakeProducer,
+                     create_topics=False, host="h")
+    for pid in (4242, 4243):  # no /proc read for these pids
+        sink._identities[pid] = wire.ProcessRecord(
+            "h", pid, 5, None, None, (), None, None, None, None, None, None, f"x:{pid}")
+    events = sample()[:5]
+    counted = counted_sample()
+    other = counted_sample()[:2]
+    other["pid"] = 4243
+    sink.write(events)
+    sink.write_aggregates(np.concatenate([counted, other]))
+    sink.flush_pending()
+    batches = {b.pid: b for b in (wire.decode_events(v) for t, v, _ in sent
+                                  if t.endswith(".events.v1"))}
+    assert batches[4242].events.tobytes() == events.tobytes()
+    assert batches[4242].aggregates.tobytes() == counted.tobytes()
+    assert len(batches[4243].events) == 0
+    assert batches[4243].aggregates.tobytes() == other.tobytes()
+    for _, _, delivered in sent:
+        delivered(None, None)
+    assert sink.delivered_events == len(events)

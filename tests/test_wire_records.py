@@ -109,7 +109,8 @@ def test_the_producer_builds_the_same_messages(tmp_path: Path) -> None:
                                       "GPUFLIGHT_TEAM": "search"})
     assert wire.encode_process(identity.resolve(tmp_path, 77, "gpu-node-1")) == PROCESS_V1
 
-    drops = types.SimpleNamespace(events=70, by_pid={4242: 50, 4343: 20}, names=3, forwarded=12)
+    drops = types.SimpleNamespace(events=70, by_pid={4242: 50, 4343: 20}, names=3, forwarded=12,
+                                  aggregated=0)
     capture: Any = types.SimpleNamespace(
         drops=lambda: drops, stats=types.SimpleNamespace(events=1_000_000, requests=120),
         http_drops=lambda: (2, 1),

@@ -23,6 +23,9 @@ import numpy.typing as npt
 from producer import wire
 from producer.counting import GRAPH_LAUNCH_APIS
 from producer.records import (
+    AGG_F_FAILED,
+    AGG_SLOT_NS,
+    AGGREGATE_DTYPE,
     ALLOC_KINDS,
     API_IDS,
     CAPTURE_BEGIN,
@@ -154,6 +157,84 @@ def synthetic_events(t0: int) -> Events:
     return events
 
 
+# -- the kernel's aggregates -------------------------------------------------------------------
+
+
+def aggregates_of(events: Events) -> Events:
+    """The aggregates (AGGREGATE_DTYPE) the kernel would make of enriched `events` had it shed
+    them all: bpf/cudart.bpf.c's gf_aggregate, in Python — one per process, api, type, flags
+    (async, timed, failed), device, kernel (launches: the handle; graph launches: the exec;
+    frees: whether the pointer was not null), shape (launches: all of dim; else dim[0]) and
+    wall-clock slot of AGG_SLOT_NS; bytes summed for launches, copies, memsets and
+    allocations, durations for timed calls. A graph launch's kernel nodes (dim[0], which user
+    space sets from its exec) are as the events have them."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    c = {name: events[name].tolist() for name in events.dtype.names or ()}
+    for i in range(len(events)):
+        etype, flags = c["type"][i], c["flags"][i]
+        key_flags = flags & (F_ASYNC | F_HAS_RESULT)
+        if flags & F_HAS_RESULT and c["result"][i] != 0:
+            key_flags |= AGG_F_FAILED
+        dim = tuple(c["dim"][i]) if etype == EventType.LAUNCH else (c["dim"][i][0], 0, 0, 0, 0, 0)
+        handle = c["handle"][i]
+        if etype == EventType.FREE:
+            handle = int(handle != 0)
+        elif etype not in (EventType.LAUNCH, EventType.GRAPH_LAUNCH):
+            handle = 0
+        key = (c["pid"][i], c["api"][i], etype, key_flags, c["device"][i], handle, dim,
+               c["ts_ns"][i] // AGG_SLOT_NS)
+        groups.setdefault(key, []).append(i)
+    out = np.zeros(len(groups), dtype=AGGREGATE_DTYPE)
+    for row, (key, rows) in enumerate(groups.items()):
+        pid, api, etype, key_flags, device, handle, dim, _slot = key
+        ts = [c["ts_ns"][i] for i in rows]
+        with_bytes = etype in (EventType.LAUNCH, EventType.MEMCPY, EventType.MEMSET,
+                               EventType.ALLOC)
+        out[row] = (min(ts), max(ts), pid, api, etype, key_flags, device, handle, dim, len(rows),
+                    sum(c["bytes"][i] for i in rows) if with_bytes else 0,
+                    sum(c["duration_ns"][i] for i in rows) if key_flags & F_HAS_RESULT else 0)
+    return out
+
+
+def aggregates_from_json(lines: Iterable[Mapping[str, Any]]) -> Events:
+    """The aggregates (AGGREGATE_DTYPE) of `--output`'s "aggregate" lines."""
+    rows = [a for a in lines if a["type"] == "aggregate"]
+    out = np.zeros(len(rows), dtype=AGGREGATE_DTYPE)
+    for i, a in enumerate(rows):
+        r = out[i]
+        kind = a["of"]
+        r["type"] = _TYPE_IDS[kind]
+        r["ts_ns"], r["last_ts_ns"], r["pid"] = a["ts_ns"], a["last_ts_ns"], a["pid"]
+        r["api"], r["device"], r["count"] = API_IDS[a["api"]], a["device"], a["count"]
+        flags = F_HAS_RESULT if "ok" in a else 0
+        if "ok" in a and not a["ok"]:
+            flags |= AGG_F_FAILED
+        if a.get("async"):
+            flags |= F_ASYNC
+        r["flags"] = flags
+        r["duration_ns"] = a.get("duration_ns") or 0
+        dim = [0] * 6
+        if kind == "launch":
+            dim = [*a["grid"], *a["block"]]
+            r["bytes"], r["handle"] = a["shared_mem_bytes"], a["function"]
+        elif kind == "graph_launch":
+            dim[GRAPH_KERNEL_NODES] = a["kernel_nodes"] or 0
+            r["handle"] = a["graph_exec"]
+        elif kind == "memcpy":
+            dim[0] = COPY_KINDS.index(a["kind"])
+            r["bytes"] = a["bytes"]
+        elif kind in ("memset", "alloc"):
+            r["bytes"] = a["bytes"]
+            if kind == "alloc":
+                dim[0] = _ALLOC_KIND_IDS.get(a["alloc_kind"], 0)
+        elif kind == "free":
+            r["handle"] = int(not a["null"])
+        elif kind == "sync":
+            dim[0] = _SCOPE_IDS.get(a["scope"], 0)
+        r["dim"] = dim
+    return out
+
+
 # -- --output lines → records ----------------------------------------------------------------
 
 
@@ -216,24 +297,31 @@ def events_from_json(events: Iterable[Mapping[str, Any]]) -> Events:
 
 
 def stream_points(events: Events, window_s: float = 1.0, slice_ns: int = 250_000_000,
-                  host: str = "node1", job: str = "job1") -> list[Point]:
-    """The final points of the job's windows: the events published as the producer does (per
-    process and time slice of `slice_ns`, through the wire format), applied in time order,
-    every window closed."""
+                  host: str = "node1", job: str = "job1", *,
+                  aggregates: Events | None = None) -> list[Point]:
+    """The final points of the job's windows: the events (and `aggregates`, by their first
+    event's time) published as the producer does (per process and time slice of `slice_ns`,
+    through the wire format), applied in time order, every window closed."""
     settings = WindowSettings(window_s=window_s, grace_s=0.0)
     state = JobState(host, job, partition=0)
-    ts = events["ts_ns"]
+    counted = wire.no_aggregates() if aggregates is None else aggregates
+    ts, first = events["ts_ns"], counted["ts_ns"]
+    times = np.concatenate([ts, first])
     offset = 0
-    for start in range(int(ts.min()) // slice_ns, int(ts.max()) // slice_ns + 1):
+    for start in range(int(times.min()) // slice_ns, int(times.max()) // slice_ns + 1):
         in_slice = events[(ts // np.uint64(slice_ns)) == np.uint64(start)]
-        for pid in np.unique(in_slice["pid"]).tolist():
+        counted_in = counted[(first // np.uint64(slice_ns)) == np.uint64(start)]
+        for pid in np.unique(np.concatenate([in_slice["pid"], counted_in["pid"]])).tolist():
             mine = in_slice[in_slice["pid"] == pid]
-            message = wire.encode_events(wire.EventBatch(host, pid, 1, mine))
+            theirs = counted_in[counted_in["pid"] == pid]
+            message = wire.encode_events(wire.EventBatch(host, pid, 1, mine, aggregates=theirs))
             batch = wire.decode_events(message)
-            applied = state.apply(batch.events, 0, offset, settings)
-            assert applied.events == len(mine) and applied.late is None
+            applied = state.apply(batch.events, 0, offset, settings,
+                                  aggregates=batch.aggregates)
+            assert applied.events == len(mine) + int(theirs["count"].sum())
+            assert applied.late is None and not applied.late_aggregated
             offset += 1
-    writes, _closed = state.due(int(ts.max()) + 10 * settings.window_ns, settings)
+    writes, _closed = state.due(int(times.max()) + 10 * settings.window_ns, settings)
     assert writes and all(w.final for w in writes) and not state.windows
     return [p for w in writes for p in w.points]
 

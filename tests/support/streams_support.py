@@ -3,6 +3,7 @@ a worker run as the `gpuflight streams` command, and InfluxQL reads of what it w
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -255,6 +256,23 @@ def windows_of(start_ns: int, count: int, window_ns: int) -> Iterator[int]:
     return iter(range(start_ns, start_ns + count * window_ns, window_ns))
 
 
+def all_committed(bootstrap: str, group: str, topic: str) -> bool:
+    """Whether `group` committed every message of `topic` (so a restarted member takes none
+    of them again)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        found = consumer.list_topics(topic, timeout=10).topics[topic]
+        partitions = [TopicPartition(topic, p) for p in found.partitions]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, 10)}
+        ends = {tp.partition: consumer.get_watermark_offsets(tp, 10)[1] for tp in partitions}
+        return all(end == 0 or committed[p] >= end for p, end in ends.items())
+    finally:
+        consumer.close()
+
+
 def group_assignment(bootstrap: str, group: str, topic: str) -> list[set[int]]:
     """The partitions of `topic` each member of a settled (Stable) consumer group owns, one
     set per member ([] while the group rebalances)."""
@@ -268,3 +286,90 @@ def group_assignment(bootstrap: str, group: str, topic: str) -> list[set[int]]:
         return []
     return [{tp.partition for tp in member.assignment.topic_partitions if tp.topic == topic}
             for member in found.members]
+
+
+# -- the worker without services -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """What the worker reads of a Kafka message."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+
+class RecordingApp:
+    """What the worker asks of its Faust app: sends, recorded (dead letters, alerts)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes, dict[str, bytes]]] = []
+
+    async def send(self, topic: str, *, key: bytes | None = None, value: bytes = b"",
+                   headers: Sequence[tuple[str, bytes]] | None = None,
+                   partition: int | None = None) -> None:
+        self.sent.append((topic, key, value, dict(headers or ())))
+
+
+class Harness:
+    """`streams.app.Worker` on a dict for its table, a recording app for its sends, and a sink
+    that is never started (what it would write waits in its queue): the worker's logic, message
+    by message, without Kafka or InfluxDB."""
+
+    def __init__(self, **settings: Any) -> None:
+        from streams.app import Worker
+        from streams.settings import StreamSettings
+        from streams.windows import WindowSettings
+
+        self.settings = StreamSettings(**{"topic_prefix": "t", "app_id": "t-app",
+                                          "windows": WindowSettings(window_s=1.0, grace_s=1.0),
+                                          **settings})
+        self.topics = wire.Topics.with_prefix(self.settings.topic_prefix)
+        self.app = RecordingApp()
+        self.table: dict[bytes, bytes] = {}
+        self.worker = Worker(self.settings, self.app, self.table)
+        self._offsets: dict[tuple[str, int], int] = {}
+
+    def restart(self) -> Harness:
+        """A new worker on the same table (what it recovers from the changelog)."""
+        again = Harness.__new__(Harness)
+        again.__dict__.update(self.__dict__)
+        from streams.app import Worker
+
+        again.app = RecordingApp()
+        again.worker = Worker(self.settings, again.app, self.table)
+        return again
+
+    def process(self, host: str, pid: int, start_time: int, job: str) -> None:
+        self.worker.directory.add(wire.ProcessRecord(host, pid, start_time, None, "c", (), None,
+                                                     None, None, None, None, None, job))
+
+    def _message(self, topic: str, partition: int, value: bytes) -> Message:
+        offset = self._offsets.get((topic, partition), -1) + 1
+        self._offsets[topic, partition] = offset
+        return Message(topic, partition, offset, b"k", value)
+
+    def events(self, host: str, pid: int, start_time: int, events: Events, *,
+               requests: Sequence[wire.RequestRecord] = (), partition: int = 0) -> None:
+        batch = wire.EventBatch(host, pid, start_time, events, requests=tuple(requests))
+        self.raw(wire.encode_events(batch), partition)
+
+    def raw(self, value: bytes, partition: int = 0) -> None:
+        asyncio.run(self.worker.handle(self._message(self.topics.events, partition, value)))
+
+    def tick(self, partition: int = 0) -> None:
+        asyncio.run(self.worker.handle(
+            self._message(self.settings.ticks_topic, partition, b"")))
+
+    def points(self, measurement: str | None = None) -> list[Any]:
+        """What the worker gave its sink, in order."""
+        return [p for batch in self.worker.sink._queue for p in batch.points
+                if measurement is None or p.measurement == measurement]
+
+    def dead_letters(self) -> list[tuple[bytes, bytes]]:
+        """(reason, value) of each dead letter sent."""
+        return [(headers["reason"], value) for topic, _, value, headers in self.app.sent
+                if topic == self.settings.dead_letter_topic]

@@ -3,6 +3,7 @@
     build_simgpu(outdir)            the stub runtime: outdir/libcudart.so.12
     build_capture(outdir, runtime)  outdir/capture-RUNTIME
     build_dlopen(outdir)            outdir/dlopen (links no CUDA runtime)
+    build_swaprace(outdir)          outdir/swaprace (maps a library, races its directory)
     build_devices(outdir, sim)      outdir/devices, on gpuflight/simgpu's runtime and driver
     nvidia_runtime_dir(major)       .../site-packages/nvidia/{cuda_runtime,cu13}/lib
     runtime_library(outdir, runtime)  the file that holds the runtime's code
@@ -17,6 +18,7 @@ Builds reuse up-to-date outputs (see gpuflight.demo.build.compile_c).
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -32,6 +34,7 @@ __all__ = [
     "build_devices",
     "build_dlopen",
     "build_simgpu",
+    "build_swaprace",
     "nvidia_runtime_dir",
     "runtime_library",
 ]
@@ -134,6 +137,15 @@ def build_dlopen(outdir: Path) -> Path:
     return compile_c(Path(outdir) / "dlopen", [DLOPEN_SOURCE], ["-ldl"])
 
 
+SWAPRACE_SOURCE = WORKLOADS_DIR / "swaprace.c"
+
+
+def build_swaprace(outdir: Path) -> Path:
+    """Build outdir/swaprace, which maps a library, then swaps its directory with a link to
+    another one, over and over (the race a user can run against the agent); return it."""
+    return compile_c(Path(outdir) / "swaprace", [SWAPRACE_SOURCE], ["-ldl"])
+
+
 # ---- the driver API ---------------------------------------------------------------
 
 DRIVER_SOURCE = WORKLOADS_DIR / "driver.c"
@@ -146,7 +158,7 @@ LIBCUDA_SONAME = "libcuda.so.1"
 #: Where scripts/setup-libcuda unpacks NVIDIA's libcuda.so.1 (Debian non-free).
 REAL_LIBCUDA_DIR = WORKLOADS_DIR.parent.parent / ".cache" / "nvidia-cuda"
 
-Driver = Literal["stub", "real"]
+Driver = Literal["stub", "real", "thunked"]
 
 # Stub libraries: exported by name, no identical bodies folded into one (one probe each).
 _STUB_LIBRARY_FLAGS: tuple[str, ...] = ("-fPIC", "-shared", "-fvisibility=hidden", "-fno-ipa-icf")
@@ -173,8 +185,40 @@ def build_stubcuda(outdir: Path) -> Path:
     return lib_dir
 
 
+THUNKS_SOURCE = WORKLOADS_DIR / "thunks.S"
+#: What build_thunked_stubcuda renames each thunked function of stubcuda.c to.
+THUNK_IMPL_PREFIX = "gf_impl_"
+
+
+def thunk_shapes() -> dict[str, str]:
+    """The function → the shape of its thunk (a macro of thunks.S), as thunks.S lists them."""
+    text = THUNKS_SOURCE.read_text()
+    return {name: shape for shape, name in re.findall(r"^\t(\w+) (cu\w+)$", text, re.M)}
+
+
+def build_thunked_stubcuda(outdir: Path) -> Path:
+    """Build outdir/thunked/libcuda.so.1: the stub driver, each function entered through a
+    thunk of thunks.S (real drivers' first instructions: NVIDIA's `cmp`+`je`, endbr64, ...);
+    return its directory. cuGetProcAddress hands out the stub's own functions, past the
+    thunks: use the exported ones."""
+    lib_dir = Path(outdir) / "thunked"
+    renames = [f"-D{name}={THUNK_IMPL_PREFIX}{name}" for name in sorted(thunk_shapes())]
+    flags = [f for f in _STUB_LIBRARY_FLAGS if f != "-shared"]
+    stub = compile_c(lib_dir / "stubcuda.o", [STUBCUDA_SOURCE], [*flags, "-c", *renames],
+                     inputs=[DRIVER_HEADER])
+    compile_c(
+        lib_dir / LIBCUDA_SONAME,
+        [THUNKS_SOURCE],
+        [str(stub), *_STUB_LIBRARY_FLAGS, f"-Wl,-soname,{LIBCUDA_SONAME}", "-Wl,-z,defs"],
+        inputs=[stub],
+    )
+    return lib_dir
+
+
 def libcuda_dir(outdir: Path, driver: Driver) -> Path:
-    return real_libcuda_dir() if driver == "real" else build_stubcuda(outdir)
+    if driver == "real":
+        return real_libcuda_dir()
+    return build_thunked_stubcuda(outdir) if driver == "thunked" else build_stubcuda(outdir)
 
 
 def build_driver(outdir: Path, driver: Driver) -> Path:

@@ -36,12 +36,68 @@
  *   (arguments in the table of all_apis() below; handles and streams are made-up values).
  *   Kernels come from a library: cuLibraryLoadData(&lib, cubin, ...);
  *   cuLibraryGetKernel(&k, lib, "lib_kernel"); cuKernelGetFunction(&kf, k).
+ *
+ * --results: each call of a function whose probe completes at its return prints
+ *   "result API CODE NS": what it returned, and the CLOCK_MONOTONIC ns from just before the
+ *   call to just after it (a probe's duration lies within).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_driver.h"
+
+static int print_results;
+
+static long long now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static CUresult noted(const char *api, CUresult r, long long start)
+{
+	long long ns = now_ns() - start;
+	if (print_results)
+		printf("result %s %d %lld\n", api, (int)r, ns);
+	return r;
+}
+
+/* The call, timed and its result noted: a macro of the function's own name, which does not
+ * expand again inside its expansion. */
+#define TIMED(api, ...) ({ long long t_ = now_ns(); noted(#api, (api)(__VA_ARGS__), t_); })
+#define cuMemcpyHtoD_v2(...) TIMED(cuMemcpyHtoD_v2, __VA_ARGS__)
+#define cuMemcpyHtoD_v2_ptds(...) TIMED(cuMemcpyHtoD_v2_ptds, __VA_ARGS__)
+#define cuMemcpyDtoH_v2(...) TIMED(cuMemcpyDtoH_v2, __VA_ARGS__)
+#define cuMemcpyDtoH_v2_ptds(...) TIMED(cuMemcpyDtoH_v2_ptds, __VA_ARGS__)
+#define cuMemcpyDtoD_v2(...) TIMED(cuMemcpyDtoD_v2, __VA_ARGS__)
+#define cuMemcpyDtoD_v2_ptds(...) TIMED(cuMemcpyDtoD_v2_ptds, __VA_ARGS__)
+#define cuMemcpy(...) TIMED(cuMemcpy, __VA_ARGS__)
+#define cuMemcpy_ptds(...) TIMED(cuMemcpy_ptds, __VA_ARGS__)
+#define cuMemcpyPeer(...) TIMED(cuMemcpyPeer, __VA_ARGS__)
+#define cuMemcpyPeer_ptds(...) TIMED(cuMemcpyPeer_ptds, __VA_ARGS__)
+#define cuMemAlloc_v2(...) TIMED(cuMemAlloc_v2, __VA_ARGS__)
+#define cuMemAllocAsync(...) TIMED(cuMemAllocAsync, __VA_ARGS__)
+#define cuMemAllocAsync_ptsz(...) TIMED(cuMemAllocAsync_ptsz, __VA_ARGS__)
+#define cuMemAllocManaged(...) TIMED(cuMemAllocManaged, __VA_ARGS__)
+#define cuMemAllocHost_v2(...) TIMED(cuMemAllocHost_v2, __VA_ARGS__)
+#define cuMemHostAlloc(...) TIMED(cuMemHostAlloc, __VA_ARGS__)
+#define cuMemFree_v2(...) TIMED(cuMemFree_v2, __VA_ARGS__)
+#define cuMemFreeAsync(...) TIMED(cuMemFreeAsync, __VA_ARGS__)
+#define cuMemFreeAsync_ptsz(...) TIMED(cuMemFreeAsync_ptsz, __VA_ARGS__)
+#define cuMemFreeHost(...) TIMED(cuMemFreeHost, __VA_ARGS__)
+#define cuStreamSynchronize(...) TIMED(cuStreamSynchronize, __VA_ARGS__)
+#define cuStreamSynchronize_ptsz(...) TIMED(cuStreamSynchronize_ptsz, __VA_ARGS__)
+#define cuCtxSynchronize(...) TIMED(cuCtxSynchronize, __VA_ARGS__)
+#define cuEventSynchronize(...) TIMED(cuEventSynchronize, __VA_ARGS__)
+#define cuStreamEndCapture(...) TIMED(cuStreamEndCapture, __VA_ARGS__)
+#define cuStreamEndCapture_ptsz(...) TIMED(cuStreamEndCapture_ptsz, __VA_ARGS__)
+#define cuGraphInstantiateWithFlags(...) TIMED(cuGraphInstantiateWithFlags, __VA_ARGS__)
+#define cuGraphInstantiateWithParams(...) TIMED(cuGraphInstantiateWithParams, __VA_ARGS__)
+#define cuGraphInstantiateWithParams_ptsz(...) \
+	TIMED(cuGraphInstantiateWithParams_ptsz, __VA_ARGS__)
 
 static unsigned long handle_base;
 static unsigned char handle_memory[0x1000 * 64] __attribute__((aligned(64)));
@@ -194,7 +250,8 @@ static void all_apis(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: driver --mode triton|jax|all [--iters N]\n");
+	fprintf(stderr, "usage: driver --mode triton|jax|all [--iters N] [--handles-in-memory]"
+			" [--results]\n");
 	exit(2);
 }
 
@@ -203,6 +260,10 @@ int main(int argc, char **argv)
 	const char *mode = NULL;
 	long iters = 1;
 	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--results") == 0) {
+			print_results = 1;
+			continue;
+		}
 		if (i + 1 >= argc && strcmp(argv[i], "--handles-in-memory") != 0)
 			usage();
 		if (strcmp(argv[i], "--mode") == 0)

@@ -7,7 +7,9 @@ that know every byte they sent and got; run under `gpuflight trace` by tests/tes
 threaded: a ThreadingHTTPServer and a threaded wsgiref server in one process; before the
 servers start and after the clients are done, BACKGROUND launches are made with no request in
 flight (unattributed); some requests carry a traceparent; some connections send malformed HTTP
-or binary garbage. aiohttp: one event loop thread serves concurrent requests (shared).
+or binary garbage; some end their stream before their head's blank line (the server answers
+them all the same: `cut` in --expect). aiohttp: one event loop thread serves concurrent
+requests (shared).
 
 Routes (a request's GPU work is known from its kind):
     POST /v1/small/{id}   1 launch, 1 H2D copy
@@ -199,6 +201,33 @@ def garbage(port: int) -> int:
     return len(payloads)
 
 
+def cut_heads(port: int, out: list[dict[str, Any]]) -> None:
+    """Requests whose head the client ends with its end of stream (shutdown(SHUT_WR)) before
+    the blank line: without it or half of it, with the request line alone, with the line not
+    even ended. http.server takes what came as the whole head, does the work and answers."""
+    heads = [
+        ("POST", "/v1/small/{}", "Host: 127.0.0.1\r\ntraceparent: {}\r\n"),
+        ("POST", "/v1/big/{}", "Host: 127.0.0.1\r\n"),
+        ("GET", "/v1/small/{}", "Host: 127.0.0.1\r\n\r"),  # the blank line cut short
+        ("GET", "/v1/small/{}", ""),
+        ("GET", "/v1/big/{}", None),
+        ("GET", "/v1/items", None),
+    ]
+    for i, (method, path_form, rest) in enumerate(heads):
+        path = path_form.format(900_000 + i)
+        traceparent = f"00-{TRACE_ID}-{0xC0DE:04x}{i:012x}-01" if rest and "{}" in rest else None
+        line = f"{method} {path} HTTP/1.1"
+        raw = (line if rest is None else f"{line}\r\n{rest.format(traceparent)}").encode()
+        buf = bytearray()
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(raw)
+            sock.shutdown(socket.SHUT_WR)
+            status, got = _read_response(sock, buf)
+        out.append({"server": "stdlib", "method": method, "path": path, "kind": kind_of(path),
+                    "status": status, "bytes_in": len(raw), "bytes_out": got,
+                    "traceparent": traceparent, "cut": True})
+
+
 def run_load(port: int, server: str, *, clients: int, requests: int, keep_alive: bool,
              out: list[dict[str, Any]]) -> None:
     lock = threading.Lock()
@@ -220,6 +249,7 @@ def threaded(gpu: Gpu, clients: int, requests: int) -> dict[str, Any]:
     for s in servers.values():
         threading.Thread(target=s.serve_forever, daemon=True).start()
     bad = garbage(servers["stdlib"].server_address[1])
+    cut_heads(servers["stdlib"].server_address[1], out)
     loads = [
         threading.Thread(target=run_load, args=(servers["stdlib"].server_address[1], "stdlib"),
                          kwargs={"clients": clients, "requests": requests, "keep_alive": True,
