@@ -200,6 +200,7 @@ def _status(status: StatusFile | None, capture: Capture, state: str, force: bool
         attached=capture.probes.attached,
         skipped=capture.probes.failed,
         captured=capture.stats.events,
+        aggregated=capture.stats.aggregated,
         dropped_kernel=capture.drops().events if dropped is None else dropped,
         requests=capture.stats.requests,
         outputs=[(s.name, s.failure, s.lost) for s in capture.sinks],

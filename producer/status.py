@@ -9,7 +9,8 @@ library files changes, at most every `interval_s` otherwise, and when it stops:
                     "unprobed": {FUNCTION: "why", ...},
                     "stepped": N (functions probed where the kernel single-steps)}, ...],
      "skipped": [{"file": "MAJOR:MINOR:INODE", "path", "kind", "reason"}, ...],
-     "captured": N, "dropped_kernel": N,
+     "captured": N (events recorded), "aggregated": N (events counted in the kernel under
+     overload instead, their details shed), "dropped_kernel": N,
      "outputs": [{"name", "failure": null | "why", "lost": N}, ...]}
 
 Tests and scripts wait on this instead of reading log lines; monitoring can read it too.
@@ -87,6 +88,7 @@ class StatusFile:
         outputs: list[tuple[str, str | None, int]],
         force: bool = False,
         requests: int = 0,
+        aggregated: int = 0,
     ) -> None:
         """Write the status now when forced, when the probed files changed, or when due."""
         libraries = tuple(sorted((a.library.path, a.library.kind, a.probes,
@@ -110,6 +112,7 @@ class StatusFile:
                          "reason": s.reason}
                         for key, s in sorted(skipped.items(), key=lambda kv: str(kv[0]))],
             "captured": captured,
+            "aggregated": aggregated,
             "dropped_kernel": dropped_kernel,
             "requests": requests,
             "outputs": [{"name": n, "failure": f, "lost": lost} for n, f, lost in outputs],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -343,9 +344,15 @@ def test_timing_model_runs_the_fusion_demo(sim: SimGpu, tmp_path: Path) -> None:
     )
     report = tmp_path / "report.jsonl"
     env = {"PATH": os.environ.get("PATH", ""), "GF_SIM_REPORT": str(report)}
+    # The model runs in real time: a host thread the scheduler puts aside for a busy machine's
+    # other work leaves the simulated GPU idle meanwhile (as a real one would be), and the
+    # utilization measured then is the machine's, not the model's (0.56 fused with a CPU-bound
+    # process on each core). A real-time priority gives the workload its core when it runs.
+    realtime = ["chrt", "--fifo", "1"] if os.geteuid() == 0 and shutil.which("chrt") else []
     for mode in ("unfused", "fused"):
         subprocess.run(
-            [str(fusion), "--mode", mode, "--steps", "3000"], env=env, check=True, timeout=60
+            [*realtime, str(fusion), "--mode", mode, "--steps", "3000"], env=env, check=True,
+            timeout=60,
         )
     unfused, fused = (json.loads(line) for line in report.read_text().splitlines())
     assert unfused["kernels"] == 8 * 3000 and fused["kernels"] == 3000

@@ -36,7 +36,8 @@ def _update(file: status.StatusFile, state: str, attached: dict[object, _Attache
     skipped = {(2049, 7): _Skipped(_Library("/opt/libcudart.so.11", "runtime"),
                                    "defines none of them")}
     file.update(state, attached=attached, skipped=skipped,
-                captured=12, dropped_kernel=1, outputs=[("--output x", None, 0)], force=force)
+                captured=12, dropped_kernel=1, outputs=[("--output x", None, 0)], force=force,
+                aggregated=30)
 
 
 def test_the_status_is_written_whole_and_read_back(tmp_path: Path) -> None:
@@ -51,6 +52,7 @@ def test_the_status_is_written_whole_and_read_back(tmp_path: Path) -> None:
     _update(file, status.STATE_READY, attached, force=True)
     got = status.read(path)
     assert got is not None and got["state"] == "ready" and got["captured"] == 12
+    assert got["aggregated"] == 30  # counted in the kernel under overload: not lost
     assert got["libraries"] == [
         {"path": "/lib/libcuda.so.1", "kind": "driver", "probes": 101,
          "unprobed": {"cuMemFree_v2": "the kernel cannot probe the instruction there"},
