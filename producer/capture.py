@@ -110,6 +110,8 @@ class Capture:
         #: process is held (_remember_maps).
         self._maps_due: set[int] = set()
         self._loader_covered: set[int] = set()
+        #: Loader notifications the kernel counted lost, as the last rescan read them.
+        self._loader_lost = 0
         #: Node-wide: the probed (or skipped) files each live process maps, and since when a
         #: file has been mapped by none (settings.detach_unmapped_after_s).
         self._keys_by_pid: dict[int, frozenset[discover.LibraryKey]] = {}
@@ -275,11 +277,28 @@ class Capture:
             for gone in self.http_probes.watched - live:
                 self.http_probes.unwatch(gone)
                 self.requests.forget_pid(gone)
+        lost = self._loader_notes_lost()
+        if lost:
+            # A process is rescanned when its loader says it mapped something: a lost
+            # notification would leave what it mapped then unprobed until its next dlopen.
+            log.warning("%d loader notification(s) lost (their ring was full): every process "
+                        "is scanned again", lost)
+            self._loader_covered.clear()
         todo = (live - self._scanned) | (live - self._loader_covered)
         self.scan(todo)
         self._forget_exited(live)
         self._detach_unmapped()
         self.verdicts.save_if_dirty(min_interval_s=VERDICTS_SAVE_INTERVAL_S)
+
+    def _loader_notes_lost(self) -> int:
+        """Loader notifications lost since the last call (0 where that cannot be read)."""
+        try:
+            lost = self.probes.loader_drops()
+        except (OSError, KeyError) as exc:
+            log.debug("the loader's drops cannot be read: %s", exc)
+            return 0
+        new, self._loader_lost = lost - self._loader_lost, lost
+        return max(0, new)
 
     def _forget_exited(self, live: set[int]) -> None:
         """Node-wide, after a rescan: drop what is kept of the processes gone for

@@ -676,6 +676,12 @@ class Probes:
                       len(keys) - added)
         return added
 
+    def loader_drops(self) -> int:
+        """Loader notifications lost so far (their ring full): one per-CPU lookup, cheap
+        enough for every rescan."""
+        table = self._bpf.map("drops")
+        return sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(DROP_LOADER)))
+
     def drops(self) -> DropCounts:
         table = self._bpf.map("drops")
         totals = [sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(slot)))

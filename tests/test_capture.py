@@ -35,6 +35,7 @@ from tests.support.capture import (
     GPUFLIGHT,
     Producer,
     read_events,
+    start_calls,
     wait_for_probe_releases,
 )
 from tests.support.counting import (
@@ -357,8 +358,8 @@ def test_producer_pid_filter(bindir: Path, tmp_path: Path) -> None:
         try:
             running.wait_for_library(SIMGPU_SONAME)
             for child in (wanted, other):  # the start delay ended: the calls begin
-                os.kill(child.pid, signal.SIGUSR1)
                 os.kill(child.pid, signal.SIGCONT)
+                start_calls(child.pid)
             assert wanted.wait(timeout=60) == 0 and other.wait(timeout=60) == 0
             events = running.stop()
         finally:
@@ -625,24 +626,71 @@ def test_the_node_agent_detaches_a_file_no_process_maps_any_more(
         step_until(lambda: key not in capture.probes.attached, "the runtime stayed attached")
         step_until(lambda: _links_to(runtime) == 0, "its probes' links stayed open")
 
-        # Node-wide nothing is held: the job is stopped once it maps the runtime (it waits
-        # a second before its first call) until the runtime is attached again.
-        second = subprocess.Popen([str(binary), "--iters", "5", "--start-delay-ms", "1000"],
+        # Node-wide nothing is held: the job waits before its first call until the runtime
+        # is attached again, then is told to start. (Stopping it once its maps show the
+        # runtime could stop it between ld.so's mmap and its notification, which then never
+        # came while it was stopped: seen once under load.)
+        second = subprocess.Popen([str(binary), "--iters", "5", "--start-delay-ms", "600000"],
                                   env=env)
-        step_until(lambda: str(lib) in Path(f"/proc/{second.pid}/maps").read_text(),
-                   "the second job never mapped the runtime")
-        os.kill(second.pid, signal.SIGSTOP)
         try:
             step_until(lambda: key in capture.probes.attached, "not attached again")
+            start_calls(second.pid)
+            step_until(lambda: second.poll() is not None, "the second job did not end")
         finally:
-            os.kill(second.pid, signal.SIGCONT)
-        step_until(lambda: second.poll() is not None, "the second job did not end")
+            if second.poll() is None:
+                second.kill()
+                second.wait()
         capture.drain(until_empty=True)
         assert second.returncode == 0
     finally:
         capture.close()
     assert_exact(expected.capture_events(1, 5),
                  [e for e in sink.events if e["pid"] == second.pid])
+
+
+def test_a_lost_loader_notification_has_every_process_scanned_again(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node-wide, a process already scanned is scanned again when its loader says it mapped
+    something. A notification lost (its ring full: counted in the kernel) would leave what it
+    mapped then unprobed until its next dlopen: a rescan that finds loader notifications lost
+    scans every process again."""
+    from producer.capture import Capture
+    from producer.settings import CaptureSettings
+    from producer.sinks import MemorySink
+
+    build.build_capture(bindir, "stub")
+    lib = tmp_path / "lib"
+    shutil.copytree(bindir / "simgpu", lib)
+    runtime = lib / "libcudart.so.12"
+    key = (runtime.stat().st_dev, runtime.stat().st_ino)
+    capture = Capture(CaptureSettings(), [MemorySink()])
+    job = subprocess.Popen(
+        [sys.executable, "-c", "import ctypes, sys; sys.stdin.readline(); "
+         f"ctypes.CDLL({str(runtime)!r}); print('mapped', flush=True); sys.stdin.readline()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert job.stdin is not None and job.stdout is not None
+    try:
+        capture.start()
+        deadline = time.monotonic() + 120
+        while job.pid not in capture._loader_covered:
+            assert time.monotonic() < deadline, "the job was never scanned"
+            capture.step()
+        job.stdin.write(b"\n")
+        job.stdin.flush()
+        assert job.stdout.readline() == b"mapped\n"
+        capture.probes.poll_loader(0)  # its notification, lost
+        capture.rescan()
+        assert key not in capture.probes.attached
+        monkeypatch.setattr(capture.probes, "loader_drops", lambda: 1, raising=False)
+        capture.rescan()
+        assert key in capture.probes.attached
+    finally:
+        job.kill()
+        job.wait()
+        job.stdin.close()
+        job.stdout.close()
+        capture.close()
 
 
 def test_the_node_agent_forgets_a_process_once_it_is_gone(

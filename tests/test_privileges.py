@@ -24,7 +24,13 @@ import pytest
 from producer import environment
 from producer.probes import UprobeLinks
 from tests.conftest import bpf_unavailable_reason, require
-from tests.support.capture import GPUFLIGHT, Producer, read_events, wait_for_probe_releases
+from tests.support.capture import (
+    GPUFLIGHT,
+    Producer,
+    read_events,
+    start_calls,
+    wait_for_probe_releases,
+)
 from tests.workloads import build, expected
 
 pytestmark = pytest.mark.bpf
@@ -106,15 +112,18 @@ def test_the_node_agent_captures_with_only_its_capabilities(
     producer = Producer(tmp_path / "node.jsonl", wrapper=only(NODE), ready_timeout_s=180)
     try:
         assert effective(producer.proc.pid) == mask(NODE)
-        job = as_nobody(private_home, "--start-delay-ms", "1000", "--iters", "5")
-        # Stopped before its first call until its runtime is attached (on a busy node the
-        # agent may take longer than the job's delay to get to it).
-        stop_once_mapped(job.pid, private_home)
+        job = as_nobody(private_home, "--start-delay-ms", "600000", "--iters", "5")
+        # It waits before its first call until its runtime is attached (on a busy node the
+        # agent may take long to get to it), then is told to start. (Stopped once its maps
+        # showed the runtime, it could be stopped before ld.so's notification.)
         try:
             producer.wait_for_library(str(private_home), timeout_s=180)
+            start_calls(job.pid)
+            assert job.wait(timeout=60) == 0
         finally:
-            os.kill(job.pid, signal.SIGCONT)
-        assert job.wait(timeout=60) == 0
+            if job.poll() is None:
+                job.kill()
+                job.wait()
         producer.wait_for_captured(len(expected.capture_events(1, 5)))
         events = producer.stop()
     finally:

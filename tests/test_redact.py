@@ -100,15 +100,20 @@ def test_a_real_process_s_secrets_are_never_held(tmp_path: Path) -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_JOB_ID": "4242",
            "OPENAI_API_KEY": secrets[1]}
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", "--api-key", secrets[0],
-         f"--db=postgresql://u:{secrets[2]}@db/x"],
-        stdin=subprocess.PIPE, env=env)
+        [sys.executable, "-c", "import sys; print('running', flush=True); sys.stdin.read()",
+         "--api-key", secrets[0], f"--db=postgresql://u:{secrets[2]}@db/x"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:
+        # Popen returns once the exec closed its pipe, before the kernel has set up the new
+        # image's arguments and environment (/proc/PID/environ read empty then, under load):
+        # read once the program runs, as the agent does (it maps a runtime by then).
+        assert proc.stdout is not None and proc.stdout.readline() == b"running\n"
         who = identity.resolve(Path("/proc"), proc.pid, "node-a")
         full = identity.resolve(Path("/proc"), proc.pid, "node-a", cmdline="full")
     finally:
-        assert proc.stdin is not None
+        assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.close()
+        proc.stdout.close()
         proc.wait(10)
     assert who.slurm_job_id == "4242" and who.job == "slurm:4242"
     assert list(who.cmdline[-3:]) == ["--api-key", R, f"--db=postgresql://{R}@db/x"]

@@ -4,6 +4,7 @@ as subprocesses, and what they wrote."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -124,3 +125,20 @@ def _comm(proc_dir: Path) -> str:
         return (proc_dir / "comm").read_text().strip()
     except OSError:
         return ""
+
+
+def start_calls(pid: int, timeout_s: float = 60) -> None:
+    """End a capture workload's start delay (SIGUSR1) once it catches the signal: sent before
+    its main installs the handler, SIGUSR1 would end the process instead (its default action).
+    The process must be running (a stopped one installs nothing)."""
+    bit = 1 << (signal.SIGUSR1 - 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        caught = next((int(line.split()[1], 16) for line in
+                       Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if line.startswith("SigCgt:")), 0)
+        if caught & bit:
+            os.kill(pid, signal.SIGUSR1)
+            return
+        assert time.monotonic() < deadline, f"{pid} never caught SIGUSR1"
+        time.sleep(0.005)  # nothing to wait on: the handler is installed by its own main
