@@ -3,7 +3,7 @@
     sudo .venv/bin/python bench/attach_cost.py [--probes N] [--rounds R] [--holder import|plain]
 
 N uprobes on N functions of the simulated GPU's runtime (gpuflight/simgpu, libcudart.so.13),
-while a process maps it and waits, each way producer/probes.py can attach (UprobeLinks):
+while a process maps it and waits, each way producer/probe/probes.py can attach (UprobeLinks):
 
   perf PMU         perf_event_open(2) of a uprobe, then a BPF link (kernels before 6.6)
   uprobe_multi     a BPF uprobe_multi link per probe (6.6+: what gpuflight uses)
@@ -40,8 +40,9 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(REPO)]
 
-from producer import elfsyms  # noqa: E402  (the repository is on the path)
-from producer.probes import BPF_TRACE_UPROBE_MULTI, UprobeLinks  # noqa: E402
+from gpuflight.producer.discover import elfsyms  # noqa: E402  (the repository is on the path)
+from gpuflight.producer.probe.bpfload import BPF_TRACE_UPROBE_MULTI  # noqa: E402
+from gpuflight.producer.probe.uprobes import UprobeLinks  # noqa: E402
 
 WAYS = {"perf PMU": False, "uprobe_multi": True}
 HOLD = "import os, sys; {setup}; os.write(1, b'ready\\n'); sys.stdin.read()"

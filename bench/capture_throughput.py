@@ -137,8 +137,8 @@ class _Counter:
 def reader(kind: str, pids: list[int], lib: str, pages: int) -> int:
     """A reader child: pinned to one core; answers stat/pause/resume/quit on stdin."""
     os.sched_setaffinity(0, {READER_CPU})
-    from producer.capture import Capture
-    from producer.settings import CaptureSettings
+    from gpuflight.producer.capture import Capture
+    from gpuflight.producer.settings import CaptureSettings
 
     settings = CaptureSettings(pids=frozenset(pids), ringbuf_pages=pages)
     counted = [0]

@@ -44,7 +44,7 @@ DEVICES = 8
 def _events(n: int, mixed: bool, devices: int = 1) -> Any:
     import numpy as np
 
-    from producer.records import (
+    from gpuflight.producer.contract.abi import (
         API_IDS,
         EVENT_DTYPE,
         F_ASYNC,
@@ -122,8 +122,8 @@ def inner(events: int, tree: Path, repeat: int = 3) -> dict[str, float]:
     """Events/s of each workload (best of `repeat`), timed in this interpreter against
     `tree`'s modules."""
     sys.path.insert(0, str(tree))
-    from producer import summary
-    from streams import aggregate
+    from gpuflight.producer.decode import summary
+    from gpuflight.streams import aggregate
 
     for module in (summary, aggregate):
         if not Path(module.__file__ or "").resolve().is_relative_to(tree.resolve()):

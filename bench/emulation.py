@@ -4,7 +4,8 @@
 
 bench/firsts.S holds functions alike but for their first instruction; bench/callloop.c calls
 one of them N times. For each: untraced, with an empty uprobe (bench/empty.bpf.c) on its first
-instruction, and, where producer/entrypoint.py moves gpuflight's probes past it, with one at
+instruction, and, where producer/discover/entrypoint.py moves gpuflight's probes past it, with one
+at
 the instruction it chooses. R rounds, interleaved, medians. A probe counts as emulated when
 it adds less than --threshold ns (the kernel's single step costs ~15 us a hit on our VMs, its
 emulation ~0.4 us); the table puts that beside what entrypoint.emulated_length says of the
@@ -32,7 +33,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(REPO)]
 
-from producer import elfsyms, entrypoint  # noqa: E402
+from gpuflight.producer.discover import elfsyms, entrypoint  # noqa: E402
 
 #: The loop runs on this CPU (bench/overhead.py's).
 LOOP_CPU = "1"
@@ -119,11 +120,11 @@ def main() -> int:
                                   "untraced ns", "probed ns", "added ns", "kernel (measured)",
                                   "entrypoint says", "gpuflight"]))
     if cheaper:
-        print(f"{cheaper} instruction(s) cost less than producer/entrypoint.py assumes (it "
-              "counts on what every kernel since 4.15 emulates)")
+        print(f"{cheaper} instruction(s) cost less than producer/discover/entrypoint.py assumes "
+              "(it counts on what every kernel since 4.15 emulates)")
     if disagree:
-        print(f"{disagree} instruction(s) taken for emulated by producer/entrypoint.py are "
-              "single-stepped here: its table of what the kernel emulates is wrong",
+        print(f"{disagree} instruction(s) taken for emulated by producer/discover/entrypoint.py "
+              "are single-stepped here: its table of what the kernel emulates is wrong",
               file=sys.stderr)
     return 1 if disagree else 0
 

@@ -3,9 +3,9 @@
     .venv/bin/python bench/entrypoints.py [--detail] [--fetch-debian PACKAGE ...] [FILE ...]
 
 For every function of the probe table that each file defines and gpuflight would probe (as
-producer/discover.py classifies the file: a runtime, its static copy's called functions, or a
-driver), its first instruction, the offset its probes go at (producer/attachplan.py: past a
-prefix the kernel single-steps, producer/entrypoint.py) and whether the kernel emulates the
+producer/procmaps.py classifies the file: a runtime, its static copy's called functions, or a
+driver), its first instruction, the offset its probes go at (producer/discover/attachplan.py: past a
+prefix the kernel single-steps, producer/discover/entrypoint.py) and whether the kernel emulates the
 instruction there (~0.4 us a hit on our VMs) or single-steps it (~15 us; bench/emulation.py
 measures both). The files: NVIDIA's runtimes 12 and 13 (this .venv's wheels), libcuda 535
 (scripts/setup-libcuda), every ELF file of the frameworks venv (.cache/frameworks/venv:
@@ -39,8 +39,8 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(REPO)]
 
-from producer import attachplan, discover, elfsyms, entrypoint  # noqa: E402
-from producer.records import RUNTIME_NAME_FUNCTIONS  # noqa: E402
+from gpuflight.producer.contract.abi import RUNTIME_NAME_FUNCTIONS  # noqa: E402
+from gpuflight.producer.discover import attachplan, elfsyms, entrypoint, procmaps  # noqa: E402
 
 _DISASSEMBLER = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
 
@@ -80,11 +80,11 @@ def fetch_debian(package: str, into: Path) -> list[Path]:
 def classify(path: Path) -> tuple[str, frozenset[str] | None] | None:
     """(kind, probe_only) as discover's Classifier tells them, or None: nothing probed."""
     found = elfsyms.defined_functions(
-        str(path), discover.RUNTIME_SYMBOLS | discover.DRIVER_SYMBOLS, discover.RUNTIME_SYMBOLS)
-    if found & discover.RUNTIME_SYMBOLS:
+        str(path), procmaps.RUNTIME_SYMBOLS | procmaps.DRIVER_SYMBOLS, procmaps.RUNTIME_SYMBOLS)
+    if found & procmaps.RUNTIME_SYMBOLS:
         return "runtime", elfsyms.referenced_functions(
-            str(path), discover.RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS)
-    if found & discover.DRIVER_SYMBOLS:
+            str(path), procmaps.RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS)
+    if found & procmaps.DRIVER_SYMBOLS:
         return "driver", None
     return None
 

@@ -40,9 +40,9 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(REPO)]
 
-from producer import httprecords  # noqa: E402
-from producer.bpfsource import bundle  # noqa: E402
-from producer.btf import Btf, socket_offsets  # noqa: E402
+from gpuflight.producer.http import abi  # noqa: E402
+from gpuflight.producer.probe.bpfsource import bundle  # noqa: E402
+from gpuflight.producer.probe.btf import Btf, socket_offsets  # noqa: E402
 
 LOOP_CPU = "1"
 SETUPS = ("off", "floor", "other", "in scope", "captured")
@@ -92,7 +92,7 @@ class Loaded(Attached):
         from bcc import BPF  # the bench loads the prototype program directly
 
         cflags = [f"-I{REPO / 'bpf'}", "-DGF_FILTER_PIDS=1", "-DGF_HTTP_RINGBUF_PAGES=16384",
-                  *httprecords.head_cflags(head), *socket_offsets(Btf.from_file()).cflags()]
+                  *abi.head_cflags(head), *socket_offsets(Btf.from_file()).cflags()]
         super().__init__(BPF(text=bundle(REPO / "bpf" / "http_proto.bpf.c").encode(),
                              cflags=cflags))
         self.records = 0
@@ -113,7 +113,7 @@ class Loaded(Attached):
 
     def dropped(self) -> int:
         table = self.bpf[b"http_drops"]
-        return sum(int(v) for v in table[table.Key(httprecords.DROP_RING)])
+        return sum(int(v) for v in table[table.Key(abi.DROP_RING)])
 
 
 def run(loop: Path, iterations: int, size: int, setup: str, loaded: Loaded) -> float:
@@ -136,7 +136,7 @@ def run(loop: Path, iterations: int, size: int, setup: str, loaded: Loaded) -> f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--head", type=int, default=httprecords.DEFAULT_HEAD)
+    parser.add_argument("--head", type=int, default=abi.DEFAULT_HEAD)
     parser.add_argument("--sizes", default="64,4096")
     args = parser.parse_args()
     if os.geteuid() != 0:

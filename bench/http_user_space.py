@@ -22,9 +22,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO)]
 
-from producer.attribution import RequestTable, attribute, event_costs, rollup  # noqa: E402
-from producer.http import HttpParser  # noqa: E402
-from producer.records import EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType  # noqa: E402
+from gpuflight.producer.contract.abi import EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType  # noqa: E402
+from gpuflight.producer.http.attribution import RequestTable, attribute, event_costs, rollup  # noqa: E402
+from gpuflight.producer.http.parser import HttpParser  # noqa: E402
 from tests.support.httpsim import Wire, response  # noqa: E402
 
 

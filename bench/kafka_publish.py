@@ -22,8 +22,8 @@ import numpy as np
 from tabulate import tabulate
 
 from gpuflight import stack
-from producer.publish import KafkaSettings, KafkaSink
-from producer.records import API_IDS, EVENT_DTYPE, F_ASYNC, EventType
+from gpuflight.producer.contract.abi import API_IDS, EVENT_DTYPE, F_ASYNC, EventType
+from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink
 
 BATCH = 65536
 

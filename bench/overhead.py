@@ -10,7 +10,7 @@ then N cuLaunchKernel calls into NVIDIA's own libcuda 535 (scripts/setup-libcuda
 GPU each call fails at once, so what is left is the probe's cost). NVIDIA's driver begins
 every function with a `cmp` the kernel single-steps: its floor is measured twice, an empty
 uprobe at the entry and one at the instruction gpuflight attaches at instead (the `je`
-after it: producer/entrypoint.py), and gpuflight is held to the second.
+after it: producer/discover/entrypoint.py), and gpuflight is held to the second.
 The modes run interleaved, R rounds, on the same machine; medians and ratios are printed.
 gpuflight's run also reports its own events and drops, so the same run says
 whether capture kept up (lossless) at that rate.
@@ -64,7 +64,7 @@ def build(out: Path) -> Path:
 def nvidia_probe_offset(symbol: str) -> int:
     """How far past `symbol`'s entry gpuflight attaches in NVIDIA's driver (its plan)."""
     sys.path.insert(0, str(REPO))
-    from producer import attachplan
+    from gpuflight.producer.discover import attachplan
 
     path = NVIDIA_LIBCUDA.resolve()
     plan = attachplan.read_plan(str(path), "driver", path.stat().st_size)
@@ -111,14 +111,14 @@ def run_calls(calls: Path, n: int, mode: str) -> float:
 @contextlib.contextmanager
 def empty_uprobes(where: list[tuple[Path, str, int]]) -> Iterator[None]:
     """An empty uprobe (bench/empty.bpf.c) `skip` bytes past each (library, symbol, skip),
-    attached as gpuflight attaches (producer/probes.py UprobeLinks, by file offset): bcc's
+    attached as gpuflight attaches (producer/probe/probes.py UprobeLinks, by file offset): bcc's
     attach_uprobe passes the kernel a ref_ctr_offset of whatever its stack holds, which the
     kernel refuses where another tool's probe is at the same place."""
     from bcc import BPF  # the floor needs a bare bcc program, not gpuflight's
 
     sys.path.insert(0, str(REPO))
-    from producer import elfsyms
-    from producer.probes import UprobeLinks
+    from gpuflight.producer.discover import elfsyms
+    from gpuflight.producer.probe.uprobes import UprobeLinks
 
     bpf = BPF(src_file=str(BENCH / "empty.bpf.c").encode())
     links = UprobeLinks(multi=False)

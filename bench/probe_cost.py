@@ -75,12 +75,12 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
     """ns per run of one program over one loop of n iterations."""
     from bcc import BPF
 
-    from producer import attachplan
-    from producer.capture import BATCH_EVENTS
-    from producer.probes import UprobeLinks
-    from producer.records import PROBES
-    from producer.ringbuf import RingBufferReader
-    from producer.settings import CaptureSettings
+    from gpuflight.producer.capture import BATCH_EVENTS
+    from gpuflight.producer.contract.abi import PROBES
+    from gpuflight.producer.discover import attachplan
+    from gpuflight.producer.probe.ringbuf import RingBufferReader
+    from gpuflight.producer.probe.uprobes import UprobeLinks
+    from gpuflight.producer.settings import CaptureSettings
 
     source, program, library, symbol, mode = PROGRAMS[label]
     settings = CaptureSettings()

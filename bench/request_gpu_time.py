@@ -1,5 +1,6 @@
 """What request GPU time costs the capture loop: RequestTracker.attribute + take_answered per
-batch (producer/requesttrack.py), GPU time from queued time and from NVML windows, side by side.
+batch (producer/http/requesttrack.py), GPU time from queued time and from NVML windows, side by
+side.
 
     .venv/bin/python bench/request_gpu_time.py [--rounds 5] [--threads 8] [--seconds 1]
 
@@ -25,10 +26,10 @@ import numpy.typing as npt
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO)]
 
-from producer.httprecords import HttpRecord  # noqa: E402
-from producer.nvml import UtilWindow  # noqa: E402
-from producer.records import EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType  # noqa: E402
-from producer.requesttrack import RequestTracker  # noqa: E402
+from gpuflight.producer.contract.abi import EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType  # noqa: E402
+from gpuflight.producer.http.abi import HttpRecord  # noqa: E402
+from gpuflight.producer.http.requesttrack import RequestTracker  # noqa: E402
+from gpuflight.producer.nvml import UtilWindow  # noqa: E402
 from tests.support.httpsim import Wire, response  # noqa: E402
 
 PID = 4242

@@ -257,7 +257,8 @@ def main() -> int:
         samplers = {"agent": Sampler("agent"), "worker": Sampler("worker")}
         launched = finished = failed = 0
         expected_launches = 0
-        # InfluxDB's `launches` counts graph launches too (producer/counting.py), under their api.
+        # InfluxDB's `launches` counts graph launches too (producer/contract/counting.py), under
+        # their api.
         launch_types = ("launch", "graph_launch")
         per_iter = len([e for e in expected.capture_events(1, 1) if e["type"] in launch_types])
         per_zero = len([e for e in expected.capture_events(1, 0) if e["type"] in launch_types])

@@ -27,9 +27,9 @@ libcublasLt.so.13, libnccl.so.2, libnvshmem_host.so.3 and a generated library wi
 .symtab of 2 million symbols (issue 17, defect 6). With `--baseline REV` the same runs in a
 `git archive` of REV too, side by side in fresh interpreters.
 
-Classification from the verdict cache (producer/verdicts.py, issue 14): the files a PyTorch
+Classification from the verdict cache (producer/verdictcache.py, issue 14): the files a PyTorch
 start-up maps (those `import torch` maps, and every shared object under torch/lib and
-nvidia/) classified by discover.scan in fresh interpreters with the cache off, with an empty
+nvidia/) classified by procmaps.scan in fresh interpreters with the cache off, with an empty
 cache (the first run: it saves what it learned), and with that saved cache (every later run).
 `--no-files` skips the per-file table.
 
@@ -175,22 +175,22 @@ def wall_times(
 
 _FILE_COSTS = r"""
 import json, os, sys, time
-from producer import discover, elfsyms
-from producer.records import RUNTIME_NAME_FUNCTIONS
+from gpuflight.producer.discover import procmaps, elfsyms
+from gpuflight.producer.contract.abi import RUNTIME_NAME_FUNCTIONS
 out = {}
 # As discovery asks (a tree from before the rule reads .symtab always).
 unless = getattr(discover, "_DYNAMIC_RUNTIME_MARKERS", None)
 for label, path in json.loads(sys.argv[1]):
     elfsyms.clear_cache()
     started = time.thread_time()
-    wanted = discover.RUNTIME_SYMBOLS | discover.DRIVER_SYMBOLS
+    wanted = procmaps.RUNTIME_SYMBOLS | procmaps.DRIVER_SYMBOLS
     if unless is None:
         found = elfsyms.defined_functions(path, wanted)
     else:
         found = elfsyms.defined_functions(path, wanted, unless)
     called = None
-    if found & discover.RUNTIME_SYMBOLS and hasattr(elfsyms, "referenced_functions"):
-        wanted = discover.RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS
+    if found & procmaps.RUNTIME_SYMBOLS and hasattr(elfsyms, "referenced_functions"):
+        wanted = procmaps.RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS
         called = elfsyms.referenced_functions(path, wanted)
     classify = time.thread_time() - started
     started = time.thread_time()
@@ -203,7 +203,7 @@ for label, path in json.loads(sys.argv[1]):
         "statics_cpu_s": statics_cpu,
         "table_cpu_s": time.thread_time() - started,
         "mb": os.path.getsize(path) / 1e6,
-        "runtime_functions": len(found & discover.RUNTIME_SYMBOLS),
+        "runtime_functions": len(found & procmaps.RUNTIME_SYMBOLS),
         "probed": None if called is None else len(called),
         "handle_statics": 0 if statics is None else len(statics.objects),
     }
@@ -261,18 +261,18 @@ def file_costs(tree: Path, files: list[tuple[str, str]], rounds: int) -> dict[st
     return merged
 
 
-# --- classification from the verdict store (producer/verdicts.py) -----------------------------
+# --- classification from the verdict store (producer/verdictcache.py) -----------------------------
 
 _STORE_COSTS = r"""
 import json, sys, time
 from pathlib import Path
-from producer import discover
+from gpuflight.producer.discover import procmaps
 proc, cache = sys.argv[1], sys.argv[2]
 wall, cpu = time.perf_counter(), time.thread_time()
-store = discover.open_verdict_store(Path(cache) if cache else None)
+store = procmaps.open_verdict_store(Path(cache) if cache else None)
 load = (time.perf_counter() - wall, time.thread_time() - cpu)
 wall, cpu = time.perf_counter(), time.thread_time()
-found = discover.scan(Path(proc), cache=discover.Classifier(store=store)).libraries
+found = procmaps.scan(Path(proc), cache=procmaps.Classifier(store=store)).libraries
 scan = (time.perf_counter() - wall, time.thread_time() - cpu)
 wall, cpu = time.perf_counter(), time.thread_time()
 store.save_if_dirty()
@@ -286,21 +286,21 @@ print(json.dumps({"load": load, "scan": scan, "save": save, "kinds": kinds,
 _FULL_STORE = r"""
 import json, sys, time
 from pathlib import Path
-from producer import discover, verdicts
+from gpuflight.producer.discover import procmaps, verdictcache
 cache = Path(sys.argv[1])
-store = discover.open_verdict_store(cache)
+store = procmaps.open_verdict_store(cache)
 if not len(store):  # the first run fills it: files that define nothing, the common case
-    nothing = verdicts.Stored(frozenset(), frozenset(), None)
+    nothing = verdictcache.Stored(frozenset(), frozenset(), None)
     t = 1_700_000_000_000_000_000
-    for n in range(verdicts.DEFAULT_MAX_ENTRIES):
+    for n in range(verdictcache.DEFAULT_MAX_ENTRIES):
         store.put((2049, n, 4096 + n, t + n, t + n), nothing)
     store.save_if_dirty()
     print(json.dumps(None))
 else:
     wall, cpu = time.perf_counter(), time.thread_time()
-    store = discover.open_verdict_store(cache)
+    store = procmaps.open_verdict_store(cache)
     print(json.dumps([len(store), time.perf_counter() - wall, time.thread_time() - cpu,
-                      (cache / verdicts.FILE_NAME).stat().st_size]))
+                      (cache / verdictcache.FILE_NAME).stat().st_size]))
 """
 
 
@@ -364,7 +364,7 @@ def store_costs(files: list[str], rounds: int, tmp: Path) -> dict[str, dict[str,
                 capture_output=True, text=True, check=True,
             ).stdout
             runs[mode].append(json.loads(out))
-        runs["cold"][-1]["bytes"] = (cache / "verdicts.json").stat().st_size
+        runs["cold"][-1]["bytes"] = (cache / "verdictcache.json").stat().st_size
     merged: dict[str, dict[str, Any]] = {}
     for mode, results in runs.items():
         merged[mode] = dict(results[0])
@@ -415,7 +415,7 @@ def print_store_costs(files: list[str], rounds: int, tmp: Path) -> None:
     kinds = ", ".join(f"{cold['kinds'].count(k)} {k}" for k in sorted(set(cold["kinds"])))
     print(f"\nClassifying a PyTorch start-up's files: {len(files)} paths, {cold['entries']} "
           f"distinct files ({kinds}), fresh interpreters, median of {rounds}; wall / CPU:\n")
-    print("| verdict cache | open the cache | classify (discover.scan) | save | total |")
+    print("| verdict cache | open the cache | classify (procmaps.scan) | save | total |")
     print("| --- | --- | --- | --- | --- |")
     labels = {"off": "off", "cold": "empty (first run)", "warm": "as the first run saved it"}
     for mode, c in costs.items():

@@ -4,7 +4,7 @@ one ended, and to every system call of the machine meanwhile.
     sudo .venv/bin/python bench/tracepoints.py [--rounds R] [--calls N] [--gap S]
         [--baseline REV]
 
-Each round, in a fresh interpreter, builds trace's program (producer.probes.Probes with
+Each round, in a fresh interpreter, builds trace's program (producer.probe.probes.Probes with
 trace's settings, from a cache filled by one untimed start), attaches it, as a trace of a
 CUDA program would, to the simulated GPU's runtime and driver (gpuflight/simgpu, loaded into
 the round's own process: 202 probes) and times:
@@ -69,9 +69,9 @@ ROUND = r"""
 import ctypes, json, os, subprocess, sys, time
 from dataclasses import replace
 from pathlib import Path
-from producer import discover
-from producer.probes import Probes
-from producer.settings import CaptureSettings
+from gpuflight.producer.discover import procmaps
+from gpuflight.producer.probe.probes import Probes
+from gpuflight.producer.settings import CaptureSettings
 
 loop, calls, gap, runtime, driver = sys.argv[1:6]
 gap = float(gap)
@@ -86,7 +86,7 @@ def per_call():
 off = per_call()
 t = time.perf_counter(); probes = Probes(settings); start = time.perf_counter() - t
 probes.wait_loaded()
-found = discover.scan_pid(Path("/proc"), os.getpid())
+found = procmaps.scan_pid(Path("/proc"), os.getpid())
 attached = [probes.attach(library) for library in found.libraries.values()
             if library.kind in ("runtime", "driver")]
 probe_count = sum(a.probes for a in attached if a is not None)

@@ -4,7 +4,7 @@
  *
  * Each row of the probe table (GF_API_PROBES and GF_NAME_PROBES in events.h) makes
  * `<name>_entry` (and `<name>_return` where a result or a duration is needed) from its
- * family's macro, written once for both layers; producer/probes.py attaches them by
+ * family's macro, written once for both layers; producer/probe/probes.py attaches them by
  * these names.
  * Events go to one ring buffer as fixed-size records (events.h) that user
  * space maps and decodes in bulk; under overload (a process over its share of a
@@ -76,7 +76,7 @@
 
 /* 16 MiB: PyTorch registers ~25,000 kernels at import, a 552-byte record each (13.6 MB),
  * in ~25 ms where the function's first instruction is emulated (NVIDIA's `push %rbp`):
- * faster than any reader, so the ring holds a whole burst (producer/probes.py moves the
+ * faster than any reader, so the ring holds a whole burst (producer/probe/probes.py moves the
  * records out on a thread of their own meanwhile). */
 #ifndef GF_NAMES_PAGES
 #define GF_NAMES_PAGES 4096
@@ -1052,7 +1052,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 /* ---- the probe programs: one family macro per shape of call -------------
  *
  * GF_PROBE_<family>(name, layer, argument) defines `<name>_entry` and, for the families
- * that complete at return, `<name>_return`. producer/probes.py attaches them by these names.
+ * that complete at return, `<name>_return`. producer/probe/probes.py attaches them by these names.
  *
  * With attach cookies (GF_ATTACH_COOKIE, Linux 5.15+), one program per family serves every
  * row of it: `gf_<FAMILY>_entry` / `_return`, attached with the row's cookie, api id | argument
@@ -1073,7 +1073,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 #endif
 #if GF_ATTACH_COOKIE
 /* A probe at an instruction the kernel single-steps (GF_COOKIE_STEPPED in its cookie, where
- * producer/entrypoint.py found nothing it emulates): its calls in scope are counted, so that
+ * producer/discover/entrypoint.py found nothing it emulates): its calls in scope are counted, so that
  * the summary can say what the steps cost. Elsewhere one cookie test a call. */
 static __always_inline void gf_count_stepped(struct pt_regs *ctx)
 {
@@ -1313,7 +1313,7 @@ GF_NAME_PROBES(GF_NAME_PROBE)
 /* ---- dlopens that map nothing that matters -------------------------------- */
 
 /* Most dlopens of a program start-up map files that define nothing gpuflight probes (Python's
- * extension modules, libtorch_cpu, ...). User space tells which (producer/verdicts.py keeps
+ * extension modules, libtorch_cpu, ...). User space tells which (producer/discover/verdictcache.py keeps
  * the verdicts across runs) in `quiet_files`. Here, each executable file mapping a process in
  * scope makes of a file not known to be quiet marks its thread in `loads_pending`; the
  * loader's RT_CONSISTENT call (below) notifies, and holds, only a thread so marked — the
@@ -1322,7 +1322,7 @@ GF_NAME_PROBES(GF_NAME_PROBE)
  * file not in the map, a mapping by other code than the loader) marks the thread: at worst a
  * hold that was not needed. A file written since it was classified has another change time,
  * so another key: it is held and classified again. The walk's offsets come from the running
- * kernel's BTF (producer/btf.py FileOffsets); without them every dlopen notifies, as without
+ * kernel's BTF (producer/probe/btf.py FileOffsets); without them every dlopen notifies, as without
  * the filter. */
 #if GF_QUIET_LOADS && defined(GF_FILE_OFF_TASK_FILES)
 #define GF_QUIET 1
@@ -1422,7 +1422,7 @@ static __always_inline int gf_load_pending(void)
 #define GF_HOLDS 1
 /* The holds not yet over, each by its notification: user space deletes one once it has
  * continued the process (producer/capture.py); the watchdog that outlives a tracer killed
- * meanwhile continues those left (producer/holdguard.py), and no other process: one the user
+ * meanwhile continues those left (producer/probe/holdguard.py), and no other process: one the user
  * stopped (Ctrl-Z) is not in it. A hold the map has no room for is not made. */
 BPF_HASH(holds, struct gf_loader_event, u8, 4096);
 #endif

@@ -1,7 +1,7 @@
 /* gpuflight: the one contract between the BPF programs and user space.
  *
  * Every event is one fixed-size `struct gf_event`, so a span of the ring buffer
- * is a regular array that user space decodes in bulk (producer/records.py mirrors
+ * is a regular array that user space decodes in bulk (producer/contract/abi.py mirrors
  * this file; tests/test_records.py checks that the mirror matches).
  */
 #ifndef GPUFLIGHT_EVENTS_H
@@ -28,7 +28,7 @@ enum gf_event_type {
  * that complete at return); argument: the family's constant (copy direction, allocation kind,
  * memset element width, sync scope; 0 where it has none).
  *
- * It makes enum gf_api (below) and every probe program (cudart.bpf.c); producer/records.py
+ * It makes enum gf_api (below) and every probe program (cudart.bpf.c); producer/contract/abi.py
  * mirrors it (PROBES), and tests/test_records.py checks the mirror against the compiled
  * header and the programs against the preprocessed source. Ids are part of the contract:
  * append only.
@@ -232,18 +232,18 @@ struct gf_thread_device {
 /* gf_thread_device.rt_ret of a runtime call whose return probe has not run yet. */
 #define GF_RT_IN_FLIGHT 1
 
-/* The value of the pinned `settled` map (key: pid; producer/records.py SETTLED_DTYPE), written
+/* The value of the pinned `settled` map (key: pid; producer/contract/abi.py SETTLED_DTYPE), written
  * only by the node agent: of the events the kernel committed for the pid (the pinned
  * `committed` map, key: pid, value: u64), how many the agent saw delivered to Kafka, and how
  * many it dropped and said so in a metrics record Kafka acknowledged. A restarted agent reads a
  * dead one's pair: committed − delivered − dropped is what the dead one never published nor
- * counted (producer/tally.py). */
+ * counted (producer/publish/deadagents.py). */
 struct gf_settled {
 	__u64 delivered;
 	__u64 dropped;
 };
 
-/* Slots of the `drops` per-CPU array (producer/records.py: DropSlot). */
+/* Slots of the `drops` per-CPU array (producer/contract/abi.py: DropSlot). */
 enum gf_drop_slot {
 	GF_DROP_EVENTS = 0,    /* events lost: not in the `events` ring buffer (full) nor counted
 				  in `aggregates` (full too) */
@@ -260,17 +260,17 @@ enum gf_drop_slot {
 };
 
 /* In a probe's attach cookie (above the api id and argument: records.Probe.cookie): the probe
- * is at an instruction the kernel single-steps (producer/entrypoint.py), each hit ~15 us on a
+ * is at an instruction the kernel single-steps (producer/discover/entrypoint.py), each hit ~15 us on a
  * VM; its calls are counted in drops[GF_DROP_STEPPED]. */
 #define GF_COOKIE_STEPPED (1ULL << 63)
 
 /* Under overload (bpf/cudart.bpf.c, "overload"): an event whose details must be shed is
  * counted, exactly, in the `aggregates` table instead, by what every figure of the trace
- * summary and the stream windows is counted by (producer/counting.py): its process, api,
+ * summary and the stream windows is counted by (producer/contract/counting.py): its process, api,
  * kernel (launches: the function handle; graph launches: the exec), shape (launches: grid and
  * block), copy kind / allocation kind / sync scope (dim[0]), device, whether it failed, and the
  * wall-clock slot of GF_AGG_SLOT_NS it was made in. User space reads the entries of the
- * generation (`gen`) the kernel no longer writes, and deletes them (producer/probes.py). */
+ * generation (`gen`) the kernel no longer writes, and deletes them (producer/probe/probes.py). */
 #define GF_AGG_SLOT_NS 100000000ULL /* 100 ms: a stream window of whole 100 ms holds each slot */
 #define GF_AGG_F_FAILED 0x4 /* gf_agg_key.flags: the call returned an error */
 
@@ -394,7 +394,7 @@ struct gf_text_ranges {
 	__u64 end[GF_MAX_RUNTIME_RANGES];
 };
 
-/* The key of the `quiet_files` map (producer/records.py FILE_ID_DTYPE): a library file as the
+/* The key of the `quiet_files` map (producer/contract/abi.py FILE_ID_DTYPE): a library file as the
  * kernel knows it — its superblock's dev_t (MAJOR << 20 | MINOR), inode number, size and change
  * time (what stat(2) says; a file written since is another key) — that user space found to
  * define nothing gpuflight probes. A dlopen whose new executable mappings are all of such

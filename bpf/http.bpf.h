@@ -6,7 +6,7 @@
  * back decides). For those fds every read and write that moved bytes is one record on the
  * `http_events` ring: pid, tid, fd, the connection, entry and exit times, the bytes moved, the
  * stream offset, the first GF_HTTP_HEAD bytes and the last GF_HTTP_TAIL bytes (bpf/http.h).
- * user space (producer/http.py) turns them into requests.
+ * user space (producer/http/parser.py) turns them into requests.
  *
  * Scope: with GF_FILTER_PIDS, the CUDA probes' `scope_pids`; node-wide, `http_pids`, which
  * user space fills with the processes that map a CUDA library. Scope is checked at accept;
@@ -15,7 +15,7 @@
  *
  * This file is meant to be part of the program bcc compiles (bpf/cudart.bpf.c, or
  * bpf/http_proto.bpf.c on its own). bcc rewrites map calls and tracepoint arguments only in
- * the file it compiles, not in what that file #includes: producer/bpfsource.py inlines this
+ * the file it compiles, not in what that file #includes: producer/probe/bpfsource.py inlines this
  * header into the source before bcc sees it. The includer defines `scope_pids` and
  * GF_FILTER_PIDS.
  *
@@ -26,7 +26,7 @@
  *   GF_HTTP_MAX_CALLS      syscalls on tracked fds in progress at once (threads blocked in
  *                          a read count); past it the oldest are forgotten and their data lost
  *                          unseen (the stream offsets do not show it)
- *   GF_HTTP_OFF_*          struct offsets for the fd → socket walk (producer/btf.py)
+ *   GF_HTTP_OFF_*          struct offsets for the fd → socket walk (producer/probe/btf.py)
  */
 #include "http.h"
 

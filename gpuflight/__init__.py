@@ -1,7 +1,11 @@
-"""gpuflight's face: the command line, the local stack and the demos.
+"""gpuflight: see what GPU applications do, with eBPF uprobes on the CUDA runtime.
 
-The only package that imports both halves: `producer` (the per-node capture library) and
-`streams` (the stream app). Neither imports this package.
+    gpuflight.producer   the per-node capture library (producer/ in the repository)
+    gpuflight.streams    the stream worker: Kafka → windows → InfluxDB (streams/)
+    gpuflight.cli, commands, stack, demo, simgpu: the face, the only part that imports both
+                         halves (neither imports it; the import rules in pyproject.toml)
+
+Importing any part of it imports this first: numpy with one BLAS thread (below).
 """
 
 import os as _os

@@ -27,8 +27,8 @@ from typing import Any, Final
 
 import yaml
 
-from streams import measurements as m
-from streams.measurements import Fields, Tags
+from gpuflight.streams import measurements as m
+from gpuflight.streams.measurements import Fields, Tags
 
 ROOT: Final = Path(__file__).resolve().parent
 DASHBOARD_DIR: Final = ROOT / "dashboards"
@@ -60,7 +60,8 @@ GRAFANA_UNITS: Final[Mapping[str, str]] = {
 }
 
 # -- alert thresholds ------------------------------------------------------------------------
-#: The one term for the CPU waiting on the GPU (producer/counting.py, README "What is counted").
+#: The one term for the CPU waiting on the GPU (producer/contract/counting.py, README "What is
+#: counted").
 BLOCKED_TERM: Final = "CPU blocked on the GPU"
 BLOCKED_SHARE_TITLE: Final = f"{BLOCKED_TERM}: share per process, by job"
 BLOCKED_PARTS_TITLE: Final = f"{BLOCKED_TERM}: in syncs and in synchronous copies"

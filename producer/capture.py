@@ -21,20 +21,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from producer import discover
-from producer import httprecords as hr
-from producer.decode import Enricher
-from producer.environment import ensure_tracefs
-from producer.errors import SetupError
-from producer.holdguard import hold_key
-from producer.nvml import UtilizationFeed
-from producer.probes import DropCounts, HttpProbes, LoaderEvent, Probes
-from producer.records import EVENT_DTYPE, LOADER_LISTEN, LOADER_MAPPED
-from producer.settings import CaptureSettings
-from producer.sinks import EventSink, Guarded
+from gpuflight.producer.contract.abi import EVENT_DTYPE, LOADER_LISTEN, LOADER_MAPPED
+from gpuflight.producer.contract.errors import SetupError
+from gpuflight.producer.decode.enrich import Enricher
+from gpuflight.producer.decode.sinks import EventSink, Guarded
+from gpuflight.producer.discover import procmaps
+from gpuflight.producer.http import abi as hr
+from gpuflight.producer.http.probes import HttpProbes
+from gpuflight.producer.nvml import UtilizationFeed
+from gpuflight.producer.probe.holdguard import hold_key
+from gpuflight.producer.probe.preflight import ensure_tracefs
+from gpuflight.producer.probe.probes import DropCounts, LoaderEvent, Probes
+from gpuflight.producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
-    from producer.requesttrack import RequestTracker
+    from gpuflight.producer.http.requesttrack import RequestTracker
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ class Capture:
         self._gone_since: dict[int, float] = {}
         self.enricher = enricher or Enricher()
         #: What each library file defines, kept across runs (settings.verdict_cache_dir).
-        self.verdicts = discover.open_verdict_store(settings.verdict_cache_dir)
-        self._classifier = discover.Classifier(store=self.verdicts)
+        self.verdicts = procmaps.open_verdict_store(settings.verdict_cache_dir)
+        self._classifier = procmaps.Classifier(store=self.verdicts)
         self._scanned: set[int] = set()
         #: pid → the text ranges of probed CUDA files registered for it (probes.set_text_ranges).
         self._text: dict[int, frozenset[tuple[int, int]]] = {}
@@ -114,8 +115,8 @@ class Capture:
         self._loader_lost = 0
         #: Node-wide: the probed (or skipped) files each live process maps, and since when a
         #: file has been mapped by none (settings.detach_unmapped_after_s).
-        self._keys_by_pid: dict[int, frozenset[discover.LibraryKey]] = {}
-        self._unmapped_since: dict[discover.LibraryKey, float] = {}
+        self._keys_by_pid: dict[int, frozenset[procmaps.LibraryKey]] = {}
+        self._unmapped_since: dict[procmaps.LibraryKey, float] = {}
         self._next_rescan = 0.0
         #: Enriched events made after the last HTTP drain, waiting for the next (requests).
         self._held: npt.NDArray[np.void] = np.zeros(0, dtype=EVENT_DTYPE)
@@ -140,7 +141,9 @@ class Capture:
         if settings.http:
             # From the start, so that what is made before a lazy HTTP capture is up (no request
             # can be in flight then) is counted as work outside requests.
-            from producer.requesttrack import RequestTracker  # --http only: ~8 ms to import
+            from gpuflight.producer.http.requesttrack import (
+                RequestTracker,  # --http only: ~8 ms to import
+            )
 
             self.requests = RequestTracker(self.enricher.clock_offset_ns,
                                            host_salt=socket.gethostname().encode())
@@ -165,7 +168,7 @@ class Capture:
         """Attach our own dynamic loader first. It is probed anyway (a traced command is a
         copy of us until it execs; node-wide we are one of the processes), and a kernel that
         refuses uprobes to us says so here, in one line, rather than file after file."""
-        loader = discover.loader_of(Path("/proc"), os.getpid(), cache=self._classifier)
+        loader = procmaps.loader_of(Path("/proc"), os.getpid(), cache=self._classifier)
         if loader is not None:
             self.probes.check_permitted(loader)
             return
@@ -195,7 +198,7 @@ class Capture:
         pids = set(pids)
         if not pids:
             return
-        snapshot = discover.scan(self.settings.proc_root, pids=pids, cache=self._classifier)
+        snapshot = procmaps.scan(self.settings.proc_root, pids=pids, cache=self._classifier)
         self.stats.rescans += 1
         quiet = self._classifier.take_quiet()
         if quiet and self.probes.quiet_loads:
@@ -231,7 +234,7 @@ class Capture:
             self._http_wanted.update(pids)
 
     def _register_text(
-        self, pid: int, keys: Iterable[discover.LibraryKey], snapshot: discover.Snapshot
+        self, pid: int, keys: Iterable[procmaps.LibraryKey], snapshot: procmaps.Snapshot
     ) -> None:
         """Tell the driver probes where `pid`'s probed runtime and driver code lies."""
         attached = self.probes.attached
@@ -331,7 +334,7 @@ class Capture:
         after = self.settings.detach_unmapped_after_s
         if self.settings.filter_pids or after < 0:
             return
-        mapped: set[discover.LibraryKey] = set()
+        mapped: set[procmaps.LibraryKey] = set()
         for keys in self._keys_by_pid.values():
             mapped |= keys
         now = time.monotonic()
@@ -381,7 +384,7 @@ class Capture:
 
     def _release(self, note: LoaderEvent) -> None:
         """Continue a process the probe held, then forget the hold (the `holds` map: what a
-        watchdog continues should we die holding it, producer/holdguard.py)."""
+        watchdog continues should we die holding it, producer/probe/holdguard.py)."""
         pid = note.pid
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)

@@ -15,18 +15,19 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from producer import heap, tally, wire
-from producer.capture import Capture
-from producer.decode import Enricher
-from producer.environment import check_can_probe
-from producer.errors import UsageError
-from producer.files import check_target
-from producer.nvml import NvmlSampler, UtilizationFeed
-from producer.probes import read_pinned_tally
-from producer.publish import KafkaSettings, KafkaSink
-from producer.settings import CaptureSettings
-from producer.sinks import EventSink, JsonLinesSink
-from producer.status import STATE_READY, STATE_STOPPED, StatusFile
+from gpuflight.producer.capture import Capture
+from gpuflight.producer.contract import memtrim, wire
+from gpuflight.producer.contract.errors import UsageError
+from gpuflight.producer.contract.files import check_target
+from gpuflight.producer.decode.enrich import Enricher
+from gpuflight.producer.decode.sinks import EventSink, JsonLinesSink
+from gpuflight.producer.nvml import NvmlSampler, UtilizationFeed
+from gpuflight.producer.probe.preflight import check_can_probe
+from gpuflight.producer.publish import deadagents
+from gpuflight.producer.publish.deadagents import read_pinned_tally
+from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink
+from gpuflight.producer.settings import CaptureSettings
+from gpuflight.producer.status import STATE_READY, STATE_STOPPED, StatusFile
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ NVML_INTERVAL_S = 1.0
 
 
 def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float,
-                   ledger: tally.Ledger | None = None) -> wire.MetricsRecord:
+                   ledger: deadagents.Ledger | None = None) -> wire.MetricsRecord:
     drops = capture.drops()
     http_lost, http_untracked = capture.http_drops()
     return wire.MetricsRecord(
@@ -111,7 +112,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
         capture.process_observers.append(kafka_sink.observe)
         capture.exit_observers.append(kafka_sink.forget_processes)
         if tally_dir is not None:
-            ledger = tally.Ledger(capture.probes, tally_dir)  # agents: the real /proc
+            ledger = deadagents.Ledger(capture.probes, tally_dir)  # agents: the real /proc
             kafka_sink.on_delivered = ledger.delivered
             ledger.collect_dead(read_pinned_tally)
     capture.start()
@@ -139,7 +140,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     _status(status, capture, STATE_READY, force=True)
     interval = kafka.metrics_interval_s if kafka else LOG_INTERVAL_S
     next_report = time.monotonic() + interval
-    trimmer = heap.Trimmer()
+    trimmer = memtrim.Trimmer()
     try:
         while not stopping:
             capture.step()
@@ -212,8 +213,8 @@ def _tally_dir() -> Path | None:
     """This agent's tally directory, or None (logged once: a SIGKILL's losses go uncounted).
     Agents are this host's processes: the real /proc, whatever a `--proc` tree says."""
     try:
-        return tally.prepare()
-    except (tally.TallyUnavailable, OSError) as exc:
+        return deadagents.prepare()
+    except (deadagents.TallyUnavailable, OSError) as exc:
         log.warning("tally: %s; events a killed agent never published will not be counted",
                     exc)
         return None
@@ -221,7 +222,7 @@ def _tally_dir() -> Path | None:
 
 def _report(
     capture: Capture, sink: KafkaSink | None, kafka: KafkaSettings | None, started: float,
-    ledger: tally.Ledger | None = None,
+    ledger: deadagents.Ledger | None = None,
 ) -> None:
     record = metrics_record(capture, sink, started, ledger)
     if sink is not None and kafka is not None:

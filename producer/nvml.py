@@ -1,6 +1,6 @@
 """GPU-side gauges from NVML (nvidia-ml-py's `pynvml`), one `GpuSample` per GPU and call.
 
-`GpuSample` and `GpuProcessSample` are the wire contract's (producer/wire.py, nvml.v1): the
+`GpuSample` and `GpuProcessSample` are the wire contract's (producer/contract/wire.py, nvml.v1): the
 sampler makes what the topic carries. pynvml is imported when a sampler is made, never before.
 
 The eBPF probes see what applications ask of CUDA; NVML says what the GPUs did meanwhile:
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Final, TypeVar
 
-from producer.errors import GpuflightError
-from producer.wire import GpuProcessSample, GpuSample
+from gpuflight.producer.contract.errors import GpuflightError
+from gpuflight.producer.contract.wire import GpuProcessSample, GpuSample
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from producer import wire
-from producer.errors import ServiceError, UsageError
-from producer.kafkaconf import REFUSED_CODES
-from producer.kernels import KernelNames
-from producer.publish import KafkaSettings, KafkaSink, make_client
-from producer.sinks import JsonLinesSink
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.errors import ServiceError, UsageError
+from gpuflight.producer.contract.kafkaconf import REFUSED_CODES
+from gpuflight.producer.decode.kernels import KernelNames
+from gpuflight.producer.decode.sinks import JsonLinesSink
+from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink, make_client
 
 log = logging.getLogger(__name__)
 

@@ -8,17 +8,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
-from producer.tally import TALLY_PIDS
+#: Processes the tally of a killed agent's events follows at once (publish/deadagents.py: the
+#: pinned maps' size; past it, events are not committed and are counted lost in the kernel
+#: instead: bpf/cudart.bpf.c gf_commit).
+TALLY_PIDS: Final = 65536
 
 
 def _default_bpf_dir() -> Path:
-    """Where the BPF sources are: $GPUFLIGHT_BPF_DIR, else the package data `producer.bpf`
+    """Where the BPF sources are: $GPUFLIGHT_BPF_DIR, else the package data
+    `gpuflight.producer.bpf`
     (the repository's bpf/, installed with the package)."""
     override = os.environ.get("GPUFLIGHT_BPF_DIR")
     if override:
         return Path(override)
-    return Path(str(importlib.resources.files("producer.bpf")))
+    return Path(str(importlib.resources.files("gpuflight.producer.bpf")))
 
 
 DEFAULT_BPF_DIR = _default_bpf_dir()
@@ -30,8 +35,8 @@ CACHE_OFF = frozenset({"", "off", "none", "0", "false", "no"})
 def default_cache_dir(
     environ: Mapping[str, str] | None = None, euid: int | None = None
 ) -> Path | None:
-    """Where classification verdicts (producer/verdicts.py) and compiled BPF programs
-    (producer/bpfimage.py) are kept across runs, or None
+    """Where classification verdicts (producer/discover/verdictcache.py) and compiled BPF programs
+    (producer/probe/bpfimage.py) are kept across runs, or None
     (off): $GPUFLIGHT_CACHE_DIR if set ('' or 'off': off), else /var/cache/gpuflight for
     root, else $XDG_CACHE_HOME/gpuflight or ~/.cache/gpuflight."""
     env = os.environ if environ is None else environ
@@ -84,7 +89,7 @@ class CaptureSettings:
     watch_exec: bool = True
     bpf_dir: Path = field(default=DEFAULT_BPF_DIR)
     #: Capture the HTTP/1.1 requests the captured processes serve, and attribute every CUDA
-    #: call to its request(s) (bpf/http.bpf.h, producer/requesttrack.py).
+    #: call to its request(s) (bpf/http.bpf.h, producer/http/requesttrack.py).
     http: bool = False
     #: Node-wide: a probed library file that no process has mapped for this long is detached
     #: (a finished job's, a deleted image's): its probes hold file descriptors and kernel
@@ -99,7 +104,7 @@ class CaptureSettings:
     verdict_cache_dir: Path | None = field(default_factory=default_cache_dir)
     #: Node agent with Kafka: the bpffs directory of this agent's pinned tally (what the kernel
     #: committed per pid, what became of it), which a killed agent leaves for the next one to
-    #: report (producer/tally.py). None: no tally.
+    #: report (producer/publish/deadagents.py). None: no tally.
     tally_dir: Path | None = None
     #: With holds (trace): a dlopen that maps only files known to define nothing we probe
     #: (the verdicts) is neither held nor rescanned: the kernel tells, from a map user space

@@ -1,7 +1,7 @@
 """`gpuflight producer --status-file FILE`: what the agent is doing, for whoever waits on it.
 
 A JSON object, replaced atomically (written beside under a random name made with O_EXCL,
-then renamed: producer/files.py) when the producer is ready, whenever the set of probed
+then renamed: producer/contract/files.py) when the producer is ready, whenever the set of probed
 library files changes, at most every `interval_s` otherwise, and when it stops:
 
     {"v": 1, "state": "ready" | "stopped", "pid": AGENT PID, "started_ns", "updated_ns",
@@ -27,7 +27,7 @@ from typing import Any, Final, Protocol
 
 import orjson
 
-from producer.files import replace_file
+from gpuflight.producer.contract.files import replace_file
 
 log = logging.getLogger(__name__)
 

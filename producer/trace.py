@@ -1,7 +1,7 @@
 """`gpuflight trace -- CMD`: run a command under capture and summarise it.
 
 The command starts once what it needs from its first instruction is loaded (the CUDA
-programs go on loading meanwhile: producer/probes.py) and it is in scope, and
+programs go on loading meanwhile: producer/probe/probes.py) and it is in scope, and
 every library it maps (at start-up, by dlopen, after exec) is attached while
 it is held, so not even its first call is missed.
 """
@@ -21,23 +21,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from producer import discover
-from producer.capture import Capture
-from producer.decode import Enricher
-from producer.environment import TRACE_CAPABILITIES, check_can_probe
-from producer.errors import SetupError, UsageError
-from producer.holdguard import HoldGuard
-from producer.nvml import NvmlSampler, UtilizationFeed
-from producer.pricing import PriceBook
-from producer.probes import CUDA_KINDS, DropCounts, Probes
-from producer.routes import RouteTable, render_http, route_table
-from producer.routes import render as render_routes
-from producer.settings import CaptureSettings
-from producer.sinks import EventSink, JsonLinesSink, SummarySink
-from producer.summary import ProbedFile, Summary, render
+from gpuflight.producer.capture import Capture
+from gpuflight.producer.contract.errors import SetupError, UsageError
+from gpuflight.producer.contract.pricing import PriceBook
+from gpuflight.producer.decode.enrich import Enricher
+from gpuflight.producer.decode.sinks import EventSink, JsonLinesSink, SummarySink
+from gpuflight.producer.decode.summary import ProbedFile, Summary, render
+from gpuflight.producer.discover import procmaps
+from gpuflight.producer.http.routes import RouteTable, render_http, route_table
+from gpuflight.producer.http.routes import render as render_routes
+from gpuflight.producer.nvml import NvmlSampler, UtilizationFeed
+from gpuflight.producer.probe.holdguard import HoldGuard
+from gpuflight.producer.probe.preflight import TRACE_CAPABILITIES, check_can_probe
+from gpuflight.producer.probe.probes import CUDA_KINDS, DropCounts, Probes
+from gpuflight.producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
-    from producer.requesttrack import Answered
+    from gpuflight.producer.http.requesttrack import Answered
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def _untrace(capture: Capture) -> None:
 
 def _continue_tree(proc_root: Path, pid: int) -> None:
     """SIGCONT the command and its descendants: none may stay held by a capture that ended."""
-    for member in discover.process_tree(proc_root, pid) or {pid}:
+    for member in procmaps.process_tree(proc_root, pid) or {pid}:
         with contextlib.suppress(OSError):
             os.kill(member, signal.SIGCONT)
 
@@ -288,7 +288,7 @@ def run(
     if not settings.http:
         gpu = None
     if settings.http and options.otlp:
-        from producer.otlp import OtlpExporter, SpanSink
+        from gpuflight.producer.http.otlp import OtlpExporter, SpanSink
 
         exporter = OtlpExporter(options.otlp, protocol=options.otlp_protocol,  # type: ignore[arg-type]
                                 wall_offset_ns=enricher.clock_offset_ns)
@@ -306,7 +306,7 @@ def run(
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)}
     forward = signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))
     # Before the command can be held (from its exec on): a watchdog that continues what the
-    # probes hold, should this process die holding it (producer/holdguard.py).
+    # probes hold, should this process die holding it (producer/probe/holdguard.py).
     guard = HoldGuard(capture.probes.holds, capture.probes.scope_map)
     started = time.monotonic()
     os.write(release, b"x")

@@ -9,7 +9,8 @@
     points = to_points(agg, window_s, memory=ledger.close(agg))  # once the window is closed
 
 A `WindowAggregate` is the counts of one (window, host, job): what is counted, and how, is the
-counting core's (`producer.counting.Counts`, the same the trace summary is made of: one rule
+counting core's (`producer.contract.counting.Counts`, the same the trace summary is made of: one
+rule
 for captured launches, graph launches, failed calls and the CPU blocked on the GPU). It is
 small whatever the window holds (counts, sums, two fixed 64-bucket histograms, at most
 `max_kernels` kernel keys, at most MAX_PIDS pids), and round-trips through plain dicts
@@ -51,7 +52,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from producer.counting import (
+from gpuflight.producer.contract.counting import (
     DEFAULT_MAX_KERNELS,
     MAX_PIDS,
     CopyStats,
@@ -61,9 +62,9 @@ from producer.counting import (
     kernel_key,
     percentile,
 )
-from producer.wire import MetricsRecord, NvmlRecord
-from streams import measurements as m
-from streams.measurements import LOST_FIELDS, Fields, FieldValue, Point, Tags
+from gpuflight.producer.contract.wire import MetricsRecord, NvmlRecord
+from gpuflight.streams import measurements as m
+from gpuflight.streams.measurements import LOST_FIELDS, Fields, FieldValue, Point, Tags
 
 # The histogram and kernel-key helpers are the counting core's; the stream app's callers
 # reach them here.
@@ -97,7 +98,7 @@ Events = npt.NDArray[np.void]
 @dataclass
 class WindowAggregate(Counts):
     """The events of one (window start, host, job), counted by the counting core
-    (`producer.counting.Counts`: its fields and views). Mutable: `add_events` adds."""
+    (`producer.contract.counting.Counts`: its fields and views). Mutable: `add_events` adds."""
 
     window_start_ns: int
     host: str
@@ -213,7 +214,7 @@ class WindowAggregate(Counts):
 def _devices_from_dict(agg: WindowAggregate, data: Mapping[str, Any]) -> None:
     """The per-device counts of `to_dict` output. An aggregate of a worker before a part of
     them was kept (a window open across the upgrade) has that part all on device 0, as the
-    wire has the events of a producer before devices (producer/wire.py)."""
+    wire has the events of a producer before devices (producer/contract/wire.py)."""
     if "device_launches" not in data and agg.kernel_launches:
         agg.device_launches = {0: agg.kernel_launches}
     if "device_copies" in data:
@@ -299,7 +300,7 @@ def add_aggregates(
 ) -> None:
     """Add aggregates (records.AGGREGATE_DTYPE: events the kernel counted under overload
     instead of recording them) of agg's window to `agg`, in place: each counts as its events
-    do (producer.counting.Counts.add_aggregates)."""
+    do (producer.contract.counting.Counts.add_aggregates)."""
     agg.add_aggregates(aggregates, kernel_names)
 
 

@@ -6,7 +6,7 @@ end of its requests (`message_time`). The host's time is the second latest of th
 two messages attest to. No single message moves it, however far ahead of the others it is
 stamped (a forged one, one from a broken clock: it would close the host's windows, and every
 real event after it would be late); one stamped further ahead of the worker's wall clock than
---max-future is not applied at all (streams/app.py). A host sends a message per process every
+--max-future is not applied at all (streams/worker.py). A host sends a message per process every
 flush interval (a quarter of a second), so its time lags its latest message by about one.
 
 A replay of old data moves it at the replay's pace, not the wall clock's. Once the host has been

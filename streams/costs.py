@@ -21,11 +21,11 @@ from typing import Final
 import orjson
 from tabulate import tabulate
 
-from producer.errors import UsageError
-from streams import measurements as m
-from streams.influxql import InfluxQL, Row, quote_string
-from streams.measurements import Fields, Tags
-from streams.settings import InfluxSettings
+from gpuflight.producer.contract.errors import UsageError
+from gpuflight.streams import measurements as m
+from gpuflight.streams.influxql import InfluxQL, Row, quote_string
+from gpuflight.streams.measurements import Fields, Tags
+from gpuflight.streams.settings import InfluxSettings
 
 BY: Final = (Tags.ROUTE, Tags.JOB, Tags.NAMESPACE, Tags.TEAM)
 QUERY_TIMEOUT_S: Final = 30.0

@@ -52,10 +52,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from producer.counting import CopyStats
-from streams import measurements as m
-from streams.aggregate import WindowAggregate, blocked_share
-from streams.measurements import Fields, Point, Tags
+from gpuflight.producer.contract.counting import CopyStats
+from gpuflight.streams import measurements as m
+from gpuflight.streams.aggregate import WindowAggregate, blocked_share
+from gpuflight.streams.measurements import Fields, Point, Tags
 
 DICT_VERSION: Final = 1
 #: MAD · 1.4826 estimates the standard deviation of normally distributed noise.

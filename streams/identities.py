@@ -11,7 +11,7 @@ import threading
 from collections.abc import Mapping
 from typing import Final
 
-from producer import wire
+from gpuflight.producer.contract import wire
 
 log = logging.getLogger(__name__)
 

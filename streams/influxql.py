@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from producer.errors import ServiceError, UsageError
+from gpuflight.producer.contract.errors import ServiceError, UsageError
 
 if TYPE_CHECKING:
-    from streams.settings import InfluxSettings
+    from gpuflight.streams.settings import InfluxSettings
 
 #: A value of an InfluxQL result: a field (integer, float, string, boolean) or null.
 Value = str | int | float | bool | None

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from producer.records import COPY_KINDS, SYNC_SCOPES
+from gpuflight.producer.contract.abi import COPY_KINDS, SYNC_SCOPES
 
 FieldValue = int | float | str
 
@@ -215,7 +215,7 @@ MEMORY_BOUND_ALERT_WINDOWS: Final = 3
 #: Buckets of the log2 histograms: bucket i holds [2^i, 2^(i+1)) (bucket 0 also holds 0).
 HISTOGRAM_BUCKETS: Final = 64
 #: `routes`/`job_cost` namespace or team of a process that has none (not in Kubernetes, no
-#: such label): producer.pricing.NO_LABEL.
+#: such label): producer.contract.pricing.NO_LABEL.
 NO_LABEL: Final = "(none)"
 #: `request_samples`: the slowest requests of each (window, job, route) written, rank 0..N-1.
 REQUEST_SAMPLES: Final = 10
@@ -358,7 +358,7 @@ ERRORS: Final = Measurement(
 #: `cpu_blocked`). Σ over devices = the job's totals. One series per (host, job, device): a
 #: measurement of its own rather than a tag on launches/copies/syncs, so their series are not
 #: multiplied by devices and their queries, alerts and history are unchanged. Events of a
-#: producer before devices were recorded count as device 0 (producer/wire.py).
+#: producer before devices were recorded count as device 0 (producer/contract/wire.py).
 DEVICES: Final = Measurement(
     "devices",
     (Tags.HOST, Tags.JOB, Tags.DEVICE),
@@ -440,7 +440,7 @@ PIPELINE: Final = Measurement(
 #: Events of a job's processes that the producer lost: in the kernel (ring buffer full), beyond
 #: its Kafka queue (or refused by Kafka), and those an earlier producer on the host captured but
 #: never published because it was killed (reported by the next from the kernel's tally,
-#: producer/tally.py). Counters since the producer started (they restart at 0 with it),
+#: producer/publish/deadagents.py). Counters since the producer started (they restart at 0 with it),
 #: summed over the job's processes on the host, written with each metrics record once above 0.
 #: While a job has a point here, its other figures are lower bounds.
 EVENTS_LOST: Final = Measurement(

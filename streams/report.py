@@ -7,7 +7,7 @@ launched in, times the window length (which the points carry: count / rate_per_s
 idle start of its first window and the idle end of its last (before its first launch and
 after its last: the job started and ended inside them).
 Grid and block sizes are percentiles of the summed log2 histograms (streams/aggregate.py).
-The words are the counting core's (producer/counting.py), as the trace summary uses them:
+The words are the counting core's (producer/contract/counting.py), as the trace summary uses them:
 kernel launches (that ran), captured into graphs, graph launches, graph kernel nodes run,
 failed calls, and the CPU blocked on the GPU (in syncs and in synchronous copies), here as a
 share of the job's active time.
@@ -22,13 +22,13 @@ from typing import Any, Final
 import orjson
 from tabulate import tabulate
 
-from producer.counting import GRAPH_LAUNCH_APIS
-from producer.errors import UsageError
-from streams import measurements as m
-from streams.aggregate import percentile
-from streams.influxql import InfluxQL, quote_string
-from streams.measurements import LOST_FIELDS, Fields, Tags
-from streams.settings import InfluxSettings
+from gpuflight.producer.contract.counting import GRAPH_LAUNCH_APIS
+from gpuflight.producer.contract.errors import UsageError
+from gpuflight.streams import measurements as m
+from gpuflight.streams.aggregate import percentile
+from gpuflight.streams.influxql import InfluxQL, quote_string
+from gpuflight.streams.measurements import LOST_FIELDS, Fields, Tags
+from gpuflight.streams.settings import InfluxSettings
 
 #: Queries over long ranges take longer than the sink's writes.
 REPORT_TIMEOUT_S: Final = 30.0

@@ -7,7 +7,7 @@ request explains, and the points they become. Pure: no Faust, no I/O.
     points = to_points(win, start, host=..., job=..., labels=..., window_s=...,
                        usd_per_gpu_hour=...)
 
-The producer attributes each CUDA call to its request(s) (producer/attribution.py: exact, or
+The producer attributes each CUDA call to its request(s) (producer/http/attribution.py: exact, or
 shared over the requests in flight) and sends, with each events message, the requests its
 process answered in it, each with the cost of its calls (`wire.RequestRecord.cost`), and the
 cost of the message's calls that no request explains (`EventBatch.unattributed`: start-up,
@@ -16,7 +16,8 @@ its route, with its cost: kernel launches that ran (shares make fractions), GPU 
 copied (`COSTS`); the unattributed cost of a message counts in the window of its first event.
 Σ over routes of GPU time + unattributed GPU time = the job's GPU time.
 
-Money: GPU-seconds at the price of the job's GPU model (USD per GPU-hour, producer/pricing.py).
+Money: GPU-seconds at the price of the job's GPU model (USD per GPU-hour,
+producer/contract/pricing.py).
 
 Latency percentiles come from a log histogram of LATENCY_STEPS buckets per doubling (each
 value within 2^(1/16), 4.4 %, of its bucket's middle); like every sum here it merges exactly,
@@ -32,9 +33,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from producer.wire import RequestRecord
-from streams import measurements as m
-from streams.measurements import Fields, FieldValue, Point, Tags
+from gpuflight.producer.contract.wire import RequestRecord
+from gpuflight.streams import measurements as m
+from gpuflight.streams.measurements import Fields, FieldValue, Point, Tags
 
 DICT_VERSION: Final = 1
 #: Sums per request: kernel launches that ran, GPU time (ns), bytes copied.
@@ -46,8 +47,8 @@ COPY_FIELDS: Final = ("h2d_bytes", "d2h_bytes", "d2d_bytes", "other_copy_bytes")
 LATENCY_STEPS: Final = 8
 #: Server errors: a response of 500 and beyond, or none at all (status 0).
 SERVER_ERROR: Final = 500
-#: Routes a (window, job) keeps (a job's processes each keep up to 200, producer/http.py); the
-#: requests of further routes count under OTHER_ROUTE: each route is a series in InfluxDB
+#: Routes a (window, job) keeps (a job's processes each keep up to 200, producer/http/parser.py);
+#: the requests of further routes count under OTHER_ROUTE: each route is a series in InfluxDB
 #: and about a kilobyte in the job's state (5,000 routes made it undurable).
 MAX_ROUTES: Final = 200
 OTHER_ROUTE: Final = "other"
@@ -278,7 +279,7 @@ def usd(gpu_ns: float, usd_per_gpu_hour: float | None) -> float:
 
 
 def request_id_text(request_id: int) -> str:
-    """A request id as written: 16 hex digits, as its OTLP span id (producer/otlp.py)."""
+    """A request id as written: 16 hex digits, as its OTLP span id (producer/http/otlp.py)."""
     return f"{request_id & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 

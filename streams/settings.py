@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from producer.errors import UsageError
-from producer.pricing import PriceBook
-from producer.wire import DEFAULT_PREFIX
-from streams.windows import WindowSettings
+from gpuflight.producer.contract.errors import UsageError
+from gpuflight.producer.contract.pricing import PriceBook
+from gpuflight.producer.contract.wire import DEFAULT_PREFIX
+from gpuflight.streams.windows import WindowSettings
 
 DEFAULT_INFLUX_URL: Final = "http://127.0.0.1:8086"
 DEFAULT_DATABASE: Final = "gpuflight"
@@ -84,8 +84,8 @@ class InfluxSettings:
 class StreamSettings:
     kafka: str = "127.0.0.1:9092"
     #: librdkafka security properties (--kafka-config, GPUFLIGHT_KAFKA_*): verbatim for the
-    #: confluent-kafka clients, translated for Faust's (producer.kafkaconf). Out of the repr:
-    #: it may hold a password.
+    #: confluent-kafka clients, translated for Faust's (producer.contract.kafkaconf). Out of the
+    #: repr: it may hold a password.
     kafka_config: Mapping[str, str] = field(default_factory=dict, repr=False)
     topic_prefix: str = DEFAULT_PREFIX
     #: The Faust app id: the consumer group (workers with the same id share partitions) and
@@ -99,7 +99,7 @@ class StreamSettings:
     )
     #: Wall-clock seconds between passes over the jobs (writes, closing windows).
     tick_s: float = 1.0
-    #: A host silent this long has its time advanced by the wall clock (see streams/app.py).
+    #: A host silent this long has its time advanced by the wall clock (see streams/worker.py).
     host_idle_s: float = 5.0
     #: Events stamped, and requests ending, more than this ahead of the worker's wall clock are
     #: not counted (dead letters, reason "future"). Within it, one message moves no host's time

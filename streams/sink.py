@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from streams.influxql import missing_database
-from streams.measurements import Point, problems
-from streams.settings import InfluxSettings
+from gpuflight.streams.influxql import missing_database
+from gpuflight.streams.measurements import Point, problems
+from gpuflight.streams.settings import InfluxSettings
 
 log = logging.getLogger(__name__)
 

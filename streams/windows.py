@@ -33,13 +33,13 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from producer.wire import RequestRecord
-from streams import aggregate as agg_math
-from streams import measurements as m
-from streams import requests as req_math
-from streams.aggregate import MemoryLedger, WindowAggregate
-from streams.clock import keep_latest
-from streams.detect import (
+from gpuflight.producer.contract.wire import RequestRecord
+from gpuflight.streams import aggregate as agg_math
+from gpuflight.streams import measurements as m
+from gpuflight.streams import requests as req_math
+from gpuflight.streams.aggregate import MemoryLedger, WindowAggregate
+from gpuflight.streams.clock import keep_latest
+from gpuflight.streams.detect import (
     BandwidthAnomaly,
     BandwidthDetector,
     DetectSettings,
@@ -47,8 +47,8 @@ from streams.detect import (
     MemoryBoundTracker,
     check_memory_bound,
 )
-from streams.measurements import Point
-from streams.requests import Labels, RequestWindow
+from gpuflight.streams.measurements import Point
+from gpuflight.streams.requests import Labels, RequestWindow
 
 STATE_VERSION: Final = 1
 DEFAULT_MAX_WINDOWS_PER_MESSAGE: Final = 64

@@ -18,7 +18,8 @@ pytest_plugins = [
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 # Tests (and the gpuflight they start) neither read nor write the user's verdict cache
-# (producer/verdicts.py): each classifies from the files. Tests of the cache pass a folder.
+# (producer/discover/verdictcache.py): each classifies from the files. Tests of the cache pass a
+# folder.
 os.environ.setdefault("GPUFLIGHT_CACHE_DIR", "off")
 
 

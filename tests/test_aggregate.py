@@ -13,9 +13,8 @@ import numpy.typing as npt
 import orjson
 import pytest
 
-from producer import wire
-from producer.counting import CopyStats
-from producer.records import (
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.abi import (
     API_IDS,
     EVENT_DTYPE,
     F_ASYNC,
@@ -24,8 +23,9 @@ from producer.records import (
     F_HAS_RESULT,
     EventType,
 )
-from streams import measurements as m
-from streams.aggregate import (
+from gpuflight.producer.contract.counting import CopyStats
+from gpuflight.streams import measurements as m
+from gpuflight.streams.aggregate import (
     MAX_PIDS,
     MemoryLedger,
     MemoryLevel,

@@ -23,11 +23,13 @@ from typing import IO, Any
 
 import pytest
 
-from producer import discover, elfsyms, trace
-from producer import probes as probes_module
-from producer.discover import LibraryFile
-from producer.probes import Probes, UprobeLinks
-from producer.settings import CaptureSettings
+from gpuflight.producer import trace
+from gpuflight.producer.discover import elfsyms, procmaps
+from gpuflight.producer.discover.procmaps import LibraryFile
+from gpuflight.producer.probe import probes as probes_module
+from gpuflight.producer.probe.probes import Probes
+from gpuflight.producer.probe.uprobes import UprobeLinks
+from gpuflight.producer.settings import CaptureSettings
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import GPUFLIGHT, Producer, read_events, wait_for_probe_releases
 from tests.workloads import build, expected
@@ -147,7 +149,7 @@ def dlopener(probes: Probes) -> Iterator[tuple[subprocess.Popen[str], IO[str], I
     assert stdin is not None and stdout is not None
     try:
         assert stdout.readline().strip() == "ready"
-        loader = discover.loader_of(Path("/proc"), child.pid)
+        loader = procmaps.loader_of(Path("/proc"), child.pid)
         assert loader is not None and probes.attach(loader) is not None
         probes.add_to_scope([child.pid])
         yield child, stdin, stdout
@@ -451,7 +453,7 @@ def test_uprobes_refused_for_privilege_are_one_line_and_exit_3(
     lines = [line for line in proc.stderr.splitlines() if line]
     assert proc.returncode == 3, proc.stderr
     assert len(lines) == 1, proc.stderr
-    # The start-up check (producer.environment) refuses before any attach; without it, the
+    # The start-up check (producer.probe.preflight) refuses before any attach; without it, the
     # kernel's refusal of the first uprobe would be the same one line (test_probes: the seam).
     assert lines[0].startswith("gpuflight: error: gpuflight lacks CAP_SYS_ADMIN"), lines[0]
 
@@ -465,7 +467,7 @@ def test_each_row_s_cookie_reaches_its_family_s_program_either_way_of_attaching(
     every API is recorded once, exactly as made."""
     binary = build.build_capture(bindir, "cu12")
     out = tmp_path / "out.jsonl"
-    force = ("import functools, producer.probes as p; "
+    force = ("import functools, gpuflight.producer.probe.probes as p; "
              f"p.UprobeLinks = functools.partial(p.UprobeLinks, multi={multi}); ")
     proc = subprocess.run(
         [sys.executable, "-c", force + "from gpuflight.cli import main; raise SystemExit(main())",
@@ -483,7 +485,7 @@ def test_before_attach_cookies_each_row_has_programs_the_kernel_verifies() -> No
     own (GF_ATTACH_COOKIE 0). They compile and the kernel verifies every one."""
     from bcc import BPF
 
-    from producer.records import PROBES
+    from gpuflight.producer.contract.abi import PROBES
 
     settings = CaptureSettings()
     flags = [f for f in settings.cflags() if not f.startswith("-DGF_ATTACH_COOKIE=")]

@@ -1,4 +1,4 @@
-"""producer/attribution.py: CUDA events to requests, and what each request cost (pure)."""
+"""producer/http/attribution.py: CUDA events to requests, and what each request cost (pure)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producer.attribution import (
+from gpuflight.producer.contract.abi import (
+    EVENT_DTYPE,
+    F_ASYNC,
+    F_CAPTURED,
+    F_HAS_RESULT,
+    EventType,
+)
+from gpuflight.producer.http.attribution import (
     COST_FIELDS,
     EXACT,
     OPEN_END,
@@ -24,8 +31,7 @@ from producer.attribution import (
     rollup,
     top_kernels,
 )
-from producer.http import OpenRequest
-from producer.records import EVENT_DTYPE, F_ASYNC, F_CAPTURED, F_HAS_RESULT, EventType
+from gpuflight.producer.http.parser import OpenRequest
 
 L, C, S, M, A, G, F = (EventType.LAUNCH, EventType.MEMCPY, EventType.SYNC, EventType.MEMSET,
                        EventType.ALLOC, EventType.GRAPH_LAUNCH, EventType.FREE)

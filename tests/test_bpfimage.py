@@ -1,4 +1,4 @@
-"""The compiled-program cache (producer/bpfimage.py): where map fds go in the instructions,
+"""The compiled-program cache (producer/probe/bpfimage.py): where map fds go in the instructions,
 what a kept image must match to be used, and what is never trusted. Pure: no BPF here;
 tests/test_capture.py runs a trace from a kept image, tests/test_kafka.py a node agent."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from producer import bpfimage
-from producer.bpfimage import Image, ImageCache, ImageError, MapSpec, ProgramSpec
+from gpuflight.producer.probe import bpfimage
+from gpuflight.producer.probe.bpfimage import Image, ImageCache, ImageError, MapSpec, ProgramSpec
 
 
 def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
@@ -132,7 +132,7 @@ def test_the_cache_keeps_an_image_per_key(tmp_path: Path) -> None:
 def test_an_image_others_could_have_written_is_ignored(tmp_path: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """The kernel runs what the image holds: a file anybody else may write is not used."""
-    caplog.set_level(logging.INFO, logger="producer.bpfimage")
+    caplog.set_level(logging.INFO, logger="gpuflight.producer.probe.bpfimage")
     cache = ImageCache(tmp_path)
     key = "d" * 64
     assert cache.save(key, sample_image())

@@ -1,4 +1,4 @@
-"""Loading an image (producer/bpfload.py) into the kernel: maps created or opened where
+"""Loading an image (producer/probe/bpfload.py) into the kernel: maps created or opened where
 pinned, their contents read and written, programs verified (a refusal says why), tracepoint
 functions attached. Small hand-made images; tests/test_capture.py and tests/test_kafka.py
 run the real programs from the cache."""
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from producer import bpfimage, bpfload
-from producer.bpfimage import Image, MapSpec, ProgramSpec
-from producer.errors import SetupError
+from gpuflight.producer.contract.errors import SetupError
+from gpuflight.producer.probe import bpfimage, bpfload
+from gpuflight.producer.probe.bpfimage import Image, MapSpec, ProgramSpec
 
 pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("bpf_ready")]
 
@@ -274,7 +274,8 @@ def test_a_map_the_kernel_refuses_later_is_the_error_of_what_needs_it() -> None:
 
 
 def test_pinned_maps_are_made_once_and_found_again(bpffs_dir: Path) -> None:
-    """The tally's maps outlive the agent (producer/tally.py): the first load creates and
+    """The tally's maps outlive the agent (producer/publish/deadagents.py): the first load creates
+    and
     pins them, the next opens the same map, and one of another shape is refused."""
     pin = {"pids": bpffs_dir / "pids"}
     first = bpfload.LoadedObject(image(), pin)

@@ -27,9 +27,9 @@ import orjson
 import pytest
 
 from gpuflight.demo.build import SIMGPU_SONAME
+from gpuflight.producer.decode.summary import Summary
 from gpuflight.simgpu.build import SimGpu, read_counts
 from gpuflight.simgpu.build import build as build_sim
-from producer.summary import Summary
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import (
     GPUFLIGHT,
@@ -381,9 +381,9 @@ def test_forks_are_followed_on_the_raw_tracepoint_or_else_the_perf_event(
     the fork one reads the child's pid where the kernel's BTF says. Where that is unknown,
     forks are followed on the tracepoint perf event. Either way a grandchild (sh forks it)
     is traced from its first call."""
-    from producer import bpfload, btf
-    from producer import trace as tracing
-    from producer.btf import BtfError
+    from gpuflight.producer import trace as tracing
+    from gpuflight.producer.probe import bpfload, btf
+    from gpuflight.producer.probe.btf import BtfError
 
     if task_layout == "unknown":
         def unknown(_btf: btf.Btf) -> list[str]:
@@ -418,12 +418,14 @@ def test_forks_are_followed_on_the_raw_tracepoint_or_else_the_perf_event(
 def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`trace` saves what it learned of each library file (producer/verdicts.py: what it
+    """`trace` saves what it learned of each library file (producer/discover/verdictcache.py: what
+    it
     defines, and where its probes go) when it closes, and the compiled BPF program
-    (producer/bpfimage.py) when it starts; the next one classifies and attaches the same
+    (producer/probe/bpfimage.py) when it starts; the next one classifies and attaches the same
     files from that alone (no ELF read), compiles nothing, and captures as exactly."""
-    from producer import elfsyms, probes
-    from producer import trace as tracing
+    from gpuflight.producer import trace as tracing
+    from gpuflight.producer.discover import elfsyms
+    from gpuflight.producer.probe import probes
 
     binary = build.build_capture(bindir, "stub")
     cache = tmp_path / "cache"
@@ -446,7 +448,7 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     def uncompiled(text: str, cflags: list[str]) -> None:
         raise AssertionError("the BPF program was compiled again")
 
-    # Neither to classify nor to attach (producer/attachplan.py).
+    # Neither to classify nor to attach (producer/discover/attachplan.py).
     for name in ("defined_functions", "referenced_functions", "function_addresses",
                  "symbol_address", "vaddr_to_file_offset"):
         monkeypatch.setattr(elfsyms, name, unread)
@@ -465,9 +467,9 @@ def test_the_cuda_programs_load_after_the_command_starts_and_capture_is_exact(
     starts; here they are held back until the command's runtime is being attached, so that
     the capture loop runs without the rings meanwhile and the attach has to wait for them:
     it uses each loader thread's program (none is loaded twice), and the capture is exact."""
-    from producer import bpfload
-    from producer import trace as tracing
-    from producer.probes import Probes
+    from gpuflight.producer import trace as tracing
+    from gpuflight.producer.probe import bpfload
+    from gpuflight.producer.probe.probes import Probes
 
     gate = threading.Event()
     loads: Counter[tuple[str, int, int]] = Counter()
@@ -518,9 +520,9 @@ def test_before_the_rings_are_made_there_is_nothing_to_drain_and_nothing_waits(
     """The capture loop drains the events and names rings from its first turn; until the
     loader thread has made them (no CUDA program can have run), a drain finds nothing
     rather than waiting, and the readers are made once the rings are."""
-    from producer import bpfload
-    from producer.probes import Probes
-    from producer.settings import CaptureSettings
+    from gpuflight.producer.probe import bpfload
+    from gpuflight.producer.probe.probes import Probes
+    from gpuflight.producer.settings import CaptureSettings
 
     gate = threading.Event()
     real_maps = bpfload.LoadedObject._make_later_maps
@@ -553,9 +555,9 @@ def test_a_cuda_program_that_fails_to_load_after_the_command_starts_ends_trace_c
     it gave when every program loaded before the command (SetupError, "the BPF program did
     not load: ..."), no probe missing unsaid; the command, already started, runs to its end
     untraced, and nothing hangs."""
-    from producer import bpfload
-    from producer import trace as tracing
-    from producer.errors import SetupError
+    from gpuflight.producer import trace as tracing
+    from gpuflight.producer.contract.errors import SetupError
+    from gpuflight.producer.probe import bpfload
 
     real_load = bpfload.LoadedObject._load
 
@@ -597,9 +599,9 @@ def test_the_node_agent_detaches_a_file_no_process_maps_any_more(
     image's) is detached after settings.detach_unmapped_after_s: its probes' fds are closed
     (in the soak, 11,856 an hour kept open before), and a process that maps it later has it
     attached again, captured exactly."""
-    from producer.capture import Capture
-    from producer.settings import CaptureSettings
-    from producer.sinks import MemorySink
+    from gpuflight.producer.capture import Capture
+    from gpuflight.producer.decode.sinks import MemorySink
+    from gpuflight.producer.settings import CaptureSettings
 
     binary = build.build_capture(bindir, "stub")
     lib = tmp_path / "lib"
@@ -702,11 +704,11 @@ def test_the_node_agent_forgets_a_process_once_it_is_gone(
     Thousands of short-lived processes an hour then leave nothing behind (the soak's agent
     grew 130 MiB an hour keeping them up to the caches' 4,096 processes, identities without
     bound); one that lives on keeps its state."""
-    from producer import capture as capture_module
-    from producer.capture import Capture
-    from producer.decode import Enricher
-    from producer.settings import CaptureSettings
-    from producer.sinks import MemorySink
+    from gpuflight.producer import capture as capture_module
+    from gpuflight.producer.capture import Capture
+    from gpuflight.producer.decode.enrich import Enricher
+    from gpuflight.producer.decode.sinks import MemorySink
+    from gpuflight.producer.settings import CaptureSettings
 
     monkeypatch.setattr(capture_module, "FORGET_EXITED_AFTER_S", 0.5)
     binary = build.build_capture(bindir, "stub")
@@ -755,10 +757,10 @@ def test_kernel_naming_reads_no_process_while_it_is_held(
     """What kernel naming reads of a process (its maps and nvcc `__handle` statics: the
     first read of libtorch_cuda.so's costs 0.1-0.9 s) is read after the process that mapped
     a CUDA file is let go, never while the loader probe holds it (issue 14)."""
-    from producer import probes
-    from producer import trace as tracing
-    from producer.capture import Capture
-    from producer.kernels import KernelNames
+    from gpuflight.producer import trace as tracing
+    from gpuflight.producer.capture import Capture
+    from gpuflight.producer.decode.kernels import KernelNames
+    from gpuflight.producer.probe import probes
 
     binary = build.build_capture(bindir, "stub")
     held: set[int] = set()

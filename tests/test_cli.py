@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuflight import cli
-from producer import environment
-from producer.errors import SetupError
+from gpuflight.producer.contract.errors import SetupError
+from gpuflight.producer.probe import preflight
 from tests.conftest import one_line
 
 
@@ -30,31 +30,31 @@ def test_missing_bcc_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "bcc" else real(name, *a))
     with pytest.raises(SetupError, match="python3-bpfcc"):
-        environment.check_can_probe()
+        preflight.check_can_probe()
 
 
 def test_missing_headers_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     with pytest.raises(SetupError, match=r"linux-headers-.*scripts/setup"):
-        environment.check_can_probe(modules_root=tmp_path)
+        preflight.check_can_probe(modules_root=tmp_path)
 
 
 def test_a_missing_capability_is_named_in_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Root with CAP_SYS_ADMIN alone: enough for trace, not for the node agent."""
-    assert environment.missing_capabilities(environment.NODE_CAPABILITIES, 1 << 21) == [
+    assert preflight.missing_capabilities(preflight.NODE_CAPABILITIES, 1 << 21) == [
         "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"]
-    assert environment.missing_capabilities(environment.TRACE_CAPABILITIES, 1 << 21) == []
+    assert preflight.missing_capabilities(preflight.TRACE_CAPABILITIES, 1 << 21) == []
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
-    monkeypatch.setattr(environment, "effective_capabilities", lambda: 1 << 21)
+    monkeypatch.setattr(preflight, "effective_capabilities", lambda: 1 << 21)
     (tmp_path / os.uname().release / "build" / "include").mkdir(parents=True)
-    environment.check_can_probe(modules_root=tmp_path,
-                                capabilities=environment.TRACE_CAPABILITIES)
+    preflight.check_can_probe(modules_root=tmp_path,
+                                capabilities=preflight.TRACE_CAPABILITIES)
     with pytest.raises(SetupError) as error:
-        environment.check_can_probe(modules_root=tmp_path)
+        preflight.check_can_probe(modules_root=tmp_path)
     assert one_line(error) == (
         "gpuflight lacks CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, needed for the maps and mount "
         "namespaces (/proc/PID/maps, /proc/PID/root) of processes with capabilities it "

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from producer.environment import NODE_CAPABILITIES
+from gpuflight.producer.probe.preflight import NODE_CAPABILITIES
 from tests.conftest import REPO, require
 from tests.support.compose import COMPOSE, FLEET, PROJECT, compose_config
 
@@ -167,7 +167,7 @@ def test_no_kafka_listener_is_plaintext_off_loopback(fleet: bool) -> None:
 
 
 def test_credentials_come_from_secrets_never_from_the_files() -> None:
-    from producer.redact import is_secret_name
+    from gpuflight.producer.publish.redact import is_secret_name
 
     config = compose_config()
     services = config["services"]

@@ -1,4 +1,5 @@
-"""The one counting core (producer/counting.py): its rule on hand-made events, and the trace
+"""The one counting core (producer/contract/counting.py): its rule on hand-made events, and the
+trace
 summary and the stream app agreeing on every figure they share — on a synthetic stream with
 graphs, failures, syncs and copies, and on real captures of CUDA-graph workloads."""
 
@@ -14,18 +15,18 @@ import numpy as np
 import pytest
 
 from gpuflight.demo import showcase
-from grafana import generate
-from producer import counting
-from producer.counting import CopyStats, Counts
-from producer.records import (
+from gpuflight.grafana import generate
+from gpuflight.producer.contract import counting
+from gpuflight.producer.contract.abi import (
     API_IDS,
     F_CAPTURED,
     F_HAS_RESULT,
     EventType,
 )
-from producer.summary import Summary, render
-from streams import measurements as m
-from streams import report
+from gpuflight.producer.contract.counting import CopyStats, Counts
+from gpuflight.producer.decode.summary import Summary, render
+from gpuflight.streams import measurements as m
+from gpuflight.streams import report
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import GPUFLIGHT, read_events
 from tests.support.counting import (

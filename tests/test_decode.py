@@ -8,10 +8,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from producer.decode import Enricher, to_events
-from producer.records import API_IDS, EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType
-from producer.summary import Summary, render
-from producer.wire import KernelName
+from gpuflight.producer.contract.abi import API_IDS, EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType
+from gpuflight.producer.contract.wire import KernelName
+from gpuflight.producer.decode.enrich import Enricher, to_events
+from gpuflight.producer.decode.summary import Summary, render
 
 
 def decode(events: npt.NDArray[np.void], offset: int = 0) -> list[dict[str, Any]]:
@@ -201,7 +201,7 @@ def test_captured_launches_count_into_the_graph_and_its_replays() -> None:
 
 
 def test_summary_lists_each_probed_file_once_with_its_probes() -> None:
-    from producer.summary import ProbedFile
+    from gpuflight.producer.decode.summary import ProbedFile
 
     probed = [
         ProbedFile("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", "loader", 1),
@@ -220,7 +220,7 @@ def test_summary_lists_each_probed_file_once_with_its_probes() -> None:
 
 
 def test_summary_says_which_probes_are_single_stepped_and_what_their_calls_cost() -> None:
-    from producer.summary import STEP_COST_S, ProbedFile
+    from gpuflight.producer.decode.summary import STEP_COST_S, ProbedFile
 
     probed = [ProbedFile("/opt/libcuda.so.1", "driver", 81, stepped=3),
               ProbedFile("/venv/libcudart.so.13", "runtime", 74)]
@@ -283,7 +283,7 @@ def test_forget_drops_what_is_kept_of_exited_processes_only() -> None:
 
 
 def test_summary_tables_align_counts_right_and_text_left() -> None:
-    from producer.summary import _table
+    from gpuflight.producer.decode.summary import _table
 
     lines = _table([["(1,1,1)", "2", "100.0%"], ["(1024,1,1)", "12,345", "0.1%"]],
                    ["grid", "launches", "share"])
@@ -300,10 +300,11 @@ def test_the_clock_offset_is_taken_from_the_tightest_of_its_reads(
     """The wall clock is read between two monotonic reads; a read the thread was preempted in
     (here the first, 40 ms between its monotonic reads) is off by half of that, so the
     tightest of the tries is kept."""
-    from producer import decode
+    from gpuflight.producer.decode import enrich
 
     monotonic = iter([1_000, 40_001_000, 50_000_000, 50_000_100, 60_000_000, 60_000_300])
     wall = iter([9_000_000_000, 9_050_000_000, 9_060_000_000])
-    monkeypatch.setattr("producer.decode.time.monotonic_ns", lambda: next(monotonic))
-    monkeypatch.setattr("producer.decode.time.time_ns", lambda: next(wall))
-    assert decode.monotonic_to_wall_offset_ns(tries=3) == 9_050_000_000 - 50_000_050
+    monkeypatch.setattr("gpuflight.producer.decode.enrich.time.monotonic_ns",
+                        lambda: next(monotonic))
+    monkeypatch.setattr("gpuflight.producer.decode.enrich.time.time_ns", lambda: next(wall))
+    assert enrich.monotonic_to_wall_offset_ns(tries=3) == 9_050_000_000 - 50_000_050

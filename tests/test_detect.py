@@ -8,10 +8,10 @@ import numpy as np
 import orjson
 import pytest
 
-from producer.counting import CopyStats
-from streams import measurements as m
-from streams.aggregate import WindowAggregate
-from streams.detect import (
+from gpuflight.producer.contract.counting import CopyStats
+from gpuflight.streams import measurements as m
+from gpuflight.streams.aggregate import WindowAggregate
+from gpuflight.streams.detect import (
     BandwidthAnomaly,
     BandwidthDetector,
     DetectSettings,

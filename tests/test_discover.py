@@ -16,8 +16,8 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from producer import discover, elfsyms
-from producer.discover import Classifier, LibraryFile, LibraryKey, Snapshot
+from gpuflight.producer.discover import elfsyms, procmaps
+from gpuflight.producer.discover.procmaps import Classifier, LibraryFile, LibraryKey, Snapshot
 from tests.conftest import require
 from tests.support.probe_table import header_rows
 
@@ -194,7 +194,7 @@ def only(snapshot: Snapshot, kind: str) -> list[LibraryFile]:
     ],
 )
 def test_defined_functions(elves: Elves, name: str, expected: frozenset[str]) -> None:
-    wanted = discover.RUNTIME_SYMBOLS | {"cudaMalloc"}
+    wanted = procmaps.RUNTIME_SYMBOLS | {"cudaMalloc"}
     assert elfsyms.defined_functions(str(elves[name]), wanted) == expected
 
 
@@ -233,7 +233,7 @@ def test_bad_paths_define_nothing(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.so"
     os.mkfifo(fifo)
     for path in (tmp_path / "missing.so", tmp_path, fifo):
-        assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == frozenset()
+        assert elfsyms.defined_functions(str(path), procmaps.RUNTIME_SYMBOLS) == frozenset()
         assert elfsyms.interpreter(str(path)) is None
 
 
@@ -251,7 +251,7 @@ def test_corrupt_files_never_raise(tmp_path: Path, elves: Elves) -> None:
             corrupt[at] = rng.choice((0x00, 0xFF, rng.randrange(256)))
         path.write_bytes(corrupt)
         elfsyms.clear_cache()  # the same path, size and maybe mtime: do not answer from cache
-        elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS)
+        elfsyms.defined_functions(str(path), procmaps.RUNTIME_SYMBOLS)
         elfsyms.symbol_address(str(path), "cudaMemcpy")
         elfsyms.interpreter(str(path))
 
@@ -275,8 +275,8 @@ def test_nvidia_runtimes_define_every_probed_function() -> None:
     libraries = sorted(lib for d in NVIDIA_DIRS for lib in d.glob("*/lib/libcudart.so.*"))
     require(None if libraries else "the nvidia-cuda-runtime wheels are not installed")
     for library in libraries:
-        assert elfsyms.defined_functions(str(library), discover.RUNTIME_SYMBOLS) == (
-            discover.RUNTIME_SYMBOLS
+        assert elfsyms.defined_functions(str(library), procmaps.RUNTIME_SYMBOLS) == (
+            procmaps.RUNTIME_SYMBOLS
         ), library
 
 
@@ -285,12 +285,12 @@ def test_nvidia_runtimes_define_every_probed_function() -> None:
 
 def test_runtime_symbols_match_events_header() -> None:
     ids = {name: api for name, api, _, _ in header_rows() if api is not None}
-    assert tuple(n for n, v in ids.items() if v < 200) == discover.RUNTIME_API_NAMES
-    assert tuple(n for n, v in ids.items() if v >= 200) == discover.DRIVER_API_NAMES
-    assert all(n.startswith("cuda") for n in discover.RUNTIME_API_NAMES)
-    assert all(n.startswith("cu") and not n.startswith("cuda") for n in discover.DRIVER_API_NAMES)
-    assert frozenset(discover.RUNTIME_API_NAMES) == discover.RUNTIME_SYMBOLS
-    assert frozenset(discover.DRIVER_API_NAMES) == discover.DRIVER_SYMBOLS
+    assert tuple(n for n, v in ids.items() if v < 200) == procmaps.RUNTIME_API_NAMES
+    assert tuple(n for n, v in ids.items() if v >= 200) == procmaps.DRIVER_API_NAMES
+    assert all(n.startswith("cuda") for n in procmaps.RUNTIME_API_NAMES)
+    assert all(n.startswith("cu") and not n.startswith("cuda") for n in procmaps.DRIVER_API_NAMES)
+    assert frozenset(procmaps.RUNTIME_API_NAMES) == procmaps.RUNTIME_SYMBOLS
+    assert frozenset(procmaps.DRIVER_API_NAMES) == procmaps.DRIVER_SYMBOLS
 
 
 # --- scanning fake trees ---------------------------------------------------------------------
@@ -313,7 +313,7 @@ def test_every_kind_is_found(proc: FakeProc) -> None:
     for path, name in paths.items():
         proc.map(100, path, stored(proc, name))
 
-    snapshot = discover.scan(proc.root)
+    snapshot = procmaps.scan(proc.root)
 
     runtimes = only(snapshot, "runtime")
     assert [lib.path for lib in runtimes] == [
@@ -328,7 +328,7 @@ def test_every_kind_is_found(proc: FakeProc) -> None:
     [loader] = only(snapshot, "loader")
     assert loader.path == "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
     assert loader.host_path == f"{proc.root}/100/root{loader.path}"
-    assert loader.symbols == {discover.LOADER_SYMBOL}
+    assert loader.symbols == {procmaps.LOADER_SYMBOL}
     assert snapshot.libraries_by_pid == {100: frozenset(snapshot.libraries)}
     assert snapshot.errors == frozenset()
 
@@ -338,7 +338,7 @@ def test_one_file_mapped_by_two_processes_is_one_library(proc: FakeProc) -> None
         proc.process(pid)
         proc.map(pid, "/usr/lib/libcudart.so.12", stored(proc, "libcudart.so.12"))
 
-    snapshot = discover.scan(proc.root)
+    snapshot = procmaps.scan(proc.root)
 
     key = key_of(stored(proc, "libcudart.so.12"))
     assert list(snapshot.libraries) == [key]
@@ -354,7 +354,7 @@ def test_file_only_in_one_mount_namespace_is_found_through_it(proc: FakeProc) ->
     proc.map(300, "/cuda/libcudart.so.12", stored(proc, "libcudart.so.12"), in_root=False)
     proc.map(301, "/opt/x/libcudart.so.12", stored(proc, "libcudart.so.12"))
 
-    [lib] = discover.scan(proc.root).libraries.values()
+    [lib] = procmaps.scan(proc.root).libraries.values()
 
     assert lib.path == "/opt/x/libcudart.so.12"
     assert lib.host_path == f"{proc.root}/301/root/opt/x/libcudart.so.12"
@@ -375,7 +375,7 @@ def test_deleted_file_is_opened_through_map_files(proc: FakeProc) -> None:
     replacement.parent.mkdir(parents=True)
     shutil.copy(stored(proc, "libcudart.so.12"), replacement)
 
-    [lib] = discover.scan(proc.root).libraries.values()
+    [lib] = procmaps.scan(proc.root).libraries.values()
 
     assert lib.path == "/tmp/libcudart.so.12"
     assert lib.host_path == f"{proc.root}/400/map_files/{name}"
@@ -395,7 +395,7 @@ def test_replaced_file_is_opened_through_map_files(proc: FakeProc) -> None:
     inside.parent.mkdir(parents=True)
     shutil.copy(stored(proc, "libfoo.so"), inside)
 
-    [lib] = discover.scan(proc.root).libraries.values()
+    [lib] = procmaps.scan(proc.root).libraries.values()
 
     assert lib.host_path == f"{proc.root}/410/map_files/{name}"
 
@@ -407,14 +407,14 @@ def test_loader_named_by_pt_interp(proc: FakeProc) -> None:
     proc.process(501)  # the same loader file, but no executable to name it
     proc.map(501, "/opt/weird/myloader.so", stored(proc, "myloader.so"))
 
-    assert discover.scan(proc.root, pids=[501]).libraries == {}
+    assert procmaps.scan(proc.root, pids=[501]).libraries == {}
 
     (proc.root / "500" / "exe").symlink_to(stored(proc, "weird"))
-    [loader] = discover.scan(proc.root).libraries.values()
+    [loader] = procmaps.scan(proc.root).libraries.values()
     assert loader.kind == "loader"
     assert loader.path == "/opt/weird/myloader.so"
     assert loader.key == key_of(stored(proc, "myloader.so"))
-    assert discover.scan(proc.root).pids_by_library[loader.key] == {500, 501}
+    assert procmaps.scan(proc.root).pids_by_library[loader.key] == {500, 501}
 
 
 def test_loader_named_by_pt_interp_through_a_symlink(proc: FakeProc) -> None:
@@ -425,7 +425,7 @@ def test_loader_named_by_pt_interp_through_a_symlink(proc: FakeProc) -> None:
     (proc.root / "510" / "root" / "opt" / "weird" / "myloader.so").symlink_to("impl/loader-impl.so")
     (proc.root / "510" / "exe").symlink_to(stored(proc, "weird"))
 
-    [loader] = discover.scan(proc.root).libraries.values()
+    [loader] = procmaps.scan(proc.root).libraries.values()
     assert (loader.kind, loader.path) == ("loader", "/opt/weird/impl/loader-impl.so")
 
 
@@ -437,10 +437,10 @@ def test_vanished_and_unreadable_pids_are_counted(proc: FakeProc) -> None:
     (proc.root / "602" / "maps").unlink()
     (proc.root / "602" / "maps").mkdir()  # unreadable as a file
 
-    snapshot = discover.scan(proc.root)
+    snapshot = procmaps.scan(proc.root)
     assert snapshot.errors == {601, 602}
     assert set(snapshot.libraries_by_pid) == {600}
-    assert discover.scan(proc.root, pids=[600, 99999]).errors == {99999}
+    assert procmaps.scan(proc.root, pids=[600, 99999]).errors == {99999}
 
 
 def test_pids_filter(proc: FakeProc) -> None:
@@ -449,10 +449,10 @@ def test_pids_filter(proc: FakeProc) -> None:
     proc.map(700, "/lib/libcudart.so.12", stored(proc, "libcudart.so.12"))
     proc.map(701, "/lib/libcublasLt.so", stored(proc, "libcublasLt.so"))
 
-    snapshot = discover.scan(proc.root, pids=[701])
+    snapshot = procmaps.scan(proc.root, pids=[701])
     assert [lib.path for lib in snapshot.libraries.values()] == ["/lib/libcublasLt.so"]
     assert set(snapshot.libraries_by_pid) == {701}
-    assert discover.scan_pid(proc.root, 700).libraries.keys() == {
+    assert procmaps.scan_pid(proc.root, 700).libraries.keys() == {
         key_of(stored(proc, "libcudart.so.12"))
     }
 
@@ -474,13 +474,13 @@ def test_classification_is_cached_across_scans(
 
     monkeypatch.setattr(elfsyms, "defined_functions", counted)
     classifier = Classifier()
-    first = discover.scan(proc.root, cache=classifier)
+    first = procmaps.scan(proc.root, cache=classifier)
     assert len(reads) == 2
-    assert discover.scan(proc.root, cache=classifier) == first
+    assert procmaps.scan(proc.root, cache=classifier) == first
     assert len(reads) == 2  # nothing read again
     # libfoo.so changes in place (same inode): it is read again, and is now a runtime.
     stored(proc, "libfoo.so").write_bytes(stored(proc, "libcudart.so.12").read_bytes())
-    assert len(discover.scan(proc.root, cache=classifier).libraries) == 2
+    assert len(procmaps.scan(proc.root, cache=classifier).libraries) == 2
     assert len(reads) == 3
 
 
@@ -488,10 +488,10 @@ def test_full_scan_forgets_unmapped_files(proc: FakeProc) -> None:
     proc.process(900)
     proc.map(900, "/lib/libcudart.so.12", stored(proc, "libcudart.so.12"))
     classifier = Classifier()
-    discover.scan(proc.root, cache=classifier)
+    procmaps.scan(proc.root, cache=classifier)
     assert len(classifier) == 1
     (proc.root / "900" / "maps").write_text("")
-    discover.scan(proc.root, cache=classifier)
+    procmaps.scan(proc.root, cache=classifier)
     assert len(classifier) == 0
 
 
@@ -549,7 +549,7 @@ def _key_text(key: LibraryKey) -> str:
 
 
 def test_hand_written_tree(static_proc: Path) -> None:
-    snapshot = discover.scan(static_proc)
+    snapshot = procmaps.scan(static_proc)
     fd01 = os.makedev(0xFD, 0x01)
     real = dict(STATIC_KEYS)
     found = {
@@ -590,27 +590,27 @@ def test_hand_written_tree(static_proc: Path) -> None:
 
 
 def test_ppid_and_process_tree(static_proc: Path) -> None:
-    assert discover.ppid(static_proc, 4200) == 1  # comm "python3 (train) x"
-    assert discover.ppid(static_proc, 4202) == 4201
-    assert discover.ppid(static_proc, 1) == 0
-    assert discover.ppid(static_proc, 12345) is None
-    assert discover.process_tree(static_proc, 4200) == {4200, 4201, 4202}
-    assert discover.process_tree(static_proc, 4201) == {4201, 4202}
-    assert discover.process_tree(static_proc, 1) == {1, 4200, 4201, 4202, 4300, 4400}
-    assert discover.process_tree(static_proc, 12345) == set()
+    assert procmaps.ppid(static_proc, 4200) == 1  # comm "python3 (train) x"
+    assert procmaps.ppid(static_proc, 4202) == 4201
+    assert procmaps.ppid(static_proc, 1) == 0
+    assert procmaps.ppid(static_proc, 12345) is None
+    assert procmaps.process_tree(static_proc, 4200) == {4200, 4201, 4202}
+    assert procmaps.process_tree(static_proc, 4201) == {4201, 4202}
+    assert procmaps.process_tree(static_proc, 1) == {1, 4200, 4201, 4202, 4300, 4400}
+    assert procmaps.process_tree(static_proc, 12345) == set()
 
 
 # --- this machine's /proc --------------------------------------------------------------------
 
 
 def test_real_proc_finds_our_own_loader() -> None:
-    snapshot = discover.scan(pids=[os.getpid()])
+    snapshot = procmaps.scan(pids=[os.getpid()])
     loaders = only(snapshot, "loader")
     assert len(loaders) == 1, snapshot
     [loader] = loaders
     assert Path(loader.path).name.startswith("ld-")
     assert os.stat(loader.host_path).st_ino == loader.key[1]
-    assert elfsyms.symbol_address(loader.host_path, discover.LOADER_SYMBOL)
+    assert elfsyms.symbol_address(loader.host_path, procmaps.LOADER_SYMBOL)
     interp = elfsyms.interpreter(os.path.realpath(sys.executable))
     assert interp is not None
     assert os.stat(interp).st_ino == loader.key[1]
@@ -669,7 +669,7 @@ def test_real_process_with_a_deleted_runtime(
     key = key_of(library)
     holder = start_holder(hold, elves["holder"], library)
 
-    [lib] = only(discover.scan(pids=[holder.pid]), "runtime")
+    [lib] = only(procmaps.scan(pids=[holder.pid]), "runtime")
     assert (lib.key, lib.path, lib.host_path) == (
         key,
         str(library),
@@ -678,11 +678,11 @@ def test_real_process_with_a_deleted_runtime(
 
     library.unlink()
     require(map_files_unusable_reason())
-    [lib] = only(discover.scan(pids=[holder.pid]), "runtime")
+    [lib] = only(procmaps.scan(pids=[holder.pid]), "runtime")
     assert lib.key == key
     assert lib.path == str(library)
     assert lib.host_path.startswith(f"/proc/{holder.pid}/map_files/")
-    assert elfsyms.defined_functions(lib.host_path, discover.RUNTIME_SYMBOLS) == PROGRAM_RUNTIME
+    assert elfsyms.defined_functions(lib.host_path, procmaps.RUNTIME_SYMBOLS) == PROGRAM_RUNTIME
 
 
 def test_real_static_nvidia_runtime(tmp_path: Path, hold: list[Holder]) -> None:
@@ -695,9 +695,9 @@ def test_real_static_nvidia_runtime(tmp_path: Path, hold: list[Holder]) -> None:
     # Popen returns once the exec is done, and the kernel maps the program at exec.
     process = subprocess.Popen([str(program)], stdin=subprocess.PIPE)
     hold.append(Holder(process))
-    [lib] = only(discover.scan(pids=[process.pid]), "runtime")
+    [lib] = only(procmaps.scan(pids=[process.pid]), "runtime")
     assert lib.path == str(program)
-    assert lib.symbols == discover.RUNTIME_SYMBOLS
+    assert lib.symbols == procmaps.RUNTIME_SYMBOLS
 
 
 # --- speed -----------------------------------------------------------------------------------
@@ -753,9 +753,9 @@ def test_rescanning_a_busy_node_is_fast(tmp_path: Path, elves: Elves) -> None:
         tmp_path, elves, processes=1000, files_per_process=100, files=2000, filler=b"not ELF"
     )
     classifier = Classifier()
-    first = discover.scan(proc, cache=classifier)
+    first = procmaps.scan(proc, cache=classifier)
     started = time.perf_counter()
-    again = discover.scan(proc, cache=classifier)
+    again = procmaps.scan(proc, cache=classifier)
     elapsed = time.perf_counter() - started
     assert again == first
     assert sorted(lib.kind for lib in again.libraries.values()) == ["loader", "runtime"]

@@ -21,8 +21,9 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from producer import discover, elfsyms, records
-from producer.errors import SetupError
+from gpuflight.producer.contract import abi
+from gpuflight.producer.contract.errors import SetupError
+from gpuflight.producer.discover import elfsyms, procmaps
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import Producer, read_events, wait_for_probe_releases
 from tests.workloads import build, expected
@@ -78,17 +79,17 @@ def assert_exact(want: list[dict[str, Any]], got: list[dict[str, Any]],
 def test_real_libcuda_is_a_driver_with_every_probed_function() -> None:
     real_driver_or_skip()
     path = str(build.real_libcuda_dir() / build.LIBCUDA_SONAME)
-    assert elfsyms.defined_functions(path, discover.DRIVER_SYMBOLS) == discover.DRIVER_SYMBOLS
+    assert elfsyms.defined_functions(path, procmaps.DRIVER_SYMBOLS) == procmaps.DRIVER_SYMBOLS
     # and what the device of each event is followed by (cuCtxCreate_v3/_v4 are newer)
     device = {"cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxSetCurrent",
               "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"}
-    assert device <= elfsyms.defined_functions(path, records.DEVICE_FUNCTIONS)
-    assert not elfsyms.defined_functions(path, discover.RUNTIME_SYMBOLS)
+    assert device <= elfsyms.defined_functions(path, abi.DEVICE_FUNCTIONS)
+    assert not elfsyms.defined_functions(path, procmaps.RUNTIME_SYMBOLS)
 
 
 def test_stub_driver_defines_what_the_real_one_does(bindir: Path) -> None:
     path = str(build.build_stubcuda(bindir) / build.LIBCUDA_SONAME)
-    assert elfsyms.defined_functions(path, discover.DRIVER_SYMBOLS) == discover.DRIVER_SYMBOLS
+    assert elfsyms.defined_functions(path, procmaps.DRIVER_SYMBOLS) == procmaps.DRIVER_SYMBOLS
 
 
 # ---- the real driver: attach and argument decoding ---------------------------------
@@ -150,8 +151,8 @@ def test_real_driver_arguments_are_decoded_exactly(mode: str, bindir: Path,
 def test_no_call_into_nvidia_s_driver_is_single_stepped(bindir: Path, tmp_path: Path) -> None:
     """Every probe on NVIDIA's driver is where the kernel emulates: the trace counts, in the
     kernel, no call that hit a single-stepped probe, and lists the file with none."""
-    from producer import trace as tracing
-    from producer.settings import CaptureSettings
+    from gpuflight.producer import trace as tracing
+    from gpuflight.producer.settings import CaptureSettings
 
     real_driver_or_skip()
     require(None if CaptureSettings().attach_cookies else
@@ -184,7 +185,7 @@ def test_a_driver_entered_through_thunks_is_probed_past_them(bindir: Path,
     assert_results_and_durations(proc.stdout, events)
     shapes = build.thunk_shapes()
     stepped = {name for name, shape in shapes.items() if shape in ("stepped", "loop_back")
-               and name in discover.DRIVER_SYMBOLS}
+               and name in procmaps.DRIVER_SYMBOLS}
     line = probed_line(proc.stderr, build.libcuda_dir(bindir, "thunked") / build.LIBCUDA_SONAME)
     assert line.split("#")[1].strip() == f"{len(stepped)} function(s) single-stepped"
     calls = sum(1 for e in want if e["api"] in stepped)
@@ -242,7 +243,7 @@ def test_static_runtime_inside_a_shared_object(bindir: Path, tmp_path: Path) -> 
         assert isinstance(dynsym, SymbolTableSection)
         exported = {s.name for s in dynsym.iter_symbols()}
     assert "cudaLaunchKernel" not in exported
-    assert "cudaLaunchKernel" in elfsyms.defined_functions(str(library), discover.RUNTIME_SYMBOLS)
+    assert "cudaLaunchKernel" in elfsyms.defined_functions(str(library), procmaps.RUNTIME_SYMBOLS)
     _, events = trace([str(program), "--iters", "12", "--replays", "2"], tmp_path / "out.jsonl")
     assert_exact(expected.nvccstyle_events(12, 2), events, names=True)
 
@@ -274,8 +275,8 @@ def test_a_command_gone_before_its_maps_are_read_keeps_its_kernel_names(
     loop reads its maps only after it has exited. The kernel it launches by address (never
     registered) is still named from its executable's .symtab. Here the loop reads each
     process's maps only once it has exited (or stopped again)."""
-    from producer import trace as tracing
-    from producer.kernels import KernelNames
+    from gpuflight.producer import trace as tracing
+    from gpuflight.producer.decode.kernels import KernelNames
 
     read = KernelNames.remember_maps
     waited: list[int] = []

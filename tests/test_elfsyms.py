@@ -1,4 +1,4 @@
-"""producer/elfsyms.py on files made to hurt it: sizes and offsets that lie, sparse files
+"""producer/discover/elfsyms.py on files made to hurt it: sizes and offsets that lie, sparse files
 that claim hundreds of GB, and symbol tables of millions of entries.
 
 The files are generated here (a minimal ELF64 writer): every field can be set to what an
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producer import discover, elfsyms
+from gpuflight.producer.discover import elfsyms, procmaps
 
 SYM = np.dtype([
     ("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
@@ -96,8 +96,8 @@ def every_question(path: Path) -> None:
     """Ask everything elfsyms answers; none of it may raise."""
     elfsyms.clear_cache()
     p = str(path)
-    elfsyms.defined_functions(p, discover.RUNTIME_SYMBOLS)
-    elfsyms.function_addresses(p, discover.RUNTIME_SYMBOLS)
+    elfsyms.defined_functions(p, procmaps.RUNTIME_SYMBOLS)
+    elfsyms.function_addresses(p, procmaps.RUNTIME_SYMBOLS)
     elfsyms.symbol_address(p, "cudaMalloc")
     elfsyms.symbol_at(p, 0x100)
     elfsyms.file_offset_to_vaddr(p, 0x100)
@@ -116,7 +116,7 @@ def test_generated_runtime_is_read(tmp_path: Path) -> None:
     sections, names = runtime_like()
     path = tmp_path / "libcudart.so.12"
     path.write_bytes(build(sections))
-    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == names
+    assert elfsyms.defined_functions(str(path), procmaps.RUNTIME_SYMBOLS) == names
     assert elfsyms.symbol_address(str(path), "cudaMalloc") == 0x100000 + 64
 
 
@@ -127,7 +127,7 @@ def test_a_string_table_claiming_200_gb_is_not_read(tmp_path: Path) -> None:
     path.write_bytes(build(sections))
     every_question(path)
     # The sound tables still answer: .symtab names both functions.
-    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == names
+    assert elfsyms.defined_functions(str(path), procmaps.RUNTIME_SYMBOLS) == names
 
 
 def test_a_sparse_file_of_200_gb_is_not_read_whole(tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ def test_a_sparse_file_of_200_gb_is_not_read_whole(tmp_path: Path) -> None:
     assert path.stat().st_size == 200 * GB
     assert path.stat().st_blocks * 512 < 1 << 24  # sparse: nothing was written
     every_question(path)
-    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == names
+    assert elfsyms.defined_functions(str(path), procmaps.RUNTIME_SYMBOLS) == names
 
 
 @pytest.mark.parametrize(
@@ -190,7 +190,7 @@ def test_extended_section_count_that_lies(tmp_path: Path) -> None:
     path = tmp_path / "libx.so"
     path.write_bytes(bytes(data))
     every_question(path)
-    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == frozenset()
+    assert elfsyms.defined_functions(str(path), procmaps.RUNTIME_SYMBOLS) == frozenset()
 
 
 def test_a_file_shrinking_between_header_and_tables(tmp_path: Path) -> None:
@@ -218,7 +218,7 @@ def test_two_million_symbols(tmp_path: Path) -> None:
     ]
     path = tmp_path / "libbig.so"
     path.write_bytes(build(sections))
-    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == {"cudaMalloc"}
+    assert elfsyms.defined_functions(str(path), procmaps.RUNTIME_SYMBOLS) == {"cudaMalloc"}
     statics = elfsyms.local_statics(str(path), "__handle")
     assert statics is not None
     assert [name for _, name in statics.objects] == ["_ZZ24__device_stub__Z1kPfS_E8__handle"]
@@ -256,7 +256,7 @@ def _compile(tmp_path: Path, name: str, source: str, *flags: str) -> Path:
 
 def test_a_static_runtime_is_probed_only_where_its_file_calls_it(tmp_path: Path) -> None:
     lib = _compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME)
-    wanted = discover.RUNTIME_SYMBOLS
+    wanted = procmaps.RUNTIME_SYMBOLS
     assert elfsyms.defined_functions(str(lib), wanted) == {
         "cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"
     }
@@ -266,7 +266,7 @@ def test_a_static_runtime_is_probed_only_where_its_file_calls_it(tmp_path: Path)
 
 def test_an_exported_runtime_is_probed_whole(tmp_path: Path) -> None:
     lib = _compile(tmp_path, "libcudart.so.12", STATIC_RUNTIME.replace('"hidden"', '"default"'))
-    assert elfsyms.referenced_functions(str(lib), discover.RUNTIME_SYMBOLS) is None
+    assert elfsyms.referenced_functions(str(lib), procmaps.RUNTIME_SYMBOLS) is None
 
 
 def test_nccl_and_nvshmem_are_probed_for_what_they_call() -> None:
@@ -280,8 +280,8 @@ def test_nccl_and_nvshmem_are_probed_for_what_they_call() -> None:
         lib = str(site / path)
         if not os.path.exists(lib):
             continue
-        defined = elfsyms.defined_functions(lib, discover.RUNTIME_SYMBOLS)
-        called = elfsyms.referenced_functions(lib, discover.RUNTIME_SYMBOLS)
+        defined = elfsyms.defined_functions(lib, procmaps.RUNTIME_SYMBOLS)
+        called = elfsyms.referenced_functions(lib, procmaps.RUNTIME_SYMBOLS)
         assert called is not None
         assert {"cudaLaunchKernel", "cudaMalloc", "cudaMemcpyAsync"} <= called < defined, path
         assert len(called) <= len(defined) // 2, (path, sorted(called))
@@ -296,7 +296,7 @@ def test_discovery_probes_a_static_runtime_for_what_its_file_calls(tmp_path: Pat
     proc.process(100)
     proc.map(100, "/usr/lib/libnccl.so.2", nccl)
     proc.map(100, "/usr/lib/libcudart.so.12", cudart)
-    libraries = {lib.path: lib for lib in discover.scan(proc.root).libraries.values()}
+    libraries = {lib.path: lib for lib in procmaps.scan(proc.root).libraries.values()}
     linked_in = libraries["/usr/lib/libnccl.so.2"]
     assert linked_in.kind == "runtime"
     assert linked_in.symbols == {"cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"}
@@ -339,7 +339,7 @@ def test_a_file_importing_the_runtime_is_not_searched_for_a_static_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lib = str(_compile(tmp_path, "libtorch_cuda.so", IMPORTS_THE_RUNTIME))
-    runtime = discover.RUNTIME_SYMBOLS
+    runtime = procmaps.RUNTIME_SYMBOLS
     # The local cudaFree is there to be found by a plain question ...
     assert elfsyms.defined_functions(lib, runtime) == {"cudaFree"}
     elfsyms.clear_cache()
@@ -355,8 +355,8 @@ def test_a_static_runtime_importing_the_driver_is_still_found(
 ) -> None:
     lib = str(_compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME_IMPORTING_THE_DRIVER))
     read = _symbol_tables_read(monkeypatch)
-    runtime = discover.RUNTIME_SYMBOLS
-    wanted = runtime | discover.DRIVER_SYMBOLS
+    runtime = procmaps.RUNTIME_SYMBOLS
+    wanted = runtime | procmaps.DRIVER_SYMBOLS
     assert elfsyms.defined_functions(lib, wanted, unless_imported=runtime) == {
         "cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"
     }
@@ -376,7 +376,7 @@ def test_classification_finds_static_runtimes_beside_files_importing_one(
     proc.process(100)
     proc.map(100, "/usr/lib/libtorch_cuda.so", importer)
     proc.map(100, "/usr/lib/libnccl.so.2", nccl)
-    libraries = {lib.path: lib for lib in discover.scan(proc.root).libraries.values()}
+    libraries = {lib.path: lib for lib in procmaps.scan(proc.root).libraries.values()}
     assert set(libraries) == {"/usr/lib/libnccl.so.2"}
     assert libraries["/usr/lib/libnccl.so.2"].symbols == {
         "cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaMallocHost"
@@ -402,7 +402,7 @@ def test_the_rule_changes_no_answer_for_real_files(monkeypatch: pytest.MonkeyPat
     if python is None:
         pytest.skip("no frameworks venv (scripts/setup-frameworks)")
     site = next(python.parent.parent.glob("lib/python3*/site-packages"))
-    runtime, wanted = discover.RUNTIME_SYMBOLS, discover._CLASSIFYING_SYMBOLS
+    runtime, wanted = procmaps.RUNTIME_SYMBOLS, procmaps._CLASSIFYING_SYMBOLS
     skipped = []
     for path in REAL_FILES:
         lib = str(site / path)
@@ -472,12 +472,12 @@ def test_rel32_hits_drop_targets_4_gb_away() -> None:
 #: names ask, and the peak memory and CPU time the answers cost.
 MEASURE = r"""
 import json, resource, sys, time
-from producer import discover, elfsyms
+from gpuflight.producer.discover import procmaps, elfsyms
 path = sys.argv[1]
-runtime = discover.RUNTIME_SYMBOLS
+runtime = procmaps.RUNTIME_SYMBOLS
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.process_time()
-found = elfsyms.defined_functions(path, runtime | discover.DRIVER_SYMBOLS, runtime)
+found = elfsyms.defined_functions(path, runtime | procmaps.DRIVER_SYMBOLS, runtime)
 classified = time.process_time() - started
 found |= elfsyms.defined_functions(path, runtime)
 found |= set(elfsyms.function_addresses(path, runtime))
@@ -548,7 +548,7 @@ def test_tables_within_the_budget_that_are_holes_are_not_read(
     monkeypatch.setattr(os, "pread", counted)
     every_question(path)
     for _ in range(2):  # answered from the cache, and not warned about again
-        assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == frozenset()
+        assert elfsyms.defined_functions(str(path), procmaps.RUNTIME_SYMBOLS) == frozenset()
         assert elfsyms.symbol_address(str(path), "cudaMalloc") is None
     assert sum(read) < 1 << 20, f"{sum(read)} bytes read"
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and str(path) in r.message]
@@ -575,11 +575,11 @@ def test_a_real_runtime_is_read_where_the_file_system_under_counts_its_blocks(
 
     libraries = sorted(lib for d in NVIDIA_DIRS for lib in d.glob("*/lib/libcudart.so.*"))
     require(None if libraries else "the nvidia-cuda-runtime wheels are not installed")
-    runtime = discover.RUNTIME_SYMBOLS
+    runtime = procmaps.RUNTIME_SYMBOLS
     expected = {}
     for library in libraries:
         expected[library] = (
-            elfsyms.defined_functions(str(library), runtime | discover.DRIVER_SYMBOLS, runtime),
+            elfsyms.defined_functions(str(library), runtime | procmaps.DRIVER_SYMBOLS, runtime),
             elfsyms.function_addresses(str(library), runtime),
         )
         assert expected[library][0] == runtime, library
@@ -597,7 +597,7 @@ def test_a_real_runtime_is_read_where_the_file_system_under_counts_its_blocks(
     monkeypatch.setattr(elfsyms, "_UNCHECKED_BYTES", 0)  # the whole file is past the blocks
     for library in libraries:
         assert (
-            elfsyms.defined_functions(str(library), runtime | discover.DRIVER_SYMBOLS, runtime),
+            elfsyms.defined_functions(str(library), runtime | procmaps.DRIVER_SYMBOLS, runtime),
             elfsyms.function_addresses(str(library), runtime),
         ) == expected[library], library
     assert holes_asked  # each table was checked, and held no hole
@@ -611,7 +611,7 @@ def test_a_file_of_a_thousand_symbol_tables_costs_what_one_does(
     path = tmp_path / "libmany.so"
     path.write_bytes(build([Section(SHT_STRTAB, strings), *[dynsym] * 1000]))
     read = _symbol_tables_read(monkeypatch)
-    assert elfsyms.defined_functions(str(path), discover.RUNTIME_SYMBOLS) == {"cudaMalloc"}
+    assert elfsyms.defined_functions(str(path), procmaps.RUNTIME_SYMBOLS) == {"cudaMalloc"}
     assert read == [SHT_DYNSYM]
 
 
@@ -638,7 +638,7 @@ def test_tables_are_read_in_pieces_with_the_answers_of_a_whole_read(
     ]
     path = str(tmp_path / "libpieces.so")
     Path(path).write_bytes(build(sections))
-    runtime = discover.RUNTIME_SYMBOLS
+    runtime = procmaps.RUNTIME_SYMBOLS
 
     def answers() -> tuple[object, ...]:
         elfsyms.clear_cache()
@@ -676,7 +676,7 @@ def test_a_static_runtime_read_in_pieces_is_probed_for_the_same_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lib = str(_compile(tmp_path, "libnccl.so.2", STATIC_RUNTIME))
-    runtime = discover.RUNTIME_SYMBOLS
+    runtime = procmaps.RUNTIME_SYMBOLS
     whole = elfsyms.referenced_functions(lib, runtime)
     assert whole == frozenset({"cudaMalloc", "cudaLaunchKernel"})
     elfsyms.clear_cache()

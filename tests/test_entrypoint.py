@@ -1,4 +1,4 @@
-"""Where a function's probes go (producer/entrypoint.py, attachplan): at an instruction the
+"""Where a function's probes go (producer/discover/entrypoint.py, attachplan): at an instruction the
 kernel emulates, past a prefix it would single-step, or at the entry, single-stepped and said so.
 
 The code under test is written as assembly (GNU as, AT&T), assembled here; a label `here`
@@ -17,9 +17,9 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from gpuflight.producer.contract.abi import DRIVER_APIS, DRIVER_NAME_FUNCTIONS
+from gpuflight.producer.discover import attachplan, elfsyms, entrypoint
 from gpuflight.simgpu.build import build as build_sim
-from producer import attachplan, elfsyms, entrypoint
-from producer.records import DRIVER_APIS, DRIVER_NAME_FUNCTIONS
 from tests.conftest import require
 from tests.workloads import build
 

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 
 from gpuflight import cli, stack
-from producer import trace
-from producer.capture import Capture
-from producer.probes import LoaderEvent, Probes, UprobeLinks
-from producer.records import EVENT_DTYPE
-from producer.settings import CaptureSettings
-from producer.sinks import Guarded, JsonLinesSink
+from gpuflight.producer import trace
+from gpuflight.producer.capture import Capture
+from gpuflight.producer.contract.abi import EVENT_DTYPE
+from gpuflight.producer.decode.sinks import Guarded, JsonLinesSink
+from gpuflight.producer.probe.probes import LoaderEvent, Probes
+from gpuflight.producer.probe.uprobes import UprobeLinks
+from gpuflight.producer.settings import CaptureSettings
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import GPUFLIGHT, read_events, wait_for_probe_releases
 from tests.workloads import build, expected
@@ -232,7 +233,7 @@ def test_nvml_failing_once_the_command_runs_costs_it_nothing(
 ) -> None:
     """NVML is opened once the command is released (its start takes tens to hundreds of ms on
     a GPU node): a failure there is one line, and the capture goes on, exact."""
-    from producer import trace as tracing
+    from gpuflight.producer import trace as tracing
 
     class BrokenSampler:
         devices: tuple[object, ...] = ()
@@ -264,8 +265,8 @@ def test_a_slow_nvml_start_holds_up_neither_the_capture_nor_the_command(
     """NVML's start (tens to hundreds of ms on a GPU node) runs beside the capture loop: here
     it lasts until the loop has released the command from a hold, which it could never do if
     the loop waited for NVML."""
-    from producer import capture as capturing
-    from producer import trace as tracing
+    from gpuflight.producer import capture as capturing
+    from gpuflight.producer import trace as tracing
 
     released = threading.Event()
     real_release = capturing.Capture._release
@@ -399,18 +400,18 @@ def test_a_short_lived_first_mapper_costs_the_file_nothing(bindir: Path, tmp_pat
     "defines none of the CUDA runtime functions", then left to the next process)."""
     import shutil
 
-    from producer import discover
-    from producer.settings import CaptureSettings
+    from gpuflight.producer.discover import procmaps
+    from gpuflight.producer.settings import CaptureSettings
 
     build.build_capture(bindir, "stub")
     libdir = tmp_path / "lib"
     shutil.copytree(build.runtime_library(bindir, "stub").parent, libdir)
     library = libdir / build.runtime_library(bindir, "stub").name
-    classifier = discover.Classifier()
+    classifier = procmaps.Classifier()
     probes = Probes(CaptureSettings())
     try:
         first = _mapper(library)
-        found = [f for f in discover.scan_pid(Path("/proc"), first.pid, classifier)
+        found = [f for f in procmaps.scan_pid(Path("/proc"), first.pid, classifier)
                  .libraries.values() if f.kind == "runtime"]
         assert [f.host_path for f in found] == [f"/proc/{first.pid}/root{library}"]
         _end(first)  # gone before the attach
@@ -419,7 +420,7 @@ def test_a_short_lived_first_mapper_costs_the_file_nothing(bindir: Path, tmp_pat
         assert found[0].key not in probes.failed
         second = _mapper(library)
         try:
-            again = [f for f in discover.scan_pid(Path("/proc"), second.pid, classifier)
+            again = [f for f in procmaps.scan_pid(Path("/proc"), second.pid, classifier)
                      .libraries.values() if f.kind == "runtime"]
             assert [f.key for f in again] == [found[0].key]
             assert probes.attach(again[0]) is attached  # once per file
@@ -432,15 +433,15 @@ def test_a_short_lived_first_mapper_costs_the_file_nothing(bindir: Path, tmp_pat
 def test_a_file_that_could_not_be_read_is_not_remembered(tmp_path: Path) -> None:
     """The checked descriptor could not be read again (out of descriptors, say): the file
     reads as defining nothing, which is not kept as its verdict ("no CUDA" for good)."""
-    from producer import discover
+    from gpuflight.producer.discover import procmaps
 
     path = tmp_path / "libcudart.so.12"
     path.write_bytes(b"\x7fELF")
-    opened = discover._open_regular(str(path))
+    opened = procmaps._open_regular(str(path))
     assert opened is not None
     key = (opened.stat.st_dev, opened.stat.st_ino)
-    located = discover._Located(mapping=("1000-2000", str(path)), opened=opened)
-    classifier = discover.Classifier()
+    located = procmaps._Located(mapping=("1000-2000", str(path)), opened=opened)
+    classifier = procmaps.Classifier()
     try:
         verdict = classifier._verdict(key, located, str(tmp_path / "unreadable"),
                                       loader_candidate=False)

@@ -1,4 +1,5 @@
-"""Files in shared places (producer/files.py): what another user plants where gpuflight writes
+"""Files in shared places (producer/contract/files.py): what another user plants where gpuflight
+writes
 or reads — a symlink, a FIFO, a hard link — is refused in one line (exit 2) before any command
 runs, never written through and never waited on."""
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpuflight import cli
-from producer.errors import SetupError, UsageError
-from producer.sinks import JsonLinesSink
+from gpuflight.producer.contract.errors import SetupError, UsageError
+from gpuflight.producer.decode.sinks import JsonLinesSink
 from tests.conftest import one_line
 from tests.support.capture import GPUFLIGHT
 from tests.support.shared_place import as_nobody, shared_directory
@@ -78,7 +79,7 @@ def test_a_fifo_where_a_file_goes_is_refused_in_one_line_and_never_waited_on(
 def test_a_status_file_that_is_no_regular_file_is_refused_before_the_agent_starts(
         kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from producer import node
+    from gpuflight.producer import node
 
     def started() -> None:
         raise SetupError("the agent started")

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import yaml
 
-from grafana import generate
-from producer import wire
-from producer.records import API_IDS, COPY_KINDS, LAYER_DRIVER, LAYER_RUNTIME
-from streams import aggregate, detect
-from streams import measurements as m
-from streams.aggregate import bucket_of
-from streams.influxql import Series
-from streams.measurements import Fields, Tags
+from gpuflight.grafana import generate
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.abi import API_IDS, COPY_KINDS, LAYER_DRIVER, LAYER_RUNTIME
+from gpuflight.streams import aggregate, detect
+from gpuflight.streams import measurements as m
+from gpuflight.streams.aggregate import bucket_of
+from gpuflight.streams.influxql import Series
+from gpuflight.streams.measurements import Fields, Tags
 from tests.conftest import REPO
 from tests.support.grafana_eval import (
     Labels,
@@ -89,7 +89,7 @@ def test_the_committed_files_are_what_the_generator_writes() -> None:
 
 
 def test_the_provisioning_files_wire_the_datasource_dashboards_and_alerts() -> None:
-    from streams.settings import DEFAULT_DATABASE
+    from gpuflight.streams.settings import DEFAULT_DATABASE
 
     (source,) = yaml.safe_load(DATASOURCE_FILE.read_text())["datasources"]
     assert source["uid"] == DS and source["type"] == "influxdb"

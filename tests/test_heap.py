@@ -1,11 +1,11 @@
-"""producer/heap.py: freed memory goes back to the system on a schedule."""
+"""producer/memtrim.py: freed memory goes back to the system on a schedule."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 
-from producer import heap
+from gpuflight.producer.contract import memtrim
 
 
 def rss_kib() -> int:
@@ -18,7 +18,7 @@ def rss_kib() -> int:
 
 def test_trims_when_due_and_only_then() -> None:
     now = [100.0]
-    trimmer = heap.Trimmer(60.0, clock=lambda: now[0])
+    trimmer = memtrim.Trimmer(60.0, clock=lambda: now[0])
     assert not trimmer.maybe()
     now[0] = 159.9
     assert not trimmer.maybe()
@@ -27,7 +27,7 @@ def test_trims_when_due_and_only_then() -> None:
     assert not trimmer.maybe()
     now[0] = 221.0
     assert trimmer.maybe() and trimmer.trims == 2
-    assert not heap.Trimmer(-1.0, clock=lambda: 1e9).maybe()  # negative: never
+    assert not memtrim.Trimmer(-1.0, clock=lambda: 1e9).maybe()  # negative: never
 
 
 def test_a_trim_gives_back_what_a_peak_freed() -> None:
@@ -41,7 +41,7 @@ def test_a_trim_gives_back_what_a_peak_freed() -> None:
         libc.free(block)
     held = rss_kib()
     now = [0.0]
-    trimmer = heap.Trimmer(1.0, clock=lambda: now[0])
+    trimmer = memtrim.Trimmer(1.0, clock=lambda: now[0])
     now[0] = 2.0
     assert trimmer.maybe()
     try:
@@ -51,5 +51,5 @@ def test_a_trim_gives_back_what_a_peak_freed() -> None:
 
 
 def test_a_zero_interval_trims_every_time() -> None:
-    trimmer = heap.Trimmer(0.0, clock=lambda: 5.0)
+    trimmer = memtrim.Trimmer(0.0, clock=lambda: 5.0)
     assert trimmer.maybe() and trimmer.maybe()

@@ -154,7 +154,7 @@ def test_a_trace_killed_while_it_holds_continues_no_process_the_user_stopped(
     """Of the command's processes, one stops itself (as Ctrl-Z or `kill -STOP` would stop it)
     and one is held at its dlopen when the tracer is killed: once the tracer's watchdog is
     done, the held one has run to its end, and the stopped one is still stopped."""
-    from producer.holdguard import WATCHDOG_NAME
+    from gpuflight.producer.probe.holdguard import WATCHDOG_NAME
 
     lib = build.build_simgpu(tmp_path / "simgpu") / "libcudart.so.12"
     dlopen = build.build_dlopen(bindir)
@@ -187,12 +187,12 @@ def test_each_hold_is_in_the_holds_map_until_the_capture_releases_it(
     """The kernel records each hold (at an exec, a dlopen, a first listen) under the key the
     capture forgets it by: there while the process is held, gone once it is released (so a
     watchdog would continue none of them, nor a process that runs on)."""
-    from producer import trace
-    from producer.capture import Capture
-    from producer.holdguard import hold_key
-    from producer.probes import LoaderEvent
-    from producer.records import LOADER_LISTEN, LOADER_MAPPED
-    from producer.settings import CaptureSettings
+    from gpuflight.producer import trace
+    from gpuflight.producer.capture import Capture
+    from gpuflight.producer.contract.abi import LOADER_LISTEN, LOADER_MAPPED
+    from gpuflight.producer.probe.holdguard import hold_key
+    from gpuflight.producer.probe.probes import LoaderEvent
+    from gpuflight.producer.settings import CaptureSettings
 
     seen: list[tuple[bool, bool, bool]] = []  # (a listen, the key there before, and after)
     release = Capture._release
@@ -220,8 +220,8 @@ def _trace_never_letting_go(library: str, argv: list[str]) -> int:
     """`gpuflight trace -- argv`, whose capture never continues a process held once it maps
     `library`: it prints that process's pid instead (and continues every other)."""
     from gpuflight import cli
-    from producer.capture import Capture
-    from producer.probes import LoaderEvent
+    from gpuflight.producer.capture import Capture
+    from gpuflight.producer.probe.probes import LoaderEvent
 
     release = Capture._release
 

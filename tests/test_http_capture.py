@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from producer import httprecords as hr
-from producer.bpfsource import bundle
-from producer.btf import (
+from gpuflight.producer.http import abi as hr
+from gpuflight.producer.http.parser import HttpParser
+from gpuflight.producer.probe.bpfsource import bundle
+from gpuflight.producer.probe.btf import (
     VMLINUX,
     Btf,
     BtfError,
@@ -30,7 +31,6 @@ from producer.btf import (
     socket_offsets,
     task_pid_cflags,
 )
-from producer.http import HttpParser
 from tests.conftest import REPO, bpf_unavailable_reason, require
 
 BPF_DIR = REPO / "bpf"

@@ -1,4 +1,4 @@
-"""producer/http.py: HTTP/1.1 requests rebuilt from the syscall records (pure, no BPF)."""
+"""producer/http/parser.py: HTTP/1.1 requests rebuilt from the syscall records (pure, no BPF)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer.http import (
+from gpuflight.producer.http.abi import HttpOp, HttpRecord
+from gpuflight.producer.http.parser import (
     OTHER_ROUTE,
     HttpParser,
     Notice,
@@ -17,7 +18,6 @@ from producer.http import (
     path_of,
     route_of,
 )
-from producer.httprecords import HttpOp, HttpRecord
 from tests.support.httpsim import Wire, chunked, response
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -1,4 +1,4 @@
-"""producer/httpconns.py: a process's accepted TCP connections, from /proc (pure)."""
+"""producer/http/conns.py: a process's accepted TCP connections, from /proc (pure)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from producer.httpconns import ServerConn, seed_value, server_connections
-from producer.httprecords import AF_INET, AF_INET6, C_SEEDED, CONN_DTYPE, SEED_OFFSET
+from gpuflight.producer.http.abi import AF_INET, AF_INET6, C_SEEDED, CONN_DTYPE, SEED_OFFSET
+from gpuflight.producer.http.conns import ServerConn, seed_value, server_connections
 
 TCP_HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
               "  timeout inode\n")

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from gpuflight import stack
-from producer.errors import ServiceError, UsageError
-from streams import measurements as m
-from streams.influxql import (
+from gpuflight.producer.contract.errors import ServiceError, UsageError
+from gpuflight.streams import measurements as m
+from gpuflight.streams.influxql import (
     CredentialsRefused,
     DatabaseNotFound,
     InfluxQL,
@@ -28,9 +28,9 @@ from streams.influxql import (
     QueryError,
     Row,
 )
-from streams.measurements import Point
-from streams.settings import InfluxSettings
-from streams.sink import Batch, InfluxSink
+from gpuflight.streams.measurements import Point
+from gpuflight.streams.settings import InfluxSettings
+from gpuflight.streams.sink import Batch, InfluxSink
 from tests.conftest import one_line, require
 from tests.support.grafana_scenarios import write_points
 from tests.support.influx_fixture import DATABASE, AuthInflux, influx_unavailable_reason
@@ -260,9 +260,10 @@ def test_the_sink_says_once_that_credentials_are_refused(
     def stop_there() -> None:
         raise _EnoughError
 
-    with caplog.at_level(logging.WARNING, logger="streams.sink"), pytest.raises(_EnoughError):
+    with (caplog.at_level(logging.WARNING, logger="gpuflight.streams.sink"),
+          pytest.raises(_EnoughError)):
         _sink_writes(wrong, [worker_point("w", 1, T0)], until_retries=5, then=stop_there)
-    said = [r.getMessage() for r in caplog.records if r.name == "streams.sink"]
+    said = [r.getMessage() for r in caplog.records if r.name == "gpuflight.streams.sink"]
     assert len([s for s in said if "refused the credentials" in s]) == 1, said
     assert not [s for s in said if "write failed" in s], said
 
@@ -318,10 +319,10 @@ def test_a_missing_database_is_said_once_and_written_once_created(
     database = f"late_{time.time_ns()}"
     settings = InfluxSettings(url=influx_url, bucket=f"{database}/autogen",
                               retry_initial_s=0.01, retry_max_s=0.02)
-    with caplog.at_level(logging.WARNING, logger="streams.sink"):
+    with caplog.at_level(logging.WARNING, logger="gpuflight.streams.sink"):
         sink = _sink_writes(settings, [worker_point("late", 5, T0)], until_retries=10,
                             then=lambda: InfluxQL.from_settings(settings).create_database())
-    said = [r.getMessage() for r in caplog.records if r.name == "streams.sink"]
+    said = [r.getMessage() for r in caplog.records if r.name == "gpuflight.streams.sink"]
     missing = [s for s in said if "has no database" in s]
     assert missing == [f'InfluxDB at {influx_url} has no database "{database}": `gpuflight stack'
                        f' up` creates it on the local stack; elsewhere run CREATE DATABASE'

@@ -22,9 +22,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from gpuflight import stack
-from producer import wire
-from producer.decode import to_events
-from producer.kernels import KernelNames
+from gpuflight.producer.contract import wire
+from gpuflight.producer.decode.enrich import to_events
+from gpuflight.producer.decode.kernels import KernelNames
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import Producer as NodeProducer
 from tests.support.capture import counted, read_events, wait_for_probe_releases
@@ -349,7 +349,7 @@ def test_a_killed_agent_s_unpublished_events_are_counted_by_the_next(
     reads the kernel's pinned tally and publishes exactly that many as `dropped_agent_died`
     of that pid; it stops cleanly with everything delivered, so both tallies are removed.
     The first compiles the program (bcc pins the tally's maps), the second loads the image
-    the first kept (producer/bpfload.py pins them itself)."""
+    the first kept (producer/probe/bpfload.py pins them itself)."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("GPUFLIGHT_CACHE_DIR", str(cache))
     prefix = f"killed{uuid.uuid4().hex[:8]}"
@@ -404,8 +404,8 @@ def test_an_exited_process_is_forgotten_after_its_events_are_sent(
     record again with its exit (for the worker), and drops that identity, so thousands of
     short-lived processes an hour keep nothing (the soak's agent grew) and a later process
     given the same pid is published as itself, not as the one before."""
-    from producer.publish import KafkaSettings, KafkaSink
-    from producer.records import EVENT_DTYPE, EventType
+    from gpuflight.producer.contract.abi import EVENT_DTYPE, EventType
+    from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink
     from tests.support.fakeproc import write_proc
 
     prefix = f"forget{uuid.uuid4().hex[:8]}"

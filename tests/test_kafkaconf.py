@@ -1,4 +1,5 @@
-"""Kafka client settings (producer/kafkaconf.py): librdkafka properties read once, and what the
+"""Kafka client settings (producer/contract/kafkaconf.py): librdkafka properties read once, and
+what the
 stream worker's aiokafka makes of them — checked here without a broker, with a TLS handshake
 against a local server holding certificates from compose/make-secrets."""
 
@@ -14,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from producer.errors import UsageError
-from producer.kafkaconf import ClientSecurity, load_config, shown
+from gpuflight.producer.contract.errors import UsageError
+from gpuflight.producer.contract.kafkaconf import ClientSecurity, load_config, shown
 from tests.conftest import one_line
 from tests.support.secure_kafka import make_secrets
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producer import elfsyms
-from producer.kernels import KernelNames, demangle, operation, short_name
-from producer.records import EVENT_DTYPE, NAME_EVENT_DTYPE, EventType, NameKind
-from producer.wire import KernelName
+from gpuflight.producer.contract.abi import EVENT_DTYPE, NAME_EVENT_DTYPE, EventType, NameKind
+from gpuflight.producer.contract.wire import KernelName
+from gpuflight.producer.decode.kernels import KernelNames, demangle, operation, short_name
+from gpuflight.producer.discover import elfsyms
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from producer.environment import NODE_CAPABILITIES
+from gpuflight.producer.probe.preflight import NODE_CAPABILITIES
 from tests.conftest import REPO
 
 KUBERNETES = REPO / "compose" / "kubernetes"
@@ -62,7 +62,8 @@ def test_the_producer_runs_on_every_gpu_node_with_what_it_needs() -> None:
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     mounts = {Path(volumes[m["name"]]) for m in container["volumeMounts"] if m["name"] in volumes}
     assert {Path("/lib/modules"), Path("/usr/src"), Path("/sys/kernel/tracing")} <= mounts
-    # The library verdicts outlive the pod (producer/verdicts.py), where the agent keeps them.
+    # The library verdicts outlive the pod (producer/discover/verdictcache.py), where the agent
+    # keeps them.
     (cache,) = [m for m in container["volumeMounts"] if m["name"] == "verdicts"]
     assert volumes["verdicts"] == cache["mountPath"] == "/var/cache/gpuflight"
     config = found["ConfigMap/gpuflight"]["data"]
@@ -78,7 +79,7 @@ def test_the_producer_runs_on_every_gpu_node_with_what_it_needs() -> None:
 def test_clients_authenticate_with_credentials_from_secrets() -> None:
     """Kafka over SASL_SSL, InfluxDB with a login: every password from a Secret, the CA from
     a Secret volume, none in the manifests (which hold no Secret at all)."""
-    from producer.redact import is_secret_name
+    from gpuflight.producer.publish.redact import is_secret_name
 
     found = resources()
     assert not [key for key in found if key.startswith("Secret/")]

@@ -17,9 +17,10 @@ from typing import Any
 import orjson
 import pytest
 
-from producer import wire
-from producer.errors import GpuflightError
-from producer.nvml import (
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.errors import GpuflightError
+from gpuflight.producer.contract.wire import GpuProcessSample, GpuSample
+from gpuflight.producer.nvml import (
     LIBRARY_ENV,
     NvmlSampler,
     NvmlUnavailable,
@@ -28,7 +29,6 @@ from producer.nvml import (
     run_sampler,
     start_sampler,
 )
-from producer.wire import GpuProcessSample, GpuSample
 from tests.conftest import REPO, require
 
 #: Unpacked by scripts/setup-nvml from Debian's libnvidia-ml1.
@@ -418,7 +418,7 @@ def test_every_gauge_failing_still_gives_a_sample() -> None:
 def test_gpu_without_a_handle_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml(count=3)
     nvml.lost = {1}
-    with caplog.at_level(logging.WARNING, logger="producer.nvml"):
+    with caplog.at_level(logging.WARNING, logger="gpuflight.producer.nvml"):
         sampler = NvmlSampler(nvml=nvml.module())
     assert [d.index for d in sampler.devices] == [0, 2]
     assert caplog.messages == ["GPU 1 is skipped: NVML gives no handle (GPU is lost)"]

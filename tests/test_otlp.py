@@ -1,4 +1,4 @@
-"""producer/otlp.py: requests as OTLP spans, received by a real OpenTelemetry Collector."""
+"""producer/http/otlp.py: requests as OTLP spans, received by a real OpenTelemetry Collector."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from producer.errors import UsageError
-from producer.http import Request, TraceContext
-from producer.otlp import OtlpExporter, RequestSpan, span_attributes
+from gpuflight.producer.contract.errors import UsageError
+from gpuflight.producer.http.otlp import OtlpExporter, RequestSpan, span_attributes
+from gpuflight.producer.http.parser import Request, TraceContext
 from tests.conftest import REPO
 from tests.support.otlp_fixture import Collector, running_collector
 
@@ -51,7 +51,7 @@ def spans() -> list[RequestSpan]:
 
 
 def test_importing_the_module_leaves_opentelemetry_out() -> None:
-    code = ("import sys, producer.otlp; "
+    code = ("import sys, gpuflight.producer.http.otlp; "
             "print(any(m.startswith('opentelemetry') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=REPO)

@@ -29,10 +29,15 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_carries_the_bpf_sources_and_no_tests(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"producer/bpf/cudart.bpf.c", "producer/bpf/events.h"} <= names
+    assert {"gpuflight/producer/bpf/cudart.bpf.c", "gpuflight/producer/bpf/events.h"} <= names
     assert {"gpuflight/demo/fusion.c", "gpuflight/demo/simgpu.c"} <= names
-    assert "gpuflight/cli.py" in names and "streams/app.py" in names
-    assert not any(name.startswith(("tests/", "bench/", "grafana/")) for name in names)
+    assert "gpuflight/producer/contract/prices.toml" in names
+    assert {"gpuflight/cli.py", "gpuflight/streams/app.py",
+            "gpuflight/producer/capture.py"} <= names
+    # One top-level package: the generic names (producer, streams, grafana, bpf) live inside it.
+    tops = {name.split("/")[0] for name in names}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"gpuflight"}
+    assert not any(name.startswith(("tests/", "bench/", "gpuflight/grafana/")) for name in names)
 
 
 @pytest.mark.bpf
@@ -54,7 +59,7 @@ def test_gpuflight_trace_runs_from_the_installed_wheel(wheel: Path, tmp_path: Pa
     (target / "gpuflight-test-deps.pth").write_text(f"{site}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("GPUFLIGHT_BPF_DIR", "PYTHONPATH")}
     where = subprocess.run(
-        [str(python), "-c", "import producer.settings as s, gpuflight; "
+        [str(python), "-c", "import gpuflight.producer.settings as s, gpuflight; "
          "print(s.DEFAULT_BPF_DIR); print(gpuflight.__file__)"],
         check=True, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
     ).stdout.split()

@@ -6,9 +6,9 @@ import numpy as np
 import orjson
 import pytest
 
-from streams.parking import EVENTS, METRICS, Parked, ParkingLot, is_parked_key
-from streams.stored import MAX_RECORD_BYTES, Store, is_part_key
-from streams.windows import state_key
+from gpuflight.streams.parking import EVENTS, METRICS, Parked, ParkingLot, is_parked_key
+from gpuflight.streams.stored import MAX_RECORD_BYTES, Store, is_part_key
+from gpuflight.streams.windows import state_key
 
 
 def parked(offset: int, *, kind: str = EVENTS, host: str = "h", pid: int = 7,

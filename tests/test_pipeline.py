@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from gpuflight.simgpu.build import build, read_counts
-from streams import measurements as m
-from streams.measurements import Fields, Tags
+from gpuflight.streams import measurements as m
+from gpuflight.streams.measurements import Fields, Tags
 from tests.conftest import REPO, bpf_unavailable_reason, require
 from tests.support.capture import Producer, wait_for_probe_releases
 from tests.support.frameworks import FRAMEWORKS, require_frameworks_python
@@ -194,8 +194,8 @@ def test_each_devices_launches_and_bytes_reach_influxdb(two_devices: TwoDevicesR
 
 
 def test_the_report_splits_the_job_by_device(two_devices: TwoDevicesRun) -> None:
-    from streams import report
-    from streams.settings import InfluxSettings
+    from gpuflight.streams import report
+    from gpuflight.streams.settings import InfluxSettings
 
     got = report.job_summary(InfluxSettings(url=two_devices.influx_url), two_devices.job,
                              two_devices.start_ns, two_devices.end_ns)
@@ -212,7 +212,7 @@ def test_the_report_splits_the_job_by_device(two_devices: TwoDevicesRun) -> None
 
 def test_the_device_panels_show_each_device(two_devices: TwoDevicesRun) -> None:
     """The job dashboard's device panels, as Grafana runs them, on the two devices' job."""
-    from grafana import generate
+    from gpuflight.grafana import generate
     from tests.support.grafana_eval import influxql, interpolate
 
     board = json.loads((REPO / "grafana" / "dashboards" / "job.json").read_text())

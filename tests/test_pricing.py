@@ -1,4 +1,4 @@
-"""producer/pricing.py: GPU-seconds into USD and cost rollups, checked by hand."""
+"""producer/contract/pricing.py: GPU-seconds into USD and cost rollups, checked by hand."""
 
 from __future__ import annotations
 
@@ -6,11 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from producer.errors import UsageError
-from producer.pricing import NO_LABEL, CostItem, PriceBook, rollup, unpriced_models
+from gpuflight.producer.contract.errors import UsageError
+from gpuflight.producer.contract.pricing import (
+    NO_LABEL,
+    CostItem,
+    PriceBook,
+    rollup,
+    unpriced_models,
+)
 from tests.conftest import REPO, one_line
 
-DEFAULTS = REPO / "gpuflight" / "prices.toml"
+DEFAULTS = REPO / "producer" / "contract" / "prices.toml"
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Least privilege: the node agent and `gpuflight trace` capture with only the capabilities
-producer/environment.py names (the set compose and the DaemonSet grant instead of privileged),
+producer/preflight.py names (the set compose and the DaemonSet grant instead of privileged),
 each of them is needed, and without one the agent refuses in one line.
 
 Each command runs as root with every other capability dropped from its bounding set (setpriv):
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from producer import environment
-from producer.probes import UprobeLinks
+from gpuflight.producer.probe import preflight
+from gpuflight.producer.probe.uprobes import UprobeLinks
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.capture import (
     GPUFLIGHT,
@@ -53,12 +53,12 @@ def only(capabilities: Sequence[str]) -> list[str]:
 
 
 def mask(capabilities: Sequence[str]) -> int:
-    bits = {name: bit for name, (bit, _) in environment.NODE_CAPABILITIES.items()}
+    bits = {name: bit for name, (bit, _) in preflight.NODE_CAPABILITIES.items()}
     bits |= {"CAP_BPF": 39, "CAP_PERFMON": 38}
     return sum(1 << bits[name] for name in capabilities)
 
 
-NODE = tuple(environment.NODE_CAPABILITIES)
+NODE = tuple(preflight.NODE_CAPABILITIES)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def stop_once_mapped(pid: int, home: Path, timeout_s: float = 60) -> None:
 
 
 def effective(pid: int) -> int:
-    return environment.effective_capabilities(Path(f"/proc/{pid}/status"))
+    return preflight.effective_capabilities(Path(f"/proc/{pid}/status"))
 
 
 def test_the_node_agent_captures_with_only_its_capabilities(
@@ -137,10 +137,10 @@ def test_the_node_agent_captures_with_only_its_capabilities(
 #: maps (discover, as the agent finds them), then a uprobe on its runtime (the agent's probes).
 PROBE_ONE = """
 import logging, sys
-from producer import discover
-from producer.probes import Probes
-from producer.settings import CaptureSettings
-found = [f for f in discover.scan(pids=[int(sys.argv[1])]).libraries.values()
+from gpuflight.producer.discover import procmaps
+from gpuflight.producer.probe.probes import Probes
+from gpuflight.producer.settings import CaptureSettings
+found = [f for f in procmaps.scan(pids=[int(sys.argv[1])]).libraries.values()
          if f.kind == "runtime" and sys.argv[2] in f.path]
 if not found:
     sys.exit("found no runtime")
@@ -218,7 +218,7 @@ def test_trace_captures_its_command_with_cap_sys_admin_alone(
     read its maps or open its files, or to release it from a hold (SIGCONT)."""
     binary = build.build_capture(bindir, "stub")
     out = tmp_path / "out.jsonl"
-    proc = subprocess.run([*only(list(environment.TRACE_CAPABILITIES)), *GPUFLIGHT, "trace",
+    proc = subprocess.run([*only(list(preflight.TRACE_CAPABILITIES)), *GPUFLIGHT, "trace",
                            "--output", str(out), "--", str(binary), "--iters", "5"],
                           capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -229,5 +229,5 @@ def test_trace_captures_its_command_with_cap_sys_admin_alone(
     assert trace.returncode == 3
     assert trace.stderr.splitlines() == [
         "gpuflight: error: gpuflight lacks CAP_SYS_ADMIN, needed for "
-        f"{environment.NODE_CAPABILITIES['CAP_SYS_ADMIN'][1]}: run it as root with "
+        f"{preflight.NODE_CAPABILITIES['CAP_SYS_ADMIN'][1]}: run it as root with "
         "CAP_SYS_ADMIN (README: least privilege)"]

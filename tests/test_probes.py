@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 
-from producer import attachplan, discover, elfsyms
-from producer.discover import Classifier, LibraryFile
-from producer.errors import SetupError
-from producer.probes import ENOTSUPP, Probes, UprobeLinks
-from producer.records import COOKIE_STEPPED, NAME_WITH_RETURN, PROBES, WITH_RETURN
-from producer.settings import CaptureSettings
+from gpuflight.producer.contract.abi import COOKIE_STEPPED, NAME_WITH_RETURN, PROBES, WITH_RETURN
+from gpuflight.producer.contract.errors import SetupError
+from gpuflight.producer.discover import attachplan, elfsyms, procmaps
+from gpuflight.producer.discover.procmaps import Classifier, LibraryFile
+from gpuflight.producer.probe.bpfload import ENOTSUPP
+from gpuflight.producer.probe.probes import Probes
+from gpuflight.producer.probe.uprobes import UprobeLinks
+from gpuflight.producer.settings import CaptureSettings
 from tests.conftest import require
 from tests.workloads import build
 
@@ -133,7 +135,8 @@ def entry_of(path: Path, name: str) -> int:
 
 def offset_of(path: Path, name: str) -> int:
     """Where the probes of `name` go: its entry, or past it where the kernel would single-step
-    what is there (producer/entrypoint.py: the stub runtime's cudaMalloc begins `test; je`)."""
+    what is there (producer/discover/entrypoint.py: the stub runtime's cudaMalloc begins `test;
+    je`)."""
     kind = "runtime" if name.startswith("cuda") else "driver"
     offset = attachplan.read_plan(str(path), kind, path.stat().st_size).offset(name)
     assert offset is not None and entry_of(path, name) <= offset
@@ -407,7 +410,7 @@ def test_offsets_are_file_offsets(tmp_path: Any) -> None:
 
 def test_kernel_releases_are_compared_by_number() -> None:
     """What decides bpf_get_attach_cookie (5.15) in the program: numbers, not strings."""
-    from producer.settings import kernel_at_least
+    from gpuflight.producer.settings import kernel_at_least
 
     assert kernel_at_least(5, 15, "6.18.44-fc-v1252-gpu")
     assert kernel_at_least(5, 15, "5.15.0-91-generic")
@@ -430,7 +433,7 @@ def test_the_fd_table_is_grown_at_once_and_nothing_is_left_open(limit: int | Non
         "import os, resource\n"
         f"limit = {limit!r}\n"
         "if limit: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))\n"
-        "from producer.probes import grow_fd_table, _fd_table_size\n"
+        "from gpuflight.producer.probe.fds import grow_fd_table, _fd_table_size\n"
         "before, fds = _fd_table_size(), sorted(os.listdir('/proc/self/fd'))\n"
         "after = grow_fd_table()\n"
         "print(before, after, fds == sorted(os.listdir('/proc/self/fd')))\n"
@@ -491,7 +494,7 @@ def swap_race(stub_runtime: Path, tmp_path: Path) -> Iterator[SwapRace]:
         home.chmod(0o755)
         runtime_file = home / "a" / "libcudart.so.12"
         st = runtime_file.stat()
-        symbols = elfsyms.defined_functions(str(runtime_file), discover.RUNTIME_SYMBOLS)
+        symbols = elfsyms.defined_functions(str(runtime_file), procmaps.RUNTIME_SYMBOLS)
         proc = subprocess.Popen(
             ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
              str(home / "swaprace"), str(home / "a"), str(home / "b"), "libcudart.so.12"],
@@ -516,12 +519,12 @@ def test_a_user_racing_the_path_to_a_library_never_steers_a_probe_or_a_verdict(
     """The file is checked once and used only through its descriptor: a probe never lands in
     the root-owned file the path is swapped to (item 1), and the runtime is never classified
     from it either — as defining nothing, never probed again (item 2)."""
-    assert discover.RUNTIME_SYMBOLS & swap_race.symbols
+    assert procmaps.RUNTIME_SYMBOLS & swap_race.symbols
     steered = misclassified = 0
     for _ in range(RACE_ROUNDS):
         uprobes = InodeRecordingUprobes()
         probes = make_probes(uprobes)
-        snapshot = discover.scan(Path("/proc"), pids=[swap_race.pid], cache=Classifier())
+        snapshot = procmaps.scan(Path("/proc"), pids=[swap_race.pid], cache=Classifier())
         runtimes = [lib for lib in snapshot.libraries.values() if lib.kind == "runtime"]
         if [(lib.key, lib.symbols) for lib in runtimes] != [(swap_race.key, swap_race.symbols)]:
             misclassified += 1

@@ -1,4 +1,4 @@
-"""The Kafka sink (producer/publish.py) at the client's boundary, without a broker: what
+"""The Kafka sink (producer/publish/kafkasink.py) at the client's boundary, without a broker: what
 librdkafka's fatal error does to the agent (a real broker's are in tests/test_kafka.py)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from producer import wire
-from producer.publish import KafkaSettings, KafkaSink
-from producer.records import EVENT_DTYPE, EventType
-from producer.sinks import Guarded
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.abi import EVENT_DTYPE, EventType
+from gpuflight.producer.decode.sinks import Guarded
+from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink
 
 #: What librdkafka says of a port that answers but is no broker (a KRaft controller's).
 UNSUPPORTED = ("Idempotent producer not supported by any of the 1 connected broker(s): "

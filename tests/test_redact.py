@@ -1,4 +1,4 @@
-"""No secrets leave the node: command lines are redacted (producer/redact.py), and of a
+"""No secrets leave the node: command lines are redacted (producer/publish/redact.py), and of a
 process's environment only the variables an identity is made of are ever kept."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from producer import identity, wire
-from producer.redact import REDACTED, cmdline_for, is_secret_name, redact
+from gpuflight.producer.contract import wire
+from gpuflight.producer.publish import identity
+from gpuflight.producer.publish.redact import REDACTED, cmdline_for, is_secret_name, redact
 
 R = REDACTED
 
@@ -128,9 +129,10 @@ def test_a_real_process_s_secrets_are_never_held(tmp_path: Path) -> None:
 def test_the_producer_publishes_command_lines_as_asked(args: list[str], mode: str,
                                                        tmp_path: Path) -> None:
     from gpuflight import cli
+    from gpuflight.commands.options import kafka_settings
 
     parsed = cli._parser().parse_args(["producer", "--kafka", "127.0.0.1:9092", *args])
-    settings = cli._kafka_settings(parsed)
+    settings = kafka_settings(parsed)
     assert settings.cmdline == mode
     base = tmp_path / "5"
     base.mkdir()

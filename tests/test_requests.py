@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from gpuflight.demo.build import build_simgpu
-from producer import wire
-from producer.pricing import PriceBook
-from producer.routes import render, route_table
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.pricing import PriceBook
+from gpuflight.producer.http.routes import render, route_table
 from tests.conftest import REPO, bpf_unavailable_reason, require
 from tests.support.otlp_fixture import Collector, attributes, running_collector
 from tests.workloads.http_servers import TRACE_ID
@@ -252,9 +252,9 @@ def test_route_table_costs_match_a_hand_computation(tmp_path: Path) -> None:
 # -- on the wire -----------------------------------------------------------------------------
 
 def test_kafka_sink_carries_requests_attribution_and_unattributed_cost() -> None:
-    from producer.publish import KafkaSettings, KafkaSink
-    from producer.records import EVENT_DTYPE, EventType
-    from producer.requesttrack import Answered
+    from gpuflight.producer.contract.abi import EVENT_DTYPE, EventType
+    from gpuflight.producer.http.requesttrack import Answered
+    from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink
     from tests.test_wire import _attributed, _request
 
     sent: list[tuple[str, bytes]] = []
@@ -367,8 +367,8 @@ def test_producer_publishes_requests_and_replay_carries_them(tmp_path: Path) -> 
 # -- the tracker, on records built by hand ---------------------------------------------------
 
 def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> None:
-    from producer.records import F_HAS_RESULT, EventType
-    from producer.requesttrack import RequestTracker
+    from gpuflight.producer.contract.abi import F_HAS_RESULT, EventType
+    from gpuflight.producer.http.requesttrack import RequestTracker
     from tests.support.httpsim import Wire, response
     from tests.test_attribution import events as make_events
 
@@ -427,7 +427,7 @@ def test_tracker_attributes_holds_and_hands_on_requests_with_their_cost() -> Non
 def _two_requests_one_after_the_other(offset: int) -> tuple[Any, Any, int]:
     """A tracker that has read two requests on two threads (11 then 12) and the wall time at
     which the first was read; their responses are fed by `_answer`."""
-    from producer.requesttrack import RequestTracker
+    from gpuflight.producer.http.requesttrack import RequestTracker
     from tests.support.httpsim import Wire
 
     a = Wire(tid=11, conn_id=1, fd=7, step=10)
@@ -464,7 +464,7 @@ def _work(wall: int) -> Any:
 
 
 def test_tracker_gpu_time_from_nvml_waits_for_nvml_and_says_so() -> None:
-    from producer.nvml import UtilWindow
+    from gpuflight.producer.nvml import UtilWindow
 
     offset = 1_000_000
     tracker, wires, wall = _two_requests_one_after_the_other(offset)
@@ -491,7 +491,7 @@ def test_tracker_gpu_time_from_nvml_waits_for_nvml_and_says_so() -> None:
 def test_tracker_keeps_a_busy_span_whole_across_batches_for_nvml() -> None:
     """a's launch and its sync come in two batches: the first waits for the drain, so NVML's
     (w, w+2000] still lands on a's whole span [w+100, w+1100]."""
-    from producer.nvml import UtilWindow
+    from gpuflight.producer.nvml import UtilWindow
 
     offset = 1_000_000
     tracker, wires, wall = _two_requests_one_after_the_other(offset)

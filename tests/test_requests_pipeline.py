@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from grafana import generate
-from producer import wire
-from producer.wire import RequestRecord
-from streams.measurements import Fields, Tags
+from gpuflight.grafana import generate
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.wire import RequestRecord
+from gpuflight.streams.measurements import Fields, Tags
 from tests.support.grafana_eval import evaluate, influxql, interpolate, render
 from tests.support.influx_fixture import DATABASE
 from tests.support.streams_support import Feed, StreamWorker, launches, rows, wait_for

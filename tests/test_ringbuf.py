@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from producer.records import EVENT_DTYPE, RECORD_DTYPE
-from producer.ringbuf import RingBufferReader
+from gpuflight.producer.contract.abi import EVENT_DTYPE, RECORD_DTYPE
+from gpuflight.producer.probe.ringbuf import RingBufferReader
 
 PAGE = mmap.PAGESIZE
 SIZE = 4 * PAGE  # data area; records of 88 bytes do not divide it, so spans wrap
@@ -154,9 +154,9 @@ def test_records_of_any_size_drain_as_bytes(ring: tuple[FakeRing, RingBufferRead
 
 
 def test_a_ring_of_another_struct_uses_its_stride() -> None:
-    """Loader and name records (producer/probes.py) are read with their own dtype."""
-    from producer.records import LOADER_EVENT_DTYPE
-    from producer.ringbuf import record_dtype
+    """Loader and name records (producer/probe/probes.py) are read with their own dtype."""
+    from gpuflight.producer.contract.abi import LOADER_EVENT_DTYPE
+    from gpuflight.producer.probe.ringbuf import record_dtype
 
     assert record_dtype(EVENT_DTYPE) == RECORD_DTYPE
     assert record_dtype(LOADER_EVENT_DTYPE).itemsize == 8 + LOADER_EVENT_DTYPE.itemsize

@@ -20,10 +20,10 @@ import pytest
 
 from gpuflight import stack
 from gpuflight.demo.build import SIMGPU_SONAME, build_simgpu
-from producer import wire
-from producer.errors import ServiceError
-from producer.kafkaconf import check_access, load_config
-from producer.redact import REDACTED
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.errors import ServiceError
+from gpuflight.producer.contract.kafkaconf import check_access, load_config
+from gpuflight.producer.publish.redact import REDACTED
 from tests.conftest import REPO, bpf_unavailable_reason, require
 from tests.support.capture import read_events, wait_for_probe_releases
 from tests.support.kafka_fixture import kafka_unavailable_reason

@@ -392,7 +392,7 @@ def test_simulated_nvml_reports_the_drivers_timeline(sim: SimGpu, tmp_path: Path
 def test_simulated_nvml_without_activity_logs(sim: SimGpu, tmp_path: Path) -> None:
     """No GF_SIM_NVML_DIR: the GPU is there, idle; nothing is logged in virtual-time mode."""
     code = (
-        "import json; from producer.nvml import NvmlSampler\n"
+        "import json; from gpuflight.producer.nvml import NvmlSampler\n"
         "s = NvmlSampler(); (g,) = s.sample()\n"
         "print(json.dumps([g.name, g.utilization_gpu_pct, g.processes]))\n"
     )

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from gpuflight import stack
-from streams.influxql import CredentialsRefused, InfluxQL
-from streams.settings import InfluxSettings
+from gpuflight.streams.influxql import CredentialsRefused, InfluxQL
+from gpuflight.streams.settings import InfluxSettings
 from tests.conftest import one_line, require
 from tests.support.influx_fixture import BUCKET, DATABASE, influx_unavailable_reason
 from tests.support.streams_support import influxql

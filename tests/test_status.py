@@ -7,7 +7,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from producer import status
+from gpuflight.producer import status
 from tests.support.shared_place import as_nobody, shared_directory
 
 

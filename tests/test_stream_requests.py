@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producer.records import EVENT_DTYPE
-from producer.wire import RequestRecord
-from streams import measurements as m
-from streams import requests as rq
-from streams.measurements import Fields, Tags
-from streams.requests import Labels, RequestWindow
+from gpuflight.producer.contract.abi import EVENT_DTYPE
+from gpuflight.producer.contract.wire import RequestRecord
+from gpuflight.streams import measurements as m
+from gpuflight.streams import requests as rq
+from gpuflight.streams.measurements import Fields, Tags
+from gpuflight.streams.requests import Labels, RequestWindow
 
 W = 1_000_000_000
 T0 = 1_700_000_000 * W
@@ -187,7 +187,7 @@ def test_malformed_dicts_are_value_errors() -> None:
 
 
 def test_a_job_state_counts_requests_once_across_restarts_and_prices_them() -> None:
-    from streams.windows import JobState, WindowSettings
+    from gpuflight.streams.windows import JobState, WindowSettings
 
     settings = WindowSettings(window_s=1.0, grace_s=0.0)
     state = JobState("h", "serve:1", 0, labels=Labels("ml", m.NO_LABEL))
@@ -238,7 +238,7 @@ def test_a_window_keeps_max_routes_and_counts_the_rest_as_other() -> None:
 def test_a_cost_stored_as_null_is_read_as_zero_not_a_state_dropped() -> None:
     """JSON has no infinity: a cost that summed to it was written as null, and the whole job
     state was dropped when a restarted worker read it. Costs are bounded at decode now
-    (producer/wire.py); one stored so before reads as 0."""
+    (producer/contract/wire.py); one stored so before reads as 0."""
     win = RequestWindow()
     win.route("/a").add(done(1, "/a", T0, T0 + 10, gpu_ns=5.0))
     win.unattributed_gpu_ns = math.inf
@@ -253,7 +253,7 @@ def test_a_cost_stored_as_null_is_read_as_zero_not_a_state_dropped() -> None:
 def test_one_message_of_requests_over_many_windows_makes_a_bounded_state() -> None:
     """As its events (tests/test_windows.py), a message's requests add to at most
     max_windows_per_message windows; those ending in others are not counted."""
-    from streams.windows import JobState, WindowSettings
+    from gpuflight.streams.windows import JobState, WindowSettings
 
     settings = WindowSettings(window_s=1.0, grace_s=1.0)
     state = JobState("h", "serve:1", 0)

@@ -17,13 +17,13 @@ import numpy as np
 import orjson
 import pytest
 
-from producer import wire
-from producer.errors import UsageError
-from producer.records import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
-from producer.summary import Summary
-from streams import aggregate
-from streams import measurements as m
-from streams.windows import JobState, WindowSettings
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.abi import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
+from gpuflight.producer.contract.errors import UsageError
+from gpuflight.producer.decode.summary import Summary
+from gpuflight.streams import aggregate
+from gpuflight.streams import measurements as m
+from gpuflight.streams.windows import JobState, WindowSettings
 from tests.support.counting import SYNTHETIC_KERNEL_LAUNCHES, SYNTHETIC_PIDS, synthetic_events
 from tests.support.streams_support import (
     Feed,
@@ -214,7 +214,7 @@ def test_a_late_batch_over_the_broker_limit_reaches_the_dead_letters_in_parts(
         kafka_bootstrap: str, influx_url: str, names: str, worker: StreamWorker) -> None:
     """60,000 late events (~2.6 MB re-encoded, over the broker's 1 MB message limit): every
     one reaches the dead-letter topic, in parts, and the job counts them as not counted."""
-    from streams.app import DEAD_LETTER_MAX_BYTES
+    from gpuflight.streams.worker import DEAD_LETTER_MAX_BYTES
 
     feed = Feed(kafka_bootstrap, names)
     host = f"{names}-b"
@@ -254,8 +254,8 @@ def test_a_message_from_the_future_moves_no_clock(
     """One message stamped a day ahead: dead-lettered ("future") and counted as not counted;
     the host's windows close by its real events, none of which is late — before and after a
     worker restart."""
-    from streams import report
-    from streams.settings import InfluxSettings
+    from gpuflight.streams import report
+    from gpuflight.streams.settings import InfluxSettings
 
     # --idle 60: the host is silent while the second worker starts and catches up; the wall
     # clock must not close its windows meanwhile (under load that took longer than 5 s + grace).
@@ -386,8 +386,8 @@ def test_anomalies_and_memory_bound_fire_on_their_cases_only(
 
 def test_report_and_compare_read_back_a_job(kafka_bootstrap: str, influx_url: str,
                                             names: str, worker: StreamWorker) -> None:
-    from streams import report
-    from streams.settings import InfluxSettings
+    from gpuflight.streams import report
+    from gpuflight.streams.settings import InfluxSettings
 
     feed = Feed(kafka_bootstrap, names)
     host = f"{names}-r"
@@ -428,8 +428,8 @@ def test_the_report_counts_what_the_trace_summary_counts(kafka_bootstrap: str, i
     """One stream with captured launches, graph launches, failed calls, syncs and copies,
     published as the producer does: what `gpuflight report` reads back from InfluxDB is what
     the trace summary (the same counting core) counts of the same events."""
-    from streams import report
-    from streams.settings import InfluxSettings
+    from gpuflight.streams import report
+    from gpuflight.streams.settings import InfluxSettings
 
     feed = Feed(kafka_bootstrap, names)
     host = f"{names}-c"
@@ -487,7 +487,7 @@ def test_the_report_counts_what_the_trace_summary_counts(kafka_bootstrap: str, i
 
 
 def test_the_report_shows_a_table_per_device_when_there_are_several() -> None:
-    from streams import report
+    from gpuflight.streams import report
 
     summary = report.JobSummary("train:1", 0, 10**9, hosts=["h"], window_s=1.0, devices={
         "0": {"launches": 1200, "copies": 3, "bytes": 3 << 20, "syncs": 2, "sync_ns": 10**9,
@@ -508,8 +508,8 @@ def test_the_report_shows_a_table_per_device_when_there_are_several() -> None:
 
 def test_the_report_keeps_each_hosts_devices_apart(influx_url: str) -> None:
     """A job on two hosts: their device 0s are two GPUs, so the report keys devices by host."""
-    from streams import report
-    from streams.settings import InfluxSettings
+    from gpuflight.streams import report
+    from gpuflight.streams.settings import InfluxSettings
     from tests.support.grafana_scenarios import write_points
 
     t0 = past_window(600)
@@ -534,8 +534,8 @@ def test_lost_events_reach_their_job_and_its_report(kafka_bootstrap: str, influx
                                                      names: str, worker: StreamWorker) -> None:
     """The producer's drops by pid become the job's `events_lost`, and the report counts the
     rise of the counters in its range: across a producer restart, and from before the range."""
-    from streams import report
-    from streams.settings import InfluxSettings
+    from gpuflight.streams import report
+    from gpuflight.streams.settings import InfluxSettings
 
     feed = Feed(kafka_bootstrap, names)
     host = f"{names}-l"
@@ -758,7 +758,7 @@ def test_the_directory_forgets_an_ended_one_process_job_only() -> None:
     """A COMM:PID job ends with its process (the agent's exit record); once the worker forgot
     its state, its process goes from the directory too. A pod's process does not end its job,
     and the pid used again by the same command is the job again, not ended."""
-    from streams.identities import Directory
+    from gpuflight.streams.identities import Directory
 
     def record(pid: int, start: int, job: str, exited: int | None = None,
                pod: str | None = None) -> wire.ProcessRecord:
@@ -794,8 +794,8 @@ def test_a_job_that_was_one_process_is_forgotten_once_it_exited(
     past that, its state is forgotten (a tombstone on the table's changelog) — after its
     windows are written. Kept for forget_idle_s (an hour) before, the soak's worker grew 96 MiB
     an hour with 3 processes a second. A process that lives on keeps its state."""
-    from streams.app import TABLE
-    from streams.windows import state_key
+    from gpuflight.streams.app import TABLE
+    from gpuflight.streams.windows import state_key
 
     feed = Feed(kafka_bootstrap, names)
     host = f"{names}-x"
@@ -830,8 +830,8 @@ def test_a_job_that_was_one_process_is_forgotten_once_it_exited(
 def test_a_forgotten_job_leaves_no_gpu_samples() -> None:
     """NVML samples are kept per job for its verdicts and cost: a job the worker forgets
     (an ended one-process job, or one idle an hour) takes its samples and GPU with it."""
-    from streams.app import GpuUtilization
-    from streams.identities import Directory
+    from gpuflight.streams.identities import Directory
+    from gpuflight.streams.worker import GpuUtilization
 
     directory = Directory()
     gpu = GpuUtilization()
@@ -927,7 +927,7 @@ def test_one_bad_point_freezes_no_partition() -> None:
     contract is not written, alone."""
     import math
 
-    from producer.pricing import PriceBook
+    from gpuflight.producer.contract.pricing import PriceBook
 
     harness = Harness(prices=PriceBook({"H100": math.inf}), gpu_model="H100")
     t0 = (time.time_ns() // W - 60) * W
@@ -959,8 +959,8 @@ def test_the_sink_leaves_out_a_point_that_breaks_the_contract_alone() -> None:
     import asyncio
     import math
 
-    from streams.settings import InfluxSettings
-    from streams.sink import Batch, InfluxSink
+    from gpuflight.streams.settings import InfluxSettings
+    from gpuflight.streams.sink import Batch, InfluxSink
 
     written: list[object] = []
     sink = InfluxSink(InfluxSettings(), on_written=written.append)
@@ -995,8 +995,8 @@ def test_a_parked_message_over_the_broker_limit_survives_a_restart(
     """A message waiting for its identity is kept in the worker's table: it was one changelog
     record, which the broker refuses over 1 MB (a real 100k-event message is 6.5 MB). After a
     restart its 40,000 events were gone, and no dead letter said so."""
-    from streams.app import TABLE
-    from streams.parking import is_parked_key
+    from gpuflight.streams.app import TABLE
+    from gpuflight.streams.parking import is_parked_key
     from tests.support.streams_support import all_committed
 
     feed = Feed(kafka_bootstrap, names)
@@ -1032,7 +1032,7 @@ def test_one_message_over_twenty_thousand_windows_stops_no_worker(
     failed (ProducerSendError), the worker exited, and the message was not taken again. Now
     the message adds to max_windows_per_message windows, the rest of its events go to the
     dead letters (reason "windows"), and the job goes on."""
-    from streams.windows import DEFAULT_MAX_WINDOWS_PER_MESSAGE as KEPT
+    from gpuflight.streams.windows import DEFAULT_MAX_WINDOWS_PER_MESSAGE as KEPT
 
     feed = Feed(kafka_bootstrap, names)
     host = f"{names}-s"

@@ -1,4 +1,4 @@
-"""The tally (producer/tally.py): what a killed agent never published, counted by the next.
+"""The tally (producer/deadagents.py): what a killed agent never published, counted by the next.
 
 Pure parts here, on fake /proc and bpffs trees; the real thing (the kernel's pinned maps, a
 SIGKILLed agent, the next one's metrics on a real Kafka broker) is in tests/test_kafka.py.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from producer import tally
+from gpuflight.producer.publish import deadagents
 from tests.support.shared_place import as_nobody, shared_directory
 
 
@@ -57,22 +57,22 @@ class FakeMaps:
 def test_unpublished_is_committed_less_delivered_and_counted_drops() -> None:
     committed = {1: 100, 2: 50, 3: 7, 4: 5}
     settled = {1: (60, 10), 2: (50, 0), 4: (9, 0)}  # 4: more than committed (a reused pid)
-    assert tally.unpublished(committed, settled) == {1: 30, 3: 7}
+    assert deadagents.unpublished(committed, settled) == {1: 30, 3: 7}
 
 
 def test_dead_agents_are_those_whose_process_is_gone_or_another(tmp_path: Path) -> None:
     proc = fake_proc(tmp_path / "proc", {100: 5000, 200: 7000})
-    base = tmp_path / "bpffs" / tally.SUBDIR
+    base = tmp_path / "bpffs" / deadagents.SUBDIR
     for name in ("agent-100-5000", "agent-200-6999", "agent-300-1", "not-an-agent"):
         (base / name).mkdir(parents=True)
     mine = base / "agent-100-5000"
-    dead = tally.dead_agents(tmp_path / "bpffs", proc)
+    dead = deadagents.dead_agents(tmp_path / "bpffs", proc)
     # 100 runs with that start: alive. 200 is another process now, 300 is gone.
     assert [(d.directory.name, d.pid) for d in dead] == [("agent-200-6999", 200),
                                                          ("agent-300-1", 300)]
-    assert [d.directory for d in tally.dead_agents(tmp_path / "bpffs", proc, mine=mine)] == [
+    assert [d.directory for d in deadagents.dead_agents(tmp_path / "bpffs", proc, mine=mine)] == [
         base / "agent-200-6999", base / "agent-300-1"]
-    assert tally.dead_agents(tmp_path / "nothing", proc) == []
+    assert deadagents.dead_agents(tmp_path / "nothing", proc) == []
 
 
 def test_prepare_makes_a_directory_per_agent(tmp_path: Path) -> None:
@@ -80,8 +80,8 @@ def test_prepare_makes_a_directory_per_agent(tmp_path: Path) -> None:
 
     proc = fake_proc(tmp_path / "proc", {os.getpid(): 4242})
     (proc / "self").symlink_to(str(os.getpid()))
-    directory = tally.prepare(tmp_path / "bpffs", proc)
-    assert directory == tmp_path / "bpffs" / tally.SUBDIR / f"agent-{os.getpid()}-4242"
+    directory = deadagents.prepare(tmp_path / "bpffs", proc)
+    assert directory == tmp_path / "bpffs" / deadagents.SUBDIR / f"agent-{os.getpid()}-4242"
     assert directory.is_dir()
 
 
@@ -99,7 +99,7 @@ def agent_proc(root: Path, mount: tuple[Path, int] | None = None) -> Path:
 
 
 def test_the_tally_directory_is_root_s_alone(tmp_path: Path) -> None:
-    directory = tally.prepare(tmp_path / "bpffs", agent_proc(tmp_path / "proc"))
+    directory = deadagents.prepare(tmp_path / "bpffs", agent_proc(tmp_path / "proc"))
     for made in (directory.parent, directory):
         assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
 
@@ -118,11 +118,11 @@ def test_a_tally_directory_another_user_planted_turns_the_tally_off(
     with shared_directory(0o1777) as bpffs:
         if symlink:
             as_nobody("mkdir", bpffs / "theirs")
-            as_nobody("ln", "-s", bpffs / "theirs", bpffs / tally.SUBDIR)
+            as_nobody("ln", "-s", bpffs / "theirs", bpffs / deadagents.SUBDIR)
         else:
-            as_nobody("mkdir", bpffs / tally.SUBDIR)
-        with pytest.raises(tally.TallyUnavailable, match=why):
-            tally.prepare(bpffs, proc)
+            as_nobody("mkdir", bpffs / deadagents.SUBDIR)
+        with pytest.raises(deadagents.TallyUnavailable, match=why):
+            deadagents.prepare(bpffs, proc)
         assert not list(bpffs.rglob("agent-*"))  # nothing of the agent's in their hands
 
 
@@ -130,24 +130,24 @@ def test_a_tally_directory_off_the_bpffs_turns_the_tally_off(tmp_path: Path) -> 
     root = tmp_path / "bpffs"
     root.mkdir()
     elsewhere = os.makedev(os.major(root.stat().st_dev) + 1, 0)
-    with pytest.raises(tally.TallyUnavailable, match="is not on the bpffs mounted at"):
-        tally.prepare(root, agent_proc(tmp_path / "proc", (root, elsewhere)))
-    ours = tally.prepare(root, agent_proc(tmp_path / "proc2", (root, root.stat().st_dev)))
+    with pytest.raises(deadagents.TallyUnavailable, match="is not on the bpffs mounted at"):
+        deadagents.prepare(root, agent_proc(tmp_path / "proc", (root, elsewhere)))
+    ours = deadagents.prepare(root, agent_proc(tmp_path / "proc2", (root, root.stat().st_dev)))
     assert ours.is_dir()
 
 
-@pytest.mark.parametrize("failure", [tally.TallyUnavailable("/sys/fs/bpf/gpuflight is a "
+@pytest.mark.parametrize("failure", [deadagents.TallyUnavailable("/sys/fs/bpf/gpuflight is a "
                                                             "symlink"),
                                      PermissionError(1, "Operation not permitted")])
 def test_a_tally_that_cannot_be_had_is_one_warning_and_the_agent_goes_on(
         failure: Exception, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    from producer import node
+    from gpuflight.producer import node
 
     def prepare() -> Path:
         raise failure
 
-    monkeypatch.setattr(tally, "prepare", prepare)
+    monkeypatch.setattr(deadagents, "prepare", prepare)
     with caplog.at_level(logging.WARNING):
         assert node._tally_dir() is None
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
@@ -156,7 +156,7 @@ def test_a_tally_that_cannot_be_had_is_one_warning_and_the_agent_goes_on(
 
 def test_ledger_settles_each_delivery_and_each_acknowledged_drop_count(tmp_path: Path) -> None:
     maps = FakeMaps({10: 30, 11: 5})
-    ledger = tally.Ledger(maps, tmp_path / "me", root=tmp_path, proc_root=tmp_path)
+    ledger = deadagents.Ledger(maps, tmp_path / "me", root=tmp_path, proc_root=tmp_path)
     ledger.delivered(10, 20)
     ledger.delivered(10, 5)
     assert maps.settled[10] == (25, 0)
@@ -167,7 +167,7 @@ def test_ledger_settles_each_delivery_and_each_acknowledged_drop_count(tmp_path:
 
 def test_ledger_sweeps_finished_processes_and_a_reused_pid_starts_afresh(tmp_path: Path) -> None:
     maps = FakeMaps({10: 30, 11: 5, 12: 4})
-    ledger = tally.Ledger(maps, tmp_path / "me", root=tmp_path, proc_root=tmp_path)
+    ledger = deadagents.Ledger(maps, tmp_path / "me", root=tmp_path, proc_root=tmp_path)
     ledger.delivered(10, 28)
     ledger.published({10: 2}, dead_included=False)  # 10: all 30 settled
     ledger.delivered(11, 5)  # 11: settled, but alive
@@ -189,7 +189,7 @@ def test_ledger_close_removes_its_directory_only_when_everything_was_settled(
         directory = tmp_path / f"agent-{delivered}"
         directory.mkdir()
         maps = FakeMaps({10: 7})
-        ledger = tally.Ledger(maps, directory, root=tmp_path, proc_root=tmp_path)
+        ledger = deadagents.Ledger(maps, directory, root=tmp_path, proc_root=tmp_path)
         ledger.delivered(10, delivered)
         ledger.close()
         assert directory.exists() is kept
@@ -197,7 +197,7 @@ def test_ledger_close_removes_its_directory_only_when_everything_was_settled(
 
 def test_ledger_reports_dead_agents_and_forgets_them_once_published(tmp_path: Path) -> None:
     proc = fake_proc(tmp_path / "proc", {})
-    base = tmp_path / "bpffs" / tally.SUBDIR
+    base = tmp_path / "bpffs" / deadagents.SUBDIR
     for name in ("agent-300-1", "agent-301-1", "agent-302-1"):
         (base / name).mkdir(parents=True)
     tallies = {
@@ -210,7 +210,7 @@ def test_ledger_reports_dead_agents_and_forgets_them_once_published(tmp_path: Pa
             raise FileNotFoundError(2, "No such file or directory")
         return tallies[directory.name]
 
-    ledger = tally.Ledger(FakeMaps({}), base / "me", root=tmp_path / "bpffs", proc_root=proc)
+    ledger = deadagents.Ledger(FakeMaps({}), base / "me", root=tmp_path / "bpffs", proc_root=proc)
     ledger.collect_dead(read)
     assert dict(ledger.dead_by_pid) == {7: 35 + 3}
     assert ledger.dead_total == 38

@@ -1,4 +1,4 @@
-"""The on-disk verdict cache (producer/verdicts.py): a file classified by one run is not read
+"""The on-disk verdict cache (producer/verdictcache.py): a file classified by one run is not read
 again by the next, and a cache file that is stale, damaged or not ours changes nothing.
 
 The inputs are real files: NVIDIA's libcudart (the nvidia-cuda-runtime wheel, a dev
@@ -21,9 +21,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from producer import attachplan, discover, elfsyms, verdicts
-from producer.discover import Classifier, LibraryFile, LibraryKey
-from producer.settings import CaptureSettings, default_cache_dir
+from gpuflight.producer.discover import attachplan, elfsyms, procmaps, verdictcache
+from gpuflight.producer.discover.procmaps import Classifier, LibraryFile, LibraryKey
+from gpuflight.producer.settings import CaptureSettings, default_cache_dir
 from tests.conftest import require
 
 PID = 4242
@@ -57,7 +57,7 @@ class Node:
         return (st.st_dev, st.st_ino)
 
     def scan(self, classifier: Classifier) -> dict[LibraryKey, LibraryFile]:
-        return dict(discover.scan(self.proc, cache=classifier).libraries)
+        return dict(procmaps.scan(self.proc, cache=classifier).libraries)
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def forbid_reading(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def learn(node: Node, cache: Path) -> dict[LibraryKey, LibraryFile]:
     """One run: classify the node's files with the store in `cache`, and save it."""
-    store = discover.open_verdict_store(cache)
+    store = procmaps.open_verdict_store(cache)
     found = node.scan(Classifier(store=store))
     assert store.save_if_dirty()
     elfsyms.clear_cache()
@@ -148,18 +148,18 @@ class Clock:
         return self.now
 
 
-def vocabulary() -> verdicts.Vocabulary:
-    return verdicts.Vocabulary(
-        discover.RUNTIME_SYMBOLS, discover.DRIVER_SYMBOLS, discover._REFERENCED_SYMBOLS,
+def vocabulary() -> verdictcache.Vocabulary:
+    return verdictcache.Vocabulary(
+        procmaps.RUNTIME_SYMBOLS, procmaps.DRIVER_SYMBOLS, procmaps._REFERENCED_SYMBOLS,
         attachplan.PROBED,
     )
 
 
-def identity(n: int) -> verdicts.Identity:
+def identity(n: int) -> verdictcache.Identity:
     return (2049, 1000 + n, 4096, 1_700_000_000_000_000_000 + n, 1_700_000_000_000_000_000)
 
 
-NOTHING = verdicts.Stored(frozenset(), frozenset(), None)
+NOTHING = verdictcache.Stored(frozenset(), frozenset(), None)
 
 
 # --- reuse ------------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def test_a_verdict_is_reused_by_the_next_run_without_reading_the_file(
     assert "cudaLaunchKernel" in runtime.symbols
 
     forbid_reading(monkeypatch)  # nor for where to attach: the plans come back too
-    store = discover.open_verdict_store(cache)
+    store = procmaps.open_verdict_store(cache)
     assert len(store) == 3  # libc too: files that define nothing are kept, compactly
     assert node.scan(Classifier(store=store)) == first
     assert store.hits == 3 and store.learned == 0
@@ -188,14 +188,14 @@ def test_the_quiet_files_are_those_nothing_probed_is_in(node: Node, tmp_path: Pa
     and from the Classifier once per file as it meets them."""
     libc = node.files["libc.so.6"].stat()
     want = [(libc.st_dev, libc.st_ino, libc.st_size, libc.st_ctime_ns)]
-    classifier = Classifier(store=discover.open_verdict_store(tmp_path / "cache"))
+    classifier = Classifier(store=procmaps.open_verdict_store(tmp_path / "cache"))
     node.scan(classifier)
     assert classifier.take_quiet() == want
     node.scan(classifier)
     assert classifier.take_quiet() == []  # told once
     assert classifier.store is not None and classifier.store.save_if_dirty()
-    assert discover.open_verdict_store(tmp_path / "cache").quiet_files() == want
-    recalled = Classifier(store=discover.open_verdict_store(tmp_path / "cache"))
+    assert procmaps.open_verdict_store(tmp_path / "cache").quiet_files() == want
+    recalled = Classifier(store=procmaps.open_verdict_store(tmp_path / "cache"))
     node.scan(recalled)
     assert recalled.take_quiet() == want  # recalled from the store: as quiet
 
@@ -222,7 +222,7 @@ def test_a_file_s_attach_plan_is_kept_with_its_verdict(node: Node, tmp_path: Pat
         (attachplan.LOADER_SYMBOL, elfsyms.vaddr_to_file_offset(ld, debug_state)),
     )
     assert loader.plan.cookie == (r_debug + attachplan.R_STATE_OFFSET - debug_state) % 2**64
-    store = discover.open_verdict_store(tmp_path / "cache")
+    store = procmaps.open_verdict_store(tmp_path / "cache")
     st = node.files["libcudart.so"].stat()
     kept = store.get((*node.key("libcudart.so"), st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     assert kept is not None and kept.plan == runtime.plan
@@ -233,9 +233,9 @@ def test_a_plan_read_from_a_file_gone_meanwhile_is_not_kept(
 ) -> None:
     """A file that cannot be opened once its plan is read (its process gone) reads as having
     nowhere to attach: true for now, so neither remembered nor stored; the next scan reads it."""
-    store = discover.open_verdict_store(tmp_path / "cache")
+    store = procmaps.open_verdict_store(tmp_path / "cache")
     classifier = Classifier(store=store)
-    monkeypatch.setattr(discover, "_readable", lambda path: False)
+    monkeypatch.setattr(procmaps, "_readable", lambda path: False)
     node.scan(classifier)
     assert not store.dirty
     monkeypatch.undo()
@@ -257,19 +257,19 @@ def test_a_plan_read_from_a_file_gone_meanwhile_is_not_kept(
 
 def test_a_plan_round_trips_to_its_limits(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    runtime = verdicts.Stored(
+    runtime = verdictcache.Stored(
         frozenset({"cudaMalloc", "cudaFree"}), frozenset(), None, frozenset({"cudaMalloc"}),
         attachplan.Plan("runtime", (("__cudaRegisterFunction", 0), ("cudaFree", None),
                                     ("cudaMalloc", 4095))),
     )
-    loader = verdicts.Stored(frozenset(), frozenset(), True, None,
+    loader = verdictcache.Stored(frozenset(), frozenset(), True, None,
                              attachplan.Plan("loader", (("_dl_debug_state", 64),), 2**64 - 8))
-    none = verdicts.Stored(frozenset(), frozenset(), False, None, attachplan.Plan("loader", ()))
-    store = verdicts.VerdictStore.load(cache, *_args())
+    none = verdictcache.Stored(frozenset(), frozenset(), False, None, attachplan.Plan("loader", ()))
+    store = verdictcache.VerdictStore.load(cache, *_args())
     for n, verdict in enumerate((runtime, loader, none)):
         store.put(identity(n), verdict)  # each file 4096 bytes
     assert store.save_if_dirty()
-    kept = verdicts.VerdictStore.load(cache, *_args())
+    kept = verdictcache.VerdictStore.load(cache, *_args())
     assert [kept.get(identity(n)) for n in range(3)] == [runtime, loader, none]
 
 
@@ -277,23 +277,23 @@ def test_a_plan_with_probes_moved_past_their_entries_round_trips(tmp_path: Path)
     """Where each probe goes, which were moved past their function's entry (and from where),
     and which are single-stepped: all kept, so that a warm start attaches and counts alike."""
     cache = tmp_path / "cache"
-    driver = verdicts.Stored(
+    driver = verdictcache.Stored(
         frozenset(), frozenset({"cuLaunchKernel", "cuMemcpy"}), None, None,
         attachplan.Plan("driver", (("cuLaunchKernel", 1034), ("cuMemcpy", 2048),
                                    ("cuMemcpyAsync", None)),
                         entries=(("cuLaunchKernel", 1024),), stepped=frozenset({"cuMemcpy"})),
     )
-    store = verdicts.VerdictStore.load(cache, *_args())
+    store = verdictcache.VerdictStore.load(cache, *_args())
     store.put(identity(1), driver)
     assert store.save_if_dirty()
-    kept = verdicts.VerdictStore.load(cache, *_args()).get(identity(1))
+    kept = verdictcache.VerdictStore.load(cache, *_args()).get(identity(1))
     assert kept == driver and kept.plan is not None
     assert kept.plan.entry("cuLaunchKernel") == 1024 and kept.plan.entry("cuMemcpy") == 2048
 
 
 def test_files_that_define_nothing_are_kept_compactly(node: Node, tmp_path: Path) -> None:
     learn(node, tmp_path / "cache")
-    document = orjson.loads((tmp_path / "cache" / verdicts.FILE_NAME).read_bytes())
+    document = orjson.loads((tmp_path / "cache" / verdictcache.FILE_NAME).read_bytes())
     rows = {row[1]: row for row in document["entries"]}
     assert len(rows[node.key("libc.so.6")[1]]) == 6  # identity and last use only
     runtime = rows[node.key("libcudart.so")[1]]
@@ -307,7 +307,7 @@ def test_a_changed_file_is_read_again(node: Node, tmp_path: Path, reads: list[st
     # libc becomes a runtime in place (same inode): its size and mtime change.
     libc = node.files["libc.so.6"]
     libc.write_bytes(node.files["libcudart.so"].read_bytes())
-    found = node.scan(Classifier(store=discover.open_verdict_store(cache)))
+    found = node.scan(Classifier(store=procmaps.open_verdict_store(cache)))
     assert found[node.key("libc.so.6")].kind == "runtime"
     assert {Path(p).name for p in reads} == {"libc.so.6"}
 
@@ -326,7 +326,7 @@ def test_a_file_rewritten_with_its_old_size_and_mtime_is_read_again(
     os.utime(libc, ns=(before.st_atime_ns, before.st_mtime_ns))  # anyone may set the mtime
     after = libc.stat()
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
-    node.scan(Classifier(store=discover.open_verdict_store(cache)))
+    node.scan(Classifier(store=procmaps.open_verdict_store(cache)))
     assert {Path(p).name for p in reads} == {"libc.so.6"}  # the ctime told
 
 
@@ -336,7 +336,7 @@ def test_what_a_run_learns_is_saved_for_the_next(node: Node, tmp_path: Path) -> 
     libc = node.files["libc.so.6"]
     libc.write_bytes(node.files["libcudart.so"].read_bytes())
     learn(node, cache)  # learns libc's new verdict and saves it
-    store = discover.open_verdict_store(cache)
+    store = procmaps.open_verdict_store(cache)
     key = node.key("libc.so.6")
     st = libc.stat()
     kept = store.get((*key, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
@@ -345,13 +345,13 @@ def test_what_a_run_learns_is_saved_for_the_next(node: Node, tmp_path: Path) -> 
 
 def test_two_runs_saving_at_once_keep_both_verdicts(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    fingerprint = discover.verdict_fingerprint()
-    one = verdicts.VerdictStore.load(cache, fingerprint, vocabulary())
-    two = verdicts.VerdictStore.load(cache, fingerprint, vocabulary())
+    fingerprint = procmaps.verdict_fingerprint()
+    one = verdictcache.VerdictStore.load(cache, fingerprint, vocabulary())
+    two = verdictcache.VerdictStore.load(cache, fingerprint, vocabulary())
     one.put(identity(1), NOTHING)
     two.put(identity(2), NOTHING)
     assert one.save_if_dirty() and two.save_if_dirty()
-    both = verdicts.VerdictStore.load(cache, fingerprint, vocabulary())
+    both = verdictcache.VerdictStore.load(cache, fingerprint, vocabulary())
     assert both.get(identity(1)) == NOTHING and both.get(identity(2)) == NOTHING
 
 
@@ -365,9 +365,9 @@ def test_a_changed_probe_table_ignores_the_old_verdicts(
     learn(node, cache)
     reads.clear()
     # A gpuflight that probes one runtime function fewer.
-    fewer = discover.RUNTIME_SYMBOLS - {"cudaMemcpy"}
-    monkeypatch.setattr(discover, "RUNTIME_SYMBOLS", fewer)
-    store = discover.open_verdict_store(cache)
+    fewer = procmaps.RUNTIME_SYMBOLS - {"cudaMemcpy"}
+    monkeypatch.setattr(procmaps, "RUNTIME_SYMBOLS", fewer)
+    store = procmaps.open_verdict_store(cache)
     assert len(store) == 0
     node.scan(Classifier(store=store))
     assert {Path(p).name for p in reads} >= {"libc.so.6", "libcudart.so"}
@@ -384,28 +384,28 @@ def test_another_format_version_is_ignored(
 ) -> None:
     cache = tmp_path / "cache"
     learn(node, cache)
-    _rewrite(cache / verdicts.FILE_NAME, version=verdicts.FORMAT_VERSION + 1)
-    with caplog.at_level(logging.DEBUG, logger="producer.verdicts"):
-        assert len(discover.open_verdict_store(cache)) == 0
+    _rewrite(cache / verdictcache.FILE_NAME, version=verdictcache.FORMAT_VERSION + 1)
+    with caplog.at_level(logging.DEBUG, logger="gpuflight.producer.discover.verdictcache"):
+        assert len(procmaps.open_verdict_store(cache)) == 0
     assert [r.levelno for r in caplog.records if "ignored" in str(r.msg)] == [logging.INFO]
-    assert f"format version {verdicts.FORMAT_VERSION + 1}" in caplog.text
+    assert f"format version {verdictcache.FORMAT_VERSION + 1}" in caplog.text
 
 
 def _valid(tmp_path: Path) -> bytes:
-    store = discover.open_verdict_store(tmp_path / "valid")
+    store = procmaps.open_verdict_store(tmp_path / "valid")
     store.put(identity(1), NOTHING)
-    store.put(identity(2), verdicts.Stored(frozenset({"cudaMalloc"}), frozenset(), False, None,
+    store.put(identity(2), verdictcache.Stored(frozenset({"cudaMalloc"}), frozenset(), False, None,
                                            attachplan.Plan("runtime", (("cudaMalloc", 64),))))
     assert store.save_if_dirty()
-    return (tmp_path / "valid" / verdicts.FILE_NAME).read_bytes()
+    return (tmp_path / "valid" / verdictcache.FILE_NAME).read_bytes()
 
 
 def _entries(rows: list[object]) -> bytes:
     return orjson.dumps(
         {
             "format": "gpuflight-verdicts",
-            "version": verdicts.FORMAT_VERSION,
-            "fingerprint": discover.verdict_fingerprint(),
+            "version": verdictcache.FORMAT_VERSION,
+            "fingerprint": procmaps.verdict_fingerprint(),
             "entries": rows,
         }
     )
@@ -461,7 +461,8 @@ BAD_PLANS: dict[str, object] = {
     "negative cookie": ["loader", {"_dl_debug_state": 64}, -8, {}, []],
     "cookie past u64": b'["loader", {"_dl_debug_state": 64}, 18446744073709551616, {}, []]',
     "cookie not a number": ["loader", {"_dl_debug_state": 64}, "8", {}, []],
-    # A probe moved past its function's entry (producer/entrypoint.py) goes a little further,
+    # A probe moved past its function's entry (producer/discover/entrypoint.py) goes a little
+    # further,
     # never before it nor further than attachplan moves one; a stepped one is a planned one.
     "moved further than any move": ["runtime", {"cudaMalloc": 64 + attachplan.MAX_MOVE_BYTES
                                                 + 1}, 0, {"cudaMalloc": 64}, []],
@@ -492,26 +493,26 @@ def test_a_damaged_file_is_ignored_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object
 ) -> None:
     good = _valid(tmp_path)
-    assert len(verdicts.VerdictStore.load(tmp_path / "valid", *_args())) == 2
+    assert len(verdictcache.VerdictStore.load(tmp_path / "valid", *_args())) == 2
     cache = tmp_path / "cache"
     cache.mkdir()
-    path = cache / verdicts.FILE_NAME
+    path = cache / verdictcache.FILE_NAME
     assert callable(damage)
     path.write_bytes(damage(good))
     path.chmod(0o600)
-    with caplog.at_level(logging.DEBUG, logger="producer.verdicts"):
-        store = discover.open_verdict_store(cache)
+    with caplog.at_level(logging.DEBUG, logger="gpuflight.producer.discover.verdictcache"):
+        store = procmaps.open_verdict_store(cache)
     assert len(store) == 0
     ignored = [r for r in caplog.records if "ignored" in str(r.msg)]
     assert len(ignored) == 1 and "\n" not in ignored[0].getMessage() and not ignored[0].exc_info
     # The next save replaces it with a good one.
     store.put(identity(3), NOTHING)
     assert store.save_if_dirty()
-    assert discover.open_verdict_store(cache).get(identity(3)) == NOTHING
+    assert procmaps.open_verdict_store(cache).get(identity(3)) == NOTHING
 
 
-def _args() -> tuple[str, verdicts.Vocabulary]:
-    return discover.verdict_fingerprint(), vocabulary()
+def _args() -> tuple[str, verdictcache.Vocabulary]:
+    return procmaps.verdict_fingerprint(), vocabulary()
 
 
 @pytest.mark.parametrize("mode", [0o620, 0o602, 0o666])
@@ -520,9 +521,9 @@ def test_a_file_others_may_write_is_ignored(
 ) -> None:
     cache = tmp_path / "cache"
     learn(node, cache)
-    (cache / verdicts.FILE_NAME).chmod(mode)
-    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
-        assert len(discover.open_verdict_store(cache)) == 0
+    (cache / verdictcache.FILE_NAME).chmod(mode)
+    with caplog.at_level(logging.INFO, logger="gpuflight.producer.discover.verdictcache"):
+        assert len(procmaps.open_verdict_store(cache)) == 0
     assert "writable by others" in caplog.text
 
 
@@ -532,9 +533,9 @@ def test_a_file_someone_else_owns_is_ignored(
     require(None if os.geteuid() == 0 else "needs root to give a file away (chown)")
     cache = tmp_path / "cache"
     learn(node, cache)
-    os.chown(cache / verdicts.FILE_NAME, 65534, 65534)
-    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
-        assert len(discover.open_verdict_store(cache)) == 0
+    os.chown(cache / verdictcache.FILE_NAME, 65534, 65534)
+    with caplog.at_level(logging.INFO, logger="gpuflight.producer.discover.verdictcache"):
+        assert len(procmaps.open_verdict_store(cache)) == 0
     assert "owned by uid 65534" in caplog.text
 
 
@@ -545,11 +546,11 @@ def test_a_folder_others_may_write_to_is_not_trusted(
     cache = tmp_path / "cache"
     learn(node, cache)
     cache.chmod(mode)  # anyone could have swapped the file (say, for an old one of ours)
-    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
-        assert len(discover.open_verdict_store(cache)) == 0
+    with caplog.at_level(logging.INFO, logger="gpuflight.producer.discover.verdictcache"):
+        assert len(procmaps.open_verdict_store(cache)) == 0
     assert "in a folder others may write to" in caplog.text
     cache.chmod(mode | stat.S_ISVTX)  # sticky, as /tmp: only the file's owner may replace it
-    assert len(discover.open_verdict_store(cache)) == 3
+    assert len(procmaps.open_verdict_store(cache)) == 3
 
 
 def test_a_folder_someone_else_owns_is_not_trusted(
@@ -560,8 +561,8 @@ def test_a_folder_someone_else_owns_is_not_trusted(
     cache = tmp_path / "cache"
     learn(node, cache)
     os.chown(cache, 65534, 65534)
-    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
-        assert len(discover.open_verdict_store(cache)) == 0
+    with caplog.at_level(logging.INFO, logger="gpuflight.producer.discover.verdictcache"):
+        assert len(procmaps.open_verdict_store(cache)) == 0
     assert "in a folder owned by uid 65534" in caplog.text
 
 
@@ -570,10 +571,10 @@ def test_a_symbolic_link_is_not_followed(node: Node, tmp_path: Path) -> None:
     learn(node, cache)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    os.replace(cache / verdicts.FILE_NAME, elsewhere / verdicts.FILE_NAME)
-    (cache / verdicts.FILE_NAME).symlink_to(elsewhere / verdicts.FILE_NAME)
-    assert len(discover.open_verdict_store(elsewhere)) == 3  # the file itself is good
-    assert len(discover.open_verdict_store(cache)) == 0
+    os.replace(cache / verdictcache.FILE_NAME, elsewhere / verdictcache.FILE_NAME)
+    (cache / verdictcache.FILE_NAME).symlink_to(elsewhere / verdictcache.FILE_NAME)
+    assert len(procmaps.open_verdict_store(elsewhere)) == 3  # the file itself is good
+    assert len(procmaps.open_verdict_store(cache)) == 0
 
 
 # --- bounds and writes --------------------------------------------------------------------------
@@ -582,7 +583,7 @@ def test_a_symbolic_link_is_not_followed(node: Node, tmp_path: Path) -> None:
 def test_the_oldest_used_entries_go_first(tmp_path: Path) -> None:
     clock = Clock()
     cache = tmp_path / "cache"
-    store = verdicts.VerdictStore.load(cache, *_args(), max_entries=3, clock=clock)
+    store = verdictcache.VerdictStore.load(cache, *_args(), max_entries=3, clock=clock)
     for n in range(3):
         clock.now += 1
         store.put(identity(n), NOTHING)
@@ -591,14 +592,14 @@ def test_the_oldest_used_entries_go_first(tmp_path: Path) -> None:
     clock.now += 1
     store.put(identity(3), NOTHING)
     assert store.save_if_dirty()
-    document = orjson.loads((cache / verdicts.FILE_NAME).read_bytes())
+    document = orjson.loads((cache / verdictcache.FILE_NAME).read_bytes())
     assert len(document["entries"]) == 3
-    kept = verdicts.VerdictStore.load(cache, *_args(), max_entries=3, clock=clock)
+    kept = verdictcache.VerdictStore.load(cache, *_args(), max_entries=3, clock=clock)
     assert [kept.get(identity(n)) is not None for n in range(4)] == [True, False, True, True]
 
 
 def test_memory_stays_bounded_between_saves(tmp_path: Path) -> None:
-    store = verdicts.VerdictStore.load(tmp_path / "cache", *_args(), max_entries=100)
+    store = verdictcache.VerdictStore.load(tmp_path / "cache", *_args(), max_entries=100)
     for n in range(1000):
         store.put(identity(n), NOTHING)
         assert len(store) <= 125
@@ -607,33 +608,33 @@ def test_memory_stays_bounded_between_saves(tmp_path: Path) -> None:
 
 def test_a_smaller_bound_applies_to_a_file_written_with_a_bigger_one(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    store = verdicts.VerdictStore.load(cache, *_args())
+    store = verdictcache.VerdictStore.load(cache, *_args())
     for n in range(50):
         store.put(identity(n), NOTHING)
     assert store.save_if_dirty()
-    assert len(verdicts.VerdictStore.load(cache, *_args(), max_entries=10)) == 10
+    assert len(verdictcache.VerdictStore.load(cache, *_args(), max_entries=10)) == 10
 
 
 def test_a_save_is_atomic_private_and_leaves_no_temporary_file(node: Node, tmp_path: Path) -> None:
     cache = tmp_path / "new" / "cache"
     learn(node, cache)
-    assert os.listdir(cache) == [verdicts.FILE_NAME]
+    assert os.listdir(cache) == [verdictcache.FILE_NAME]
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
-    assert stat.S_IMODE((cache / verdicts.FILE_NAME).stat().st_mode) == 0o600
+    assert stat.S_IMODE((cache / verdictcache.FILE_NAME).stat().st_mode) == 0o600
 
 
 def test_a_failed_save_leaves_no_temporary_file_and_raises_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     cache = tmp_path / "cache"
-    store = verdicts.VerdictStore.load(cache, *_args())
+    store = verdictcache.VerdictStore.load(cache, *_args())
     store.put(identity(1), NOTHING)
 
     def full(src: object, dst: object) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full)
-    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+    with caplog.at_level(logging.INFO, logger="gpuflight.producer.discover.verdictcache"):
         assert not store.save_if_dirty()
     assert "No space left on device" in caplog.text
     assert os.listdir(cache) == []
@@ -643,9 +644,9 @@ def test_a_folder_that_cannot_be_made_costs_only_a_log_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "a-file").write_text("")
-    store = verdicts.VerdictStore.load(tmp_path / "a-file" / "cache", *_args())
+    store = verdictcache.VerdictStore.load(tmp_path / "a-file" / "cache", *_args())
     store.put(identity(1), NOTHING)
-    with caplog.at_level(logging.INFO, logger="producer.verdicts"):
+    with caplog.at_level(logging.INFO, logger="gpuflight.producer.discover.verdictcache"):
         assert not store.save_if_dirty()
     assert "not saved" in caplog.text
 
@@ -653,10 +654,10 @@ def test_a_folder_that_cannot_be_made_costs_only_a_log_line(
 def test_periodic_saves_wait_for_their_interval(tmp_path: Path) -> None:
     clock = Clock()
     cache = tmp_path / "cache"
-    store = verdicts.VerdictStore.load(cache, *_args(), clock=clock)
+    store = verdictcache.VerdictStore.load(cache, *_args(), clock=clock)
     store.put(identity(1), NOTHING)
     assert not store.save_if_dirty(min_interval_s=300)
-    assert not (cache / verdicts.FILE_NAME).exists()
+    assert not (cache / verdictcache.FILE_NAME).exists()
     clock.now += 300
     assert store.save_if_dirty(min_interval_s=300)
     assert not store.save_if_dirty(min_interval_s=0)  # nothing new since
@@ -670,17 +671,17 @@ def test_a_store_that_is_off_never_touches_disk(
     def untouchable(*args: object, **kwargs: object) -> None:
         raise AssertionError("the disk was touched")
 
-    monkeypatch.setattr(verdicts, "_read_trusted", untouchable)
-    monkeypatch.setattr(verdicts.VerdictStore, "_write", untouchable)
+    monkeypatch.setattr(verdictcache, "_read_trusted", untouchable)
+    monkeypatch.setattr(verdictcache.VerdictStore, "_write", untouchable)
     monkeypatch.setattr(tempfile, "mkstemp", untouchable)
-    store = discover.open_verdict_store(None)
+    store = procmaps.open_verdict_store(None)
     assert not store.enabled
     first = node.scan(Classifier(store=store))
     assert len(first) == 2 and len(store) == 0
     assert not store.save_if_dirty()
     elfsyms.clear_cache()
     reads.clear()
-    node.scan(Classifier(store=discover.open_verdict_store(None)))
+    node.scan(Classifier(store=procmaps.open_verdict_store(None)))
     assert {Path(p).name for p in reads} >= {"libc.so.6", "libcudart.so"}  # read again
 
 

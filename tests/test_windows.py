@@ -7,8 +7,8 @@ import numpy as np
 import orjson
 import pytest
 
-from streams import measurements as m
-from streams.windows import JobState, WindowSettings
+from gpuflight.streams import measurements as m
+from gpuflight.streams.windows import JobState, WindowSettings
 from tests.support.streams_support import copies, launches
 
 W = 1_000_000_000
@@ -56,7 +56,7 @@ def test_windows_are_written_at_their_end_and_closed_after_grace() -> None:
 
 
 def test_memory_carries_across_windows_and_the_state_round_trips() -> None:
-    from producer.records import API_IDS, F_HAS_RESULT, EventType
+    from gpuflight.producer.contract.abi import API_IDS, F_HAS_RESULT, EventType
 
     state = JobState("h", "j", 3)
     alloc = launches([T0 + 1], 1, 1, 1)
@@ -107,7 +107,7 @@ def test_one_message_over_twenty_thousand_windows_makes_a_bounded_state() -> Non
 def test_a_state_keeps_its_messages_latest_times_for_its_hosts_clock() -> None:
     """What streams/clock.py needs after a restart: the two latest message times of the job
     (a state from before them has its latest event time alone)."""
-    from streams.clock import HostClock
+    from gpuflight.streams.clock import HostClock
 
     state = JobState("h", "j", 0)
     for offset, t in enumerate((T0 + 5, T0 + 9 * W, T0 + 2 * W)):
@@ -125,7 +125,7 @@ def test_a_state_keeps_its_messages_latest_times_for_its_hosts_clock() -> None:
 
 
 def test_no_single_message_moves_a_hosts_clock() -> None:
-    from streams.clock import HostClock
+    from gpuflight.streams.clock import HostClock
 
     idle = 5 * W
     clock = HostClock()

@@ -9,11 +9,8 @@ import numpy as np
 import orjson
 import pytest
 
-from producer import identity, wire
-from producer.decode import to_events
-from producer.errors import UsageError
-from producer.publish import KafkaSettings, KafkaSink, load_config
-from producer.records import (
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.abi import (
     AGG_F_FAILED,
     AGGREGATE_DTYPE,
     API_IDS,
@@ -23,6 +20,10 @@ from producer.records import (
     F_HAS_RESULT,
     EventType,
 )
+from gpuflight.producer.contract.errors import UsageError
+from gpuflight.producer.decode.enrich import to_events
+from gpuflight.producer.publish import identity
+from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink, load_config
 from tests.conftest import one_line
 from tests.support.fakeproc import write_proc
 
@@ -217,7 +218,7 @@ def test_identity_of_slurm_and_plain_processes(tmp_path: Path) -> None:
 
 
 def test_replay_times() -> None:
-    from producer.timeparse import parse_time
+    from gpuflight.timeparse import parse_time
 
     assert parse_time("1796225714176683439ns") == 1796225714176683439
     assert parse_time("1796225714176ms") == 1796225714176 * 10**6
@@ -324,7 +325,7 @@ def test_malformed_requests_are_refused_in_one_line(change: object) -> None:
 
 
 def test_request_costs_are_the_attribution_costs() -> None:
-    from producer.attribution import COST_FIELDS
+    from gpuflight.producer.http.attribution import COST_FIELDS
 
     assert wire.REQUEST_COST_FIELDS == COST_FIELDS
 

@@ -1,4 +1,4 @@
-"""The processes, metrics and NVML records of the Kafka contract (producer/wire.py).
+"""The processes, metrics and NVML records of the Kafka contract (producer/contract/wire.py).
 
 The fixtures are messages exactly as the v1 producer wrote them before the records were typed
 (made by that code: identity.resolve + to_record, node.metrics_record, GpuSample.to_dict, then
@@ -18,7 +18,9 @@ from typing import Any
 import orjson
 import pytest
 
-from producer import identity, node, wire
+from gpuflight.producer import node
+from gpuflight.producer.contract import wire
+from gpuflight.producer.publish import identity
 from tests.conftest import one_line
 from tests.support.fakeproc import write_proc
 

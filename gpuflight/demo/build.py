@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from producer.errors import SetupError
+from gpuflight.producer.contract.errors import SetupError
 
 DEMO_DIR = Path(__file__).resolve().parent
 ABI_HEADER = DEMO_DIR / "cuda_abi.h"

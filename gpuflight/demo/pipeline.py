@@ -22,11 +22,11 @@ from pathlib import Path
 
 from gpuflight import stack
 from gpuflight.demo.build import DemoBuild, build_demo
-from producer import status
-from producer.errors import GpuflightError, ServiceError
-from streams import report
-from streams.influxql import InfluxQL, quote_string
-from streams.settings import DEFAULT_DATABASE, InfluxSettings
+from gpuflight.producer import status
+from gpuflight.producer.contract.errors import GpuflightError, ServiceError
+from gpuflight.streams import report
+from gpuflight.streams.influxql import InfluxQL, quote_string
+from gpuflight.streams.settings import DEFAULT_DATABASE, InfluxSettings
 
 WINDOW_S = 1.0
 DEFAULT_STEPS = 10_000
@@ -123,7 +123,7 @@ def run(steps: int | None = None) -> int:
 def _pipeline(built: DemoBuild, data: Path, bootstrap: str, influx: InfluxSettings,
               steps: int) -> int:
     producer_log, streams_log = data / "producer.log", data / "streams.log"
-    producer_status = data / "producer.status"
+    producer_status = data / "gpuflight.producer.status"
     producer = [*_COMMAND, "producer", "--kafka", bootstrap, "--topic-prefix", "demo",
                 "--status-file", str(producer_status)]
     worker = [*_COMMAND, "streams", "--kafka", bootstrap, "--topic-prefix", "demo",

@@ -159,18 +159,17 @@ PRICED_AS = "H100"
 
 def run(clients: int = 4, requests: int = 100, gpu_model: str = PRICED_AS) -> int:
     """`gpuflight demo --serve`: trace the server under load, print its per-route table."""
-    from gpuflight.cli import default_price_file
     from gpuflight.demo.build import build_demo
-    from producer import trace
-    from producer.pricing import PriceBook
-    from producer.routes import render
-    from producer.settings import CaptureSettings
+    from gpuflight.producer import trace
+    from gpuflight.producer.contract.pricing import DEFAULT_PRICES, PriceBook
+    from gpuflight.producer.http.routes import render
+    from gpuflight.producer.settings import CaptureSettings
 
     built = build_demo()
     print(f"gpuflight demo --serve: an inference-like HTTP server on a simulated GPU "
           f"({built.runtime}), {clients} keep-alive clients x {requests} requests, priced as "
           f"an {gpu_model}", file=sys.stderr)
-    options = trace.RequestOptions(prices=PriceBook.load(default_price_file()),
+    options = trace.RequestOptions(prices=PriceBook.load(DEFAULT_PRICES),
                                    gpu_model=gpu_model)
     result = trace.run(
         [sys.executable, "-m", "gpuflight.demo.serve", "--runtime", str(built.runtime),

@@ -18,8 +18,8 @@ from typing import Any
 from tabulate import tabulate
 
 from gpuflight.demo.build import build_demo
-from producer import trace
-from producer.summary import Summary
+from gpuflight.producer import trace
+from gpuflight.producer.decode.summary import Summary
 
 MODES = ("unfused", "fused")
 

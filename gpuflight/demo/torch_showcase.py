@@ -29,9 +29,9 @@ from typing import Any
 import orjson
 
 from gpuflight.demo.showcase import comparison
+from gpuflight.producer import trace
+from gpuflight.producer.contract.errors import SetupError, UsageError
 from gpuflight.simgpu.build import BuildError, SimGpu, build
-from producer import trace
-from producer.errors import SetupError, UsageError
 
 REPO = Path(__file__).resolve().parent.parent.parent
 WORKLOAD = Path(__file__).resolve().parent / "torch_fusion.py"

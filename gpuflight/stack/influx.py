@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuflight.producer.contract.errors import ServiceError
 from gpuflight.stack.service import (
     HOST,
     REPO,
@@ -45,8 +46,7 @@ from gpuflight.stack.service import (
     start_failed,
     stop_service,
 )
-from producer.errors import ServiceError
-from streams.influxql import CredentialsRefused, InfluxQL, quote_identifier, quote_string
+from gpuflight.streams.influxql import CredentialsRefused, InfluxQL, quote_identifier, quote_string
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ def create_database(url: str, name: str, *, timeout: float = 30.0,
 def up_with_database(data_dir: Path, port: int = DEFAULT_INFLUX_PORT) -> InfluxHandle:
     """`stack up`'s InfluxDB: started (or found running) with the default bucket's database,
     gpuflight (retention policy autogen), created if missing."""
-    from streams.settings import DEFAULT_DATABASE  # (its import takes ~0.2 s: only here)
+    from gpuflight.streams.settings import DEFAULT_DATABASE  # (its import takes ~0.2 s: only here)
 
     handle = influx_up(data_dir, port)
     create_database(handle.url, DEFAULT_DATABASE)

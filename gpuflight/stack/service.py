@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from producer.errors import GpuflightError
+from gpuflight.producer.contract.errors import GpuflightError
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from producer import status
-from producer.probes import RELEASER_NAME
+from gpuflight.producer import status
+from gpuflight.producer.probe.fds import RELEASER_NAME
 
 GPUFLIGHT = [sys.executable, "-m", "gpuflight"]
 

@@ -1,6 +1,6 @@
 """One set of events through both counting paths, and the figures each shows.
 
-- the trace: `producer.summary.Summary` (what `gpuflight trace` prints) and the printed text;
+- the trace: `producer.decode.summary.Summary` (what `gpuflight trace` prints) and the printed text;
 - the stream app: the events as the producer publishes them (one wire message per process
   and time slice), decoded, applied to a job's windows (`streams.windows.JobState`, the
   worker's pure state) and closed into InfluxDB points, summed over the windows as
@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from producer import wire
-from producer.counting import GRAPH_LAUNCH_APIS
-from producer.records import (
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.abi import (
     AGG_F_FAILED,
     AGG_SLOT_NS,
     AGGREGATE_DTYPE,
@@ -42,10 +41,11 @@ from producer.records import (
     TYPE_NAMES,
     EventType,
 )
-from producer.summary import Summary
-from streams import measurements as m
-from streams.measurements import Fields, Point, Tags
-from streams.windows import JobState, WindowSettings
+from gpuflight.producer.contract.counting import GRAPH_LAUNCH_APIS
+from gpuflight.producer.decode.summary import Summary
+from gpuflight.streams import measurements as m
+from gpuflight.streams.measurements import Fields, Point, Tags
+from gpuflight.streams.windows import JobState, WindowSettings
 
 Events = npt.NDArray[np.void]
 Figures = dict[str, Any]

@@ -1,4 +1,5 @@
-"""A fake /proc tree for the identity tests (producer/identity.py reads an injectable root)."""
+"""A fake /proc tree for the identity tests (producer/publish/identity.py reads an injectable
+root)."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from streams import measurements as m
-from streams.influxql import InfluxQL, QueryError, Series
+from gpuflight.streams import measurements as m
+from gpuflight.streams.influxql import InfluxQL, QueryError, Series
 
 # -- Grafana's interpolation -----------------------------------------------------------------
 

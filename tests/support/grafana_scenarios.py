@@ -10,9 +10,15 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuflight import stack
-from producer.records import API_IDS, COPY_KINDS, EVENT_DTYPE, F_HAS_RESULT, EventType
-from streams import measurements as m
-from streams.measurements import Point
+from gpuflight.producer.contract.abi import (
+    API_IDS,
+    COPY_KINDS,
+    EVENT_DTYPE,
+    F_HAS_RESULT,
+    EventType,
+)
+from gpuflight.streams import measurements as m
+from gpuflight.streams.measurements import Point
 
 HOST = "gpu-node-1"
 #: The stream app's default window.
@@ -60,7 +66,7 @@ def write_points(url: str, database: str, points: Sequence[Point]) -> None:
     from influxdb_client.client.influxdb_client import InfluxDBClient
     from influxdb_client.client.write_api import SYNCHRONOUS
 
-    from streams.sink import line
+    from gpuflight.streams.sink import line
 
     for point in points:
         m.validate(point)

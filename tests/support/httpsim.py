@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from producer.httprecords import AF_INET, TAIL, HttpOp, HttpRecord
+from gpuflight.producer.http.abi import AF_INET, TAIL, HttpOp, HttpRecord
 
 
 @dataclass

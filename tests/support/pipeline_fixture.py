@@ -29,9 +29,9 @@ import pytest
 
 from gpuflight.demo.build import build_demo
 from gpuflight.demo.pipeline import warm_up
-from producer import status
-from streams import measurements as m
-from streams.measurements import Fields
+from gpuflight.producer import status
+from gpuflight.streams import measurements as m
+from gpuflight.streams.measurements import Fields
 from tests.conftest import bpf_unavailable_reason, require
 from tests.support.influx_fixture import DATABASE
 from tests.support.streams_support import StreamWorker, rows, wait_for

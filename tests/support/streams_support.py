@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from producer import wire
-from producer.records import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
-from producer.wire import ensure_topics, topic_configs
-from streams.influxql import InfluxQL, Series
+from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.abi import API_IDS, EVENT_DTYPE, F_HAS_RESULT, EventType
+from gpuflight.producer.contract.wire import ensure_topics, topic_configs
+from gpuflight.streams.influxql import InfluxQL, Series
 
 Events = npt.NDArray[np.void]
 
@@ -315,14 +315,14 @@ class RecordingApp:
 
 
 class Harness:
-    """`streams.app.Worker` on a dict for its table, a recording app for its sends, and a sink
+    """`streams.worker.Worker` on a dict for its table, a recording app for its sends, and a sink
     that is never started (what it would write waits in its queue): the worker's logic, message
     by message, without Kafka or InfluxDB."""
 
     def __init__(self, **settings: Any) -> None:
-        from streams.app import Worker
-        from streams.settings import StreamSettings
-        from streams.windows import WindowSettings
+        from gpuflight.streams.settings import StreamSettings
+        from gpuflight.streams.windows import WindowSettings
+        from gpuflight.streams.worker import Worker
 
         self.settings = StreamSettings(**{"topic_prefix": "t", "app_id": "t-app",
                                           "windows": WindowSettings(window_s=1.0, grace_s=1.0),
@@ -337,7 +337,7 @@ class Harness:
         """A new worker on the same table (what it recovers from the changelog)."""
         again = Harness.__new__(Harness)
         again.__dict__.update(self.__dict__)
-        from streams.app import Worker
+        from gpuflight.streams.worker import Worker
 
         again.app = RecordingApp()
         again.worker = Worker(self.settings, again.app, self.table)

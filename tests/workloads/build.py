@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from gpuflight.demo.build import SIMGPU_SONAME, build_simgpu, compile_c, link_args
+from gpuflight.producer.contract.errors import SetupError
 from gpuflight.simgpu.build import SimGpu
-from producer.errors import SetupError
 
 __all__ = [
     "RUNTIMES",

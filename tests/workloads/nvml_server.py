@@ -139,7 +139,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def nvml(args: argparse.Namespace) -> int:
     """Kernels for 60 ms of device time, then NVML's view of this process."""
-    from producer.nvml import NvmlSampler
+    from gpuflight.producer.nvml import NvmlSampler
 
     gpu = Gpu(args.runtime)
     kernel_ns = _kernel_ns(args.runtime)

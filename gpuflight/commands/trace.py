@@ -1,0 +1,51 @@
+"""`gpuflight trace -- CMD`: run a command under capture and summarise it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuflight.commands.options import add_capture_options, add_price_options, price_book
+from gpuflight.producer.contract.files import check_target
+from gpuflight.producer.settings import CaptureSettings
+
+if TYPE_CHECKING:
+    from gpuflight.commands.options import Subparsers
+    from gpuflight.producer.trace import RequestOptions
+
+
+def add_parser(sub: Subparsers) -> None:
+    parser = sub.add_parser("trace", help="run a command under capture and summarise it")
+    parser.add_argument("--output", "-o", type=Path,
+                        help="write events as JSON lines ('-': stdout)")
+    add_capture_options(parser)
+    parser.add_argument("--otlp", metavar="URL", default=None,
+                        help="export each HTTP request as an OTLP span (with its GPU work) to "
+                        "this collector, e.g. http://127.0.0.1:4318")
+    parser.add_argument("--otlp-protocol", choices=("http/protobuf", "grpc"),
+                        default="http/protobuf", help="(default %(default)s)")
+    add_price_options(parser)
+    parser.add_argument("--gpu-model", metavar="NAME", default=None,
+                        help="the GPU to price requests at (default: NVML's name of GPU 0)")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    parser.set_defaults(run=run)
+
+
+def request_options(args: argparse.Namespace) -> RequestOptions:
+    from gpuflight.producer.trace import RequestOptions
+
+    return RequestOptions(prices=price_book(args.prices), gpu_model=args.gpu_model,
+                          otlp=args.otlp, otlp_protocol=args.otlp_protocol)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuflight.producer import trace
+
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    check_target(args.output, "--output")  # a FIFO there would hang; before CMD runs
+    settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
+    return trace.run(argv, output=args.output, settings=settings,
+                     requests=request_options(args)).exit_code
