@@ -13,7 +13,7 @@ the workload with wall-clock timestamps around synchronized loops:
     cublas   float32 matmuls (cuBLAS kernels, launched by cuBLAS's private runtime)
     graph    a CUDA graph of elementwise ops and a matmul, captured, then replayed
 
-The conformance suite's workloads (tests/frameworks/*.py, the ones tests/test_conformance.py
+The conformance suite's workloads (tests/frameworks/*.py, the ones tests/system/test_conformance.py
 traces on the simulated GPU) run too, each as its main() twice in one process: the first
 call is the warm-up (compilation, autotuning, allocator), the second the measured region:
 

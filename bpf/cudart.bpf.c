@@ -118,7 +118,7 @@ BPF_HASH(drops_by_pid, u32, u64, 16384);
 #endif
 /* bcc (0.26) has no method for bpf_ringbuf_query: the helper is given the `events` ring by the
  * placeholder bcc gives each table, -1 for the first one declared (above; bcc puts the map's
- * fd in its place, as it does for its own methods). tests/test_records.py checks it is first. */
+ * fd in its place, as it does for its own methods). tests/unit/producer/contract/test_abi.py checks it is first. */
 #define GF_EVENTS_RING ((void *)bpf_pseudo_fd(1, -1))
 
 BPF_HASH(aggregates, struct gf_agg_key, struct gf_agg_value, GF_AGGREGATES_MAX);

@@ -2,7 +2,7 @@
  *
  * Every event is one fixed-size `struct gf_event`, so a span of the ring buffer
  * is a regular array that user space decodes in bulk (producer/contract/abi.py mirrors
- * this file; tests/test_records.py checks that the mirror matches).
+ * this file; tests/unit/producer/contract/test_abi.py checks that the mirror matches).
  */
 #ifndef GPUFLIGHT_EVENTS_H
 #define GPUFLIGHT_EVENTS_H
@@ -29,7 +29,7 @@ enum gf_event_type {
  * memset element width, sync scope; 0 where it has none).
  *
  * It makes enum gf_api (below) and every probe program (cudart.bpf.c); producer/contract/abi.py
- * mirrors it (PROBES), and tests/test_records.py checks the mirror against the compiled
+ * mirrors it (PROBES), and tests/unit/producer/contract/test_abi.py checks the mirror against the compiled
  * header and the programs against the preprocessed source. Ids are part of the contract:
  * append only.
  */
@@ -181,7 +181,7 @@ enum gf_api { GF_API_PROBES(GF_API_ENUM) };
  * CTX_CREATE: a new context of a device, pushed as the thread's current one; CTX_SET:
  * cuCtxSetCurrent(ctx) replaces the current context; CTX_PUSH / CTX_POP: the context stack. */
 /* The families of GF_API_PROBES, each once: with attach cookies (Linux 5.15+), one program per
- * family serves all its rows (bpf/cudart.bpf.c); tests/test_records.py checks this list against
+ * family serves all its rows (bpf/cudart.bpf.c); tests/unit/producer/contract/test_abi.py checks this list against
  * the table. */
 #define GF_API_FAMILIES(X) \
 	X(LAUNCH) X(LAUNCH_EX) \

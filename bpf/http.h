@@ -2,7 +2,7 @@
  *
  * One record per accepted connection, per read or write on it, and per close, on the
  * `http_events` ring buffer: a fixed part, then `head_len` bytes of data (records are as long
- * as what they carry). producer/http/abi.py mirrors this file; tests/test_http_capture.py
+ * as what they carry). producer/http/abi.py mirrors this file; tests/system/test_http_capture.py
  * checks that the mirror matches.
  */
 #ifndef GPUFLIGHT_HTTP_H

@@ -5,7 +5,8 @@ datasource, grafana/provisioning/datasources/gpuflight.yaml.
     .venv/bin/python -m grafana.generate --check   # exit 1 when a file is not what it writes
 
 Every measurement, field and tag a query names comes from streams/measurements.py, and every
-unit from its FieldSpec.unit, so the committed files follow the contract (tests/test_grafana.py
+unit from its FieldSpec.unit, so the committed files follow the contract
+(tests/system/test_grafana.py
 checks that they are current, runs every query against InfluxDB filled by the pipeline, and
 validates the files with grafana-foundation-sdk's models). Dashboards pass through those models
 on the way out: what is written is what the SDK's schema encodes.

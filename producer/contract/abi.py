@@ -1,6 +1,6 @@
 """Python mirror of bpf/events.h: enums, the record layout and the probe table.
 
-tests/test_records.py compiles the header and checks every value here against
+tests/unit/producer/contract/test_abi.py compiles the header and checks every value here against
 it (and the BPF programs against the probe table), so they cannot drift apart.
 """
 

@@ -195,7 +195,8 @@ COLUMNS: Final[tuple[str, ...]] = (
 #: Added within v1: each event's request (exact) or shared set of requests (1 + its index).
 ATTRIBUTION_COLUMNS: Final[tuple[str, ...]] = ("request_id", "request_set")
 #: The costs a request carries, and the unattributed cost of a message: those of
-#: producer/http/attribution.py (COST_FIELDS; tests/test_wire.py checks they are the same).
+#: producer/http/attribution.py (COST_FIELDS; tests/unit/producer/contract/test_wire.py checks they
+#: are the same).
 REQUEST_COST_FIELDS: Final[tuple[str, ...]] = (
     "launches", "weight", "graph_launches", "kernels", "h2d_bytes", "d2h_bytes", "d2d_bytes",
     "other_copy_bytes", "memset_bytes", "allocs", "alloc_bytes", "syncs", "blocked_ns", "gpu_ns",

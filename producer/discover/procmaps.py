@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 # Every GF_API_<name> of bpf/events.h, in its order, by layer: the mirror in
-# producer/contract/abi.py (tests/test_records.py checks it against the header).
+# producer/contract/abi.py (tests/unit/producer/contract/test_abi.py checks it against the header).
 RUNTIME_API_NAMES: tuple[str, ...] = tuple(name for name in API_IDS if name in RUNTIME_APIS)
 RUNTIME_SYMBOLS: frozenset[str] = frozenset(RUNTIME_API_NAMES)
 DRIVER_API_NAMES: tuple[str, ...] = tuple(name for name in API_IDS if name in DRIVER_APIS)

@@ -1,6 +1,6 @@
 """Python mirror of bpf/http.h: the records of the HTTP capture, decoded one by one.
 
-tests/test_http_capture.py compiles the header and checks every value here against it.
+tests/unit/producer/http/test_abi.py compiles the header and checks every value here against it.
 Records are variable-length (a fixed part, then the data kept), fewer than CUDA events (a
 few per request), and read through bcc's ring buffer callback; `decode` turns one into an
 `HttpRecord`.

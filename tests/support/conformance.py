@@ -1,6 +1,6 @@
 """Launch counts of a trace's --output, per kernel name, to hold against a ground truth.
 
-The conformance suite (tests/test_conformance.py) holds them against what the simulated
+The conformance suite (tests/system/test_conformance.py) holds them against what the simulated
 driver counted; scripts/gpu-check (bench/gpu_check.py) against torch.profiler's CUPTI
 kernel records on a real GPU. Both read the same JSON lines, the same way.
 """

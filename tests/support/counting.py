@@ -46,6 +46,7 @@ from gpuflight.producer.decode.summary import Summary
 from gpuflight.streams import measurements as m
 from gpuflight.streams.measurements import Fields, Point, Tags
 from gpuflight.streams.windows import JobState, WindowSettings
+from tests.support.builders import stamped_events
 
 Events = npt.NDArray[np.void]
 Figures = dict[str, Any]
@@ -57,18 +58,8 @@ _SCOPE_IDS = {name: value for value, name in SYNC_SCOPES.items()}
 
 # -- hand-made events ------------------------------------------------------------------------
 
-T0 = 1_796_000_000_000_000_000
 S = 1_000_000_000
 OK = {"flags": F_HAS_RESULT, "result": 0}
-
-
-def make(rows: list[dict[str, Any]]) -> Events:
-    """Records of `rows` (fields by name; ts_ns T0 + index, pid 10 unless given)."""
-    events = np.zeros(len(rows), dtype=EVENT_DTYPE)
-    for i, row in enumerate(rows):
-        for key, value in {"ts_ns": T0 + i, "pid": 10, "tid": 11, **row}.items():
-            events[i][key] = value
-    return events
 
 
 def launch(grid: int = 8, block: int = 32, api: str = "cudaLaunchKernel", **kw: Any
@@ -152,7 +143,7 @@ def synthetic_events(t0: int) -> Events:
             rows.append(alloc(0, 1 << 40, result=2, pid=owner))
             rows.append(free(ptr - 30 if i else 0, (1 << 20) if i else None, pid=owner))
             rows.append(free(0x9, None, pid=owner))  # allocated before the trace
-    events = make(rows)
+    events = stamped_events(rows)
     events["ts_ns"] = t0 + np.arange(len(events), dtype=np.uint64) * (3 * S // len(events))
     return events
 

@@ -1,5 +1,6 @@
 """Real HTTP servers whose handlers call the simulated GPU, loaded by raw keep-alive clients
-that know every byte they sent and got; run under `gpuflight trace` by tests/test_requests.py.
+that know every byte they sent and got; run under `gpuflight trace` by
+tests/system/test_requests.py.
 
     python -m tests.workloads.http_servers threaded --runtime LIBCUDART --expect OUT.json
     python -m tests.workloads.http_servers aiohttp  --runtime LIBCUDART --expect OUT.json

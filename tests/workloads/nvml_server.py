@@ -1,6 +1,6 @@
 """A thread-per-request HTTP server on the simulated GPU (gpuflight/simgpu, real-time timing
 model) whose routes keep the device busy for known, different times; run under `gpuflight
-trace` with the simulated NVML by tests/test_request_gpu_time.py.
+trace` with the simulated NVML by tests/system/test_request_gpu_time.py.
 
     python -m tests.workloads.nvml_server serve --runtime SIM/libcudart.so.12 --expect OUT.json
     python -m tests.workloads.nvml_server nvml --runtime SIM/libcudart.so.12
@@ -20,7 +20,7 @@ method, path, kind, status and its GPU time as the simulated driver counts it
 (gfsim_thread_kernel_ns on the handler's thread, before and after its work), and the pid.
 
 nvml: launches kernels, then reads the simulated NVML in this process (GPUFLIGHT_NVML_LIB) and
-prints one JSON line: what the driver counted, and what NVML said (for tests/test_simgpu.py).
+prints one JSON line: what the driver counted, and what NVML said (for tests/system/test_simgpu.py).
 """
 
 from __future__ import annotations

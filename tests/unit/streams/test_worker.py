@@ -1,0 +1,143 @@
+"""The stream worker (`gpuflight streams`) against a real Kafka and a real InfluxDB: scripted
+events in, exact points out; a worker killed mid-stream; late events; dead letters; alerts.
+
+Event times are in the past, so windows close at the pace the worker reads them (a job's time
+is its host's latest event time), and each test's hosts, topics and app id are its own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpuflight.producer.contract import wire
+from gpuflight.streams import measurements as m
+from tests.support.streams_support import (
+    StreamWorker,
+)
+
+H2D, D2H = 1, 2
+
+
+@pytest.fixture
+def names(request: pytest.FixtureRequest) -> str:
+    return f"{request.node.name.removeprefix('test_')[:24]}-{os.getpid()}-{time.time_ns() % 10**6}"
+
+
+@pytest.fixture
+def worker(kafka_bootstrap: str, influx_url: str, names: str,
+           tmp_path: Path) -> Iterator[StreamWorker]:
+    running = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path)
+    yield running
+    running.stop()
+
+
+def test_the_report_shows_a_table_per_device_when_there_are_several() -> None:
+    from gpuflight.streams import report
+
+    summary = report.JobSummary("train:1", 0, 10**9, hosts=["h"], window_s=1.0, devices={
+        "0": {"launches": 1200, "copies": 3, "bytes": 3 << 20, "syncs": 2, "sync_ns": 10**9,
+              "copy_ns": 5 * 10**8, "H2D": 2 << 20, "D2D": 1 << 20},
+        "1": {"launches": 7, "copies": 1, "bytes": 4096, "syncs": 0, "sync_ns": 0,
+              "copy_ns": 0, "D2H": 4096}})
+    lines = report.render_job(summary).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("device"))
+    assert lines[at].split() == ["device", "kernel", "launches", "copies", "H2D", "D2H", "D2D",
+                                 "CPU", "blocked", "on", "the", "GPU"]
+    assert lines[at + 2].split() == ["0", "1,200", "3", "2.0", "MiB", "-", "1.0", "MiB",
+                                     "1.500", "s"]
+    assert lines[at + 3].split() == ["1", "7", "1", "-", "4.0", "KiB", "-", "0.000", "s"]
+    assert orjson.loads(report.render_json([summary]))[0]["devices"]["1"]["D2H"] == 4096
+    one = report.JobSummary("train:1", 0, 10**9, devices={"0": summary.devices["0"]})
+    assert not any(line.startswith("device") for line in report.render_job(one).splitlines())
+
+
+def test_the_directory_forgets_an_ended_one_process_job_only() -> None:
+    """A COMM:PID job ends with its process (the agent's exit record); once the worker forgot
+    its state, its process goes from the directory too. A pod's process does not end its job,
+    and the pid used again by the same command is the job again, not ended."""
+    from gpuflight.streams.identities import Directory
+
+    def record(pid: int, start: int, job: str, exited: int | None = None,
+               pod: str | None = None) -> wire.ProcessRecord:
+        return wire.ProcessRecord("h", pid, start, None, "c", (), None, None, None, pod,
+                                  "ns" if pod else None, None, job, exited_ns=exited)
+
+    directory = Directory()
+    for pid in range(1, 1001):
+        directory.add(record(pid, 10, f"c:{pid}"))
+        directory.add(record(pid, 10, f"c:{pid}", exited=5_000 + pid))
+    directory.add(record(5000, 10, "k8s:ns/pod", pod="pod"))
+    directory.add(record(5000, 10, "k8s:ns/pod", exited=7_000, pod="pod"))
+    assert len(directory) == 1001 and directory.ended("h", "c:7") == 5_007
+    assert directory.ended("h", "k8s:ns/pod") is None
+    for pid in range(1, 1000):
+        directory.forget_job("h", f"c:{pid}")
+    directory.forget_job("h", "k8s:ns/pod")  # not an ended one-process job: kept
+    assert len(directory) == 2
+    assert directory.job("h", 7, 10) is None and directory.latest_job("h", 7) is None
+    assert directory.job("h", 1000, 10) == "c:1000"
+    assert directory.job("h", 5000, 10) == "k8s:ns/pod"
+    # pid 1000 used again by the same command: its job lives again.
+    directory.add(record(1000, 99, "c:1000"))
+    assert directory.ended("h", "c:1000") is None
+    directory.forget_job("h", "c:1000")
+    assert directory.job("h", 1000, 99) == "c:1000"
+
+
+def test_a_forgotten_job_leaves_no_gpu_samples() -> None:
+    """NVML samples are kept per job for its verdicts and cost: a job the worker forgets
+    (an ended one-process job, or one idle an hour) takes its samples and GPU with it."""
+    from gpuflight.streams.identities import Directory
+    from gpuflight.streams.worker import GpuUtilization
+
+    directory = Directory()
+    gpu = GpuUtilization()
+    for pid in range(1, 501):
+        directory.add(wire.ProcessRecord("h", pid, 1, None, "c", (), None, None, None, None,
+                                         None, None, f"c:{pid}"))
+        sample = wire.GpuSample(0, None, "NVIDIA H100", 50, None, None, None, None, None, None,
+                                None, None, (wire.GpuProcessSample(pid, 30, None, None),))
+        gpu.add(wire.NvmlRecord("h", 10 + pid, (sample,)), directory)
+    assert gpu.mean("h", "c:7", 0, 1000) == 30 and gpu.gpu_name("h", "c:7") == "NVIDIA H100"
+    for pid in range(1, 500):
+        gpu.forget("h", f"c:{pid}")
+    assert len(gpu._job) == len(gpu._job_gpu) == 1  # only c:500's
+    assert gpu.mean("h", "c:7", 0, 1000) == 50  # the host's mean, as for any unknown job
+
+
+# -- the worker's logic, without services (tests/support/streams_support.py: Harness) -------
+
+
+def request(request_id: int, end_ns: int, gpu_ns: float = 1000.0) -> wire.RequestRecord:
+    return wire.RequestRecord(request_id, 1, "GET", "/infer", "/infer", 200, end_ns - 10**6,
+                              end_ns, 100, 200, None, None, True, 8080, {"gpu_ns": gpu_ns})
+
+
+def test_the_sink_leaves_out_a_point_that_breaks_the_contract_alone() -> None:
+    import asyncio
+    import math
+
+    from gpuflight.streams.settings import InfluxSettings
+    from gpuflight.streams.sink import Batch, InfluxSink
+
+    written: list[object] = []
+    sink = InfluxSink(InfluxSettings(), on_written=written.append)
+    good = m.Point("memset", {"host": "h", "job": "j"}, {"count": 1, "bytes": 2}, 5)
+    bad = [m.Point("memset", {"host": "", "job": "j"}, {"count": 1, "bytes": 2}, 5),
+           m.Point("memset", {"host": "h", "job": "j"}, {"count": 1, "bytes": 2**64}, 5),
+           m.Point("job_cost", {"host": "h", "job": "j", "namespace": "-", "team": "-"},
+                   {"cost_usd": math.inf}, 5)]
+    asyncio.run(sink.put(Batch([bad[0], good, *bad[1:]], token="t1")))
+    assert [p for b in sink._queue for p in b.points] == [good]
+    assert sink.stats.rejected_points == 3 and sink.stats.pending_points == 1
+    asyncio.run(sink.put(Batch(bad, token="t2")))  # nothing left: done at once
+    assert written == ["t2"]
+
+
+# -- what one message may cost the stream, with Kafka's limits ------------------------------
