@@ -192,7 +192,8 @@ def main() -> int:
                 samples["gpuflight"].append(ns)
                 captured += events
                 dropped += drops
-                time.sleep(8)  # let the background probe release finish (see README)
+                # Let the background probe release finish (docs/architecture.md, "Shutting down").
+                time.sleep(8)
             med = {k: statistics.median(v) for k, v in samples.items()}
             expected = args.rounds * args.calls * per_iteration
             entry = med.get("empty at the entry")

@@ -1,3 +1,5 @@
+"""`python -m gpuflight` runs the `gpuflight` command (gpuflight/cli.py)."""
+
 from gpuflight.cli import console
 
 console()

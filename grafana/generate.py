@@ -61,8 +61,8 @@ GRAFANA_UNITS: Final[Mapping[str, str]] = {
 }
 
 # -- alert thresholds ------------------------------------------------------------------------
-#: The one term for the CPU waiting on the GPU (producer/contract/counting.py, README "What is
-#: counted").
+#: The one term for the CPU waiting on the GPU (producer/contract/counting.py, docs/commands.md
+#: "What is counted").
 BLOCKED_TERM: Final = "CPU blocked on the GPU"
 BLOCKED_SHARE_TITLE: Final = f"{BLOCKED_TERM}: share per process, by job"
 BLOCKED_PARTS_TITLE: Final = f"{BLOCKED_TERM}: in syncs and in synchronous copies"

@@ -11,7 +11,7 @@ Faust, and runs without root or services.
 `producer.decode.summary.Summary` (the trace) and `streams.aggregate.WindowAggregate` (a window of
 one job) are views of a `Counts`; neither counts anything itself.
 
-What is counted (the one rule; README "What is counted" says the same):
+What is counted (the one rule; docs/commands.md "What is counted" says the same):
 
 - **Kernel launches** are launches that ran. A launch made while its stream was being captured
   into a graph (F_CAPTURED) recorded a graph node and ran nothing: it counts only as

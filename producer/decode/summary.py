@@ -229,8 +229,8 @@ def _is_count(cell: str) -> bool:
 def render(summary: Summary, title: str, wall_s: float, drops: int, top: int = 5, *,
            probed: Sequence[ProbedFile] = (), stepped_calls: int | None = None) -> str:
     """Human summary, in the spirit of `perf stat`; its words are the counting core's terms,
-    as `gpuflight report` uses them (README "What is counted"). `probed`: the library files
-    the trace attached to, listed once each with their probe counts (and how many of their
+    as `gpuflight report` uses them (docs/commands.md, "What is counted"). `probed`: the library
+    files the trace attached to, listed once each with their probe counts (and how many of their
     functions are single-stepped); `stepped_calls`: the calls that hit one of those (None:
     not counted, a kernel without attach cookies)."""
     c = summary.counts

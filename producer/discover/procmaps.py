@@ -82,7 +82,7 @@ _REFERENCED_SYMBOLS = RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS
 # defines every one of these functions, and the static linker resolves each reference in
 # the file against that copy, so none is left undefined. Only runtime functions count:
 # a static runtime may import the driver's (cu*: a library linked with -lcuda), so an
-# import of a driver function says nothing. Not covered (a limit, see README): a file
+# import of a driver function says nothing. Not covered (a limit, see docs/limits.md): a file
 # that imports some runtime functions while a hand-made partial copy of the runtime
 # defines others locally — a build mixing two runtimes, which NVIDIA's never does.
 # The driver is never linked statically (libcuda.so.1 exports its API in .dynsym), so

@@ -11,7 +11,7 @@ from tests.conftest import REPO, require
 
 COMPOSE = REPO / ".cache" / "compose" / "docker-compose"
 PROJECT = REPO / "compose" / "compose.yaml"
-#: A fleet's central host, as the README starts it.
+#: A fleet's central host, as docs/deploy.md starts it.
 FLEET = {"KAFKA_BOOTSTRAP": "kafka.fleet.internal:9092",
          "KAFKA_ADVERTISED_HOST": "kafka.fleet.internal", "KAFKA_BIND_ADDRESS": "0.0.0.0",
          "GPUFLIGHT_STREAMS_WORKERS": "4"}

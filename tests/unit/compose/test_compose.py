@@ -67,10 +67,10 @@ def test_from_secrets_sets_variables_from_files(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "cannot read" in proc.stderr
 
 
-def test_the_readme_lists_the_acls_the_broker_is_given() -> None:
+def test_the_deploy_page_lists_the_acls_the_broker_is_given() -> None:
     from tests.support.secure_kafka import acl_lines
 
-    readme = re.sub(r" \\\n +", " ", (REPO / "README.md").read_text())  # continued lines
+    page = re.sub(r" \\\n +", " ", (REPO / "docs" / "deploy.md").read_text())  # continued lines
     for args in acl_lines():
         line = "kafka-acls --bootstrap-server BROKER --add " + " ".join(args)
-        assert line in readme, line
+        assert line in page, line
