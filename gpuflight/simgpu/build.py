@@ -56,7 +56,7 @@ CFLAGS: tuple[str, ...] = (
     # `push %rbp`): a uprobe there is emulated by the kernel, ~0.4 us a call on our VMs,
     # where one on an instruction it must single-step (`sub $8,%rsp`, as -O2 starts many
     # functions otherwise) costs ~17 us. The simulated GPU must cost what the real one does:
-    # PyTorch registers ~25,000 kernels at import (bench/RESULTS.md, run 12).
+    # PyTorch registers ~25,000 kernels at import (bench/results/startup.md, run 12).
     "-fno-omit-frame-pointer",
     "-fvisibility=hidden",
 )

@@ -3,7 +3,7 @@
 glibc keeps what a peak freed (a burst of name records, a Kafka outage's backlog, a big
 library file classified) in its arenas, and a long-running process's RSS then steps up at
 each peak and stays: the soak's agent and worker grew ~20-90 MiB an hour that way with
-their own data flat (bench/RESULTS.md, issue 17). `Trimmer` calls glibc's malloc_trim(0)
+their own data flat (bench/results/soak.md, issue 17). `Trimmer` calls glibc's malloc_trim(0)
 every interval from the process's own loop (a few milliseconds for a few hundred MiB).
 Where the C library has no malloc_trim (musl), it does nothing.
 """

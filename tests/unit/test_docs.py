@@ -30,3 +30,9 @@ def test_the_module_map_is_what_the_docstrings_say() -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "module-map"), "--check"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_results_table_links_every_benchmarks_history() -> None:
+    table = (REPO / "bench" / "RESULTS.md").read_text()
+    linked = set(re.findall(r"\]\(results/([\w-]+\.md)\)", table))
+    assert linked == {p.name for p in (REPO / "bench" / "results").glob("*.md")}
