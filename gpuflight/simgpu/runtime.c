@@ -206,11 +206,12 @@ static struct entry *entry_of(const void *func)
 		/* A function never registered (a program that calls cudaLaunchKernel with
 		 * a plain host function): named after its symbol, or its address. */
 		char name[512];
-		Dl_info info;
+		Dl_info info = {0};
+		int found = dladdr(func, &info);
 
-		if (dladdr(func, &info) && info.dli_sname && info.dli_saddr == func)
+		if (found && info.dli_sname && info.dli_saddr == func)
 			snprintf(name, sizeof(name), "%s", info.dli_sname);
-		else if (info.dli_fname)
+		else if (found && info.dli_fname)
 			snprintf(name, sizeof(name), "%s+0x%lx",
 				 strrchr(info.dli_fname, '/') ? strrchr(info.dli_fname, '/') + 1
 							      : info.dli_fname,
@@ -1623,6 +1624,69 @@ API cudaError_t cudaMemset2DAsync(void *devPtr, size_t pitch, int value, size_t 
 	rt_ctx();
 	return retd(cuMemsetD2D8Async(DP(devPtr), pitch, (unsigned char)value, width, height,
 				      (CUstream)stream));
+}
+
+API cudaError_t cudaMemset2D_ptds(void *devPtr, size_t pitch, int value, size_t width,
+				  size_t height)
+{
+	rt_ctx();
+	return retd(cuMemsetD2D8_v2_ptds(DP(devPtr), pitch, (unsigned char)value, width, height));
+}
+
+API cudaError_t cudaMemset2DAsync_ptsz(void *devPtr, size_t pitch, int value, size_t width,
+				       size_t height, cudaStream_t stream)
+{
+	rt_ctx();
+	return retd(cuMemsetD2D8Async_ptsz(DP(devPtr), pitch, (unsigned char)value, width, height,
+					   (CUstream)stream));
+}
+
+/* A 3D memset: one 2D memset of the driver's per slice (pitch x ysize bytes apart). */
+IMPL cudaError_t memset3d(struct cudaPitchedPtr p, int value, struct cudaExtent e, cudaStream_t s,
+			  int async, int per_thread)
+{
+	CUresult r = CUDA_SUCCESS;
+	size_t z;
+
+	rt_ctx();
+	for (z = 0; z < e.depth && r == CUDA_SUCCESS; z++) {
+		CUdeviceptr slice = DP((char *)p.ptr + z * p.pitch * p.ysize);
+		unsigned char v = (unsigned char)value;
+
+		if (async)
+			r = per_thread ? cuMemsetD2D8Async_ptsz(slice, p.pitch, v, e.width, e.height,
+								(CUstream)s)
+				       : cuMemsetD2D8Async(slice, p.pitch, v, e.width, e.height,
+							   (CUstream)s);
+		else
+			r = per_thread ? cuMemsetD2D8_v2_ptds(slice, p.pitch, v, e.width, e.height)
+				       : cuMemsetD2D8_v2(slice, p.pitch, v, e.width, e.height);
+	}
+	return retd(r);
+}
+
+API cudaError_t cudaMemset3D(struct cudaPitchedPtr pitchedDevPtr, int value,
+			     struct cudaExtent extent)
+{
+	return memset3d(pitchedDevPtr, value, extent, NULL, 0, 0);
+}
+
+API cudaError_t cudaMemset3D_ptds(struct cudaPitchedPtr pitchedDevPtr, int value,
+				  struct cudaExtent extent)
+{
+	return memset3d(pitchedDevPtr, value, extent, NULL, 0, 1);
+}
+
+API cudaError_t cudaMemset3DAsync(struct cudaPitchedPtr pitchedDevPtr, int value,
+				  struct cudaExtent extent, cudaStream_t stream)
+{
+	return memset3d(pitchedDevPtr, value, extent, stream, 1, 0);
+}
+
+API cudaError_t cudaMemset3DAsync_ptsz(struct cudaPitchedPtr pitchedDevPtr, int value,
+				       struct cudaExtent extent, cudaStream_t stream)
+{
+	return memset3d(pitchedDevPtr, value, extent, stream, 1, 1);
 }
 
 /* ---- streams ------------------------------------------------------------------------------------ */
