@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuflight.demo.build import build_demo  # noqa: E402
+from gpuflight.demo.build import REAL_TIME, build_demo  # noqa: E402
 
 
 def _load(port: int, clients: int, requests: int) -> list[float]:
@@ -59,7 +59,8 @@ def _round(traced: bool, runtime: Path, clients: int, requests: int) -> dict[str
         server = [sys.executable, "-m", "gpuflight.demo.serve", "--runtime", str(runtime),
                   "--serve-only", str(port_file)]
         cmd = [sys.executable, "-m", "gpuflight", "trace", "--", *server] if traced else server
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # The simulated GPU on the wall clock, as `gpuflight demo --serve` runs it.
+        env = {**os.environ, **REAL_TIME, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                 cwd=REPO)
         while not port_file.exists() or not port_file.read_text():

@@ -47,6 +47,7 @@ import numpy as np
 from tabulate import tabulate
 
 from gpuflight import stack
+from gpuflight.demo.build import REAL_TIME
 from tests.support.streams_support import StreamWorker, rows
 from tests.workloads import build, expected
 
@@ -222,6 +223,9 @@ def main() -> int:
         raise SystemExit("soak: run as root (the agent needs BPF)")
 
     work = Path(tempfile.mkdtemp(prefix="gpuflight-soak-"))
+    # The workloads run on the simulated GPU on the wall clock (launches cost the CPU, syncs
+    # wait), as its stub runtime always did before it became the simulated GPU's.
+    os.environ.update(REAL_TIME)
     prefix = f"soak{os.getpid()}"
     rnd = random.Random(17)
     binary = build.build_capture(work / "bin", "stub")

@@ -61,7 +61,8 @@ def _influx_unavailable_reason() -> str | None:
 
 
 def simgpu_unavailable_reason() -> str | None:
-    from gpuflight.simgpu.build import BuildError, find_cuda_include
+    from gpuflight.simgpu.build import find_cuda_include
+    from gpuflight.simgpu.cbuild import BuildError
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         return "no C compiler (apt-get install gcc)"

@@ -1,1 +1,1 @@
-"""The demo: a simulated GPU (stub libcudart.so.12) and a kernel-fusion workload, in C."""
+"""The demo: a kernel-fusion workload in C (or PyTorch) on the simulated GPU (gpuflight/simgpu)."""

@@ -1,8 +1,8 @@
 /* gpuflight: our own minimal declarations of the CUDA runtime API we use.
  *
- * The demo workload, the test workloads and the simulated GPU (simgpu.c) are
- * built from this header alone, without NVIDIA's headers, and link against
- * either the real libcudart (12 or 13, shared or static) or our stub. Every
+ * The demo workload and the test workloads are built from this header alone,
+ * without NVIDIA's headers, and link against either the real libcudart (12 or
+ * 13, shared or static) or the simulated GPU's (gpuflight/simgpu). Every
  * declaration here is ABI-identical (x86-64 System V) to the one in NVIDIA's
  * cuda_runtime_api.h / driver_types.h / vector_types.h (checked against the
  * CUDA 13 headers of the nvidia-cuda-runtime wheel); struct tags are the real

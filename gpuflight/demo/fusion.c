@@ -2,7 +2,8 @@
  *
  *   fusion --mode unfused|fused [--steps N] [--copies K]
  *
- * Calls only the CUDA runtime API (cuda_abi.h). At start: cudaMalloc of the
+ * Calls only the CUDA runtime API (cuda_abi.h); built against the simulated GPU's
+ * libcudart.so.12 (gpuflight/simgpu) by gpuflight/demo/build.py. At start: cudaMalloc of the
  * device input and output, cudaMallocHost of the pinned batch and result.
  * Per step:
  *   cudaMemcpy        H2D, the whole batch (512 KiB), synchronous (K times with
@@ -21,7 +22,8 @@
  *   cudaStreamSynchronize N each; cudaMalloc, cudaMallocHost, cudaFree and
  *   cudaFreeHost 2 each.
  *
- * Default N: 10000. Under the simulated GPU (simgpu.c, default settings), per step:
+ * Default N: 10000. Under the simulated GPU's real-time model (gpuflight/simgpu/timing.h,
+ * its defaults), per step:
  *   unfused  copy 43.7 us, then 8 launches 4 us apart of 0.93 us kernels, so
  *            the GPU idles ~3 us per launch: busy 51.5 us of ~77 us, ~66 %
  *            utilization (launch-bound), ~0.78 s per run;

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpuflight import stack
-from gpuflight.demo.build import DemoBuild, build_demo
+from gpuflight.demo.build import REAL_TIME, DemoBuild, build_demo
 from gpuflight.producer import status
 from gpuflight.producer.contract.errors import GpuflightError, ServiceError
 from gpuflight.streams import report
@@ -66,11 +66,10 @@ def warm_up(built: DemoBuild, status_file: Path, timeout_s: float = 120) -> None
     """Have a node-wide producer (run with --status-file) attach to the simulated GPU before a
     workload runs: it covers a library file once a process maps it (within a second, or more
     while other probes are being released), and every later process from its first call."""
-    env = {**os.environ, "LD_LIBRARY_PATH": str(built.lib_dir)}
-    holder = subprocess.Popen(built.command("fused", 10**9), env=env)
+    holder = subprocess.Popen(built.command("fused", 10**9), env=built.env(device=REAL_TIME))
     try:
         deadline = time.monotonic() + timeout_s
-        while not _probes(status_file, str(built.lib_dir)):
+        while not _probes(status_file, str(built.runtime)):
             if time.monotonic() > deadline:
                 raise GpuflightError(f"the producer did not attach to {built.runtime}")
             time.sleep(0.05)
@@ -137,8 +136,7 @@ def _pipeline(built: DemoBuild, data: Path, bootstrap: str, influx: InfluxSettin
         warm_up(built, producer_status)
         for mode in ("unfused", "fused"):
             sim = data / f"{mode}.json"
-            env = {**os.environ, "LD_LIBRARY_PATH": str(built.lib_dir),
-                   "GF_SIM_REPORT": str(sim)}
+            env = built.env(GF_SIM_REPORT=str(sim))
             _say(f"running the {mode} workload ({steps:,} steps)")
             run = subprocess.Popen(built.command(mode, steps), env=env)
             if run.wait() != 0:

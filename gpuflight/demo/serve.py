@@ -2,8 +2,8 @@
 a generator, traced: the per-route table with the cost of 1,000 requests of each route.
 
 The server (this module run as a program, `python -m gpuflight.demo.serve`) is a stdlib
-ThreadingHTTPServer whose handlers call the simulated CUDA runtime (gpuflight/demo/simgpu.c,
-a libcudart.so.12) through ctypes, as an inference server calls its framework:
+ThreadingHTTPServer whose handlers call the simulated CUDA runtime (gpuflight/simgpu's
+libcudart.so.12, on the wall clock) through ctypes, as an inference server calls its framework:
 
   POST /v1/embed/{id}     cheap: a 16 KiB input copied in, 2 small kernels, 4 KiB copied out
   POST /v1/generate/{id}  expensive: a 256 KiB input, 24 large kernels (a decode loop),
@@ -159,7 +159,8 @@ PRICED_AS = "H100"
 
 def run(clients: int = 4, requests: int = 100, gpu_model: str = PRICED_AS) -> int:
     """`gpuflight demo --serve`: trace the server under load, print its per-route table."""
-    from gpuflight.demo.build import build_demo
+    from gpuflight.demo.build import REAL_TIME, build_demo
+    from gpuflight.demo.showcase import environment
     from gpuflight.producer import trace
     from gpuflight.producer.contract.pricing import DEFAULT_PRICES, PriceBook
     from gpuflight.producer.http.routes import render
@@ -171,10 +172,11 @@ def run(clients: int = 4, requests: int = 100, gpu_model: str = PRICED_AS) -> in
           f"an {gpu_model}", file=sys.stderr)
     options = trace.RequestOptions(prices=PriceBook.load(DEFAULT_PRICES),
                                    gpu_model=gpu_model)
-    result = trace.run(
-        [sys.executable, "-m", "gpuflight.demo.serve", "--runtime", str(built.runtime),
-         "--clients", str(clients), "--requests", str(requests)],
-        settings=CaptureSettings(http=True), print_summary=False, requests=options)
+    with environment(REAL_TIME):
+        result = trace.run(
+            [sys.executable, "-m", "gpuflight.demo.serve", "--runtime", str(built.runtime),
+             "--clients", str(clients), "--requests", str(requests)],
+            settings=CaptureSettings(http=True), print_summary=False, requests=options)
     if result.exit_code != 0:
         print(f"gpuflight demo --serve: the server failed (exit {result.exit_code})",
               file=sys.stderr)

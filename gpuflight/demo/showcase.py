@@ -1,9 +1,9 @@
 """`gpuflight demo`: the same computation unfused and fused, traced side by side.
 
-Runs on a simulated GPU (gpuflight/demo/simgpu.c, a CUDA runtime with the real
-ABI that models launch overhead, kernel time and copy bandwidth), so it works on
-any machine. gpuflight sees it exactly as it sees the real runtime: through
-uprobes on libcudart.so.12.
+Runs on the simulated GPU (gpuflight/simgpu: our libcudart.so.12, the driver inside, on the
+wall clock, modelling launch overhead, kernel time and copy bandwidth), so it works on any
+machine. gpuflight sees it exactly as it sees NVIDIA's runtime: through uprobes on
+libcudart.so.12.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,21 @@ def _utilization(report: Path) -> float | None:
         return float(json.loads(lines[-1])["utilization"])
     except (OSError, IndexError, KeyError, ValueError):
         return None
+
+
+@contextmanager
+def environment(changes: Mapping[str, str]) -> Iterator[None]:
+    """os.environ with `changes` (what trace.run gives the command it starts), then as it was."""
+    saved = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _ratio(a: float, b: float) -> str:
@@ -79,11 +96,8 @@ def run(steps: int | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpuflight-demo-") as tmp:
         for mode in MODES:
             report = Path(tmp) / f"{mode}.json"
-            os.environ["GF_SIM_REPORT"] = str(report)
-            try:
+            with environment(built.env({}, GF_SIM_REPORT=str(report))):
                 result = trace.run(built.command(mode, steps))
-            finally:
-                del os.environ["GF_SIM_REPORT"]
             if result.exit_code != 0:
                 print(f"gpuflight demo: the {mode} workload failed "
                       f"(exit {result.exit_code})", file=sys.stderr)

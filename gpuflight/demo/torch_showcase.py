@@ -31,7 +31,8 @@ import orjson
 from gpuflight.demo.showcase import comparison
 from gpuflight.producer import trace
 from gpuflight.producer.contract.errors import SetupError, UsageError
-from gpuflight.simgpu.build import BuildError, SimGpu, build
+from gpuflight.simgpu.build import SimGpu, build
+from gpuflight.simgpu.cbuild import BuildError
 
 REPO = Path(__file__).resolve().parent.parent.parent
 WORKLOAD = Path(__file__).resolve().parent / "torch_fusion.py"

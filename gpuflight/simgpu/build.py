@@ -10,24 +10,34 @@ time, from the CUDA wheels of the running interpreter or of the frameworks venv
 From them the build generates, for each library, stubs for every exported name we
 do not implement (each returns success and counts its calls), and for the driver the
 cuGetProcAddress table (name + CUDA version -> versioned entry point). Outputs are
-rebuilt only when their inputs change (a digest of sources, headers and commands)
-and are written to temporary names then renamed, so concurrent builders are safe.
+rebuilt only when their inputs change (a digest of sources, headers and commands: the
+whole build's in OUTDIR/simgpu.digest, each compile's by cbuild.compile_c) and are written
+to temporary names then renamed, so concurrent builders are safe.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpuflight.simgpu import cbuild
+from gpuflight.simgpu.cbuild import (
+    BuildError,
+    c_compiler,
+    compile_c,
+    digest,
+    replace_atomically,
+    run_tool,
+    write_if_changed,
+)
 
 SIMGPU_DIR = Path(__file__).resolve().parent
 COMPAT_DIR = SIMGPU_DIR / "compat"
@@ -60,10 +70,6 @@ CFLAGS: tuple[str, ...] = (
     "-fno-omit-frame-pointer",
     "-fvisibility=hidden",
 )
-
-
-class BuildError(RuntimeError):
-    """The simulated GPU cannot be built (no compiler, no headers, a compile error)."""
 
 
 # ---- headers ---------------------------------------------------------------------------
@@ -105,58 +111,17 @@ def find_cuda_include(major: int) -> Path:
     )
 
 
-# ---- compiling ----------------------------------------------------------------------------
-
-
-def _cc() -> str:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise BuildError("no C compiler: `cc` is not on PATH (apt-get install gcc)")
-    return cc
-
-
-def _run(cmd: Sequence[str], what: str) -> str:
-    try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise BuildError(f"cannot run {cmd[0]}: {exc.strerror}") from exc
-    if proc.returncode != 0:
-        errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
-        detail = "\n".join(errors[:10]) or proc.stderr.strip()[-2000:]
-        raise BuildError(f"{what} failed:\n{detail}")
-    return proc.stdout
-
-
-def _replace(tmp: Path, final: Path) -> None:
-    os.replace(tmp, final)
-
-
-def _write_text(path: Path, text: str) -> Path:
-    try:
-        if path.read_text() == text:
-            return path
-    except OSError:
-        pass
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    _replace(tmp, path)
-    return path
+# ---- tools ---------------------------------------------------------------------------------
 
 
 def _preprocess(include: Path, text: str, defines: Iterable[str] = ()) -> str:
-    cmd = [_cc(), "-E", "-P", f"-I{COMPAT_DIR}", f"-I{include}", *(f"-D{d}" for d in defines)]
-    cmd += ["-x", "c", "-"]
-    try:
-        proc = subprocess.run(cmd, input=text, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise BuildError(f"cannot run the preprocessor: {exc.strerror}") from exc
-    if proc.returncode != 0:
-        raise BuildError(f"preprocessing CUDA headers in {include} failed: {proc.stderr[-1500:]}")
-    return proc.stdout
+    cmd = [c_compiler(), "-E", "-P", f"-I{COMPAT_DIR}", f"-I{include}",
+           *(f"-D{d}" for d in defines), "-x", "c", "-"]
+    return run_tool(cmd, f"preprocessing the CUDA headers in {include}", stdin=text)
 
 
 def _defined_symbols(obj: Path) -> set[str]:
-    out = _run(["nm", "--defined-only", "-g", str(obj)], f"nm {obj.name}")
+    out = run_tool(["nm", "--defined-only", "-g", str(obj)], f"nm could not read {obj.name}")
     return {line.split()[-1] for line in out.splitlines() if line.strip()}
 
 
@@ -399,17 +364,17 @@ def stubs_c(names: Sequence[str], hit: str, prefix: str) -> str:
 # ---- the build ---------------------------------------------------------------------------------
 
 
-def _digest(parts: Iterable[str | bytes]) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.encode() if isinstance(p, str) else p)
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+#: The CUDA headers whose content the build depends on (they include the rest).
+HEADERS = ("cuda.h", "cudaTypedefs.h", "cuda_runtime_api.h", "driver_types.h")
+
+
+def _headers(include: Path) -> list[Path]:
+    return [include / name for name in HEADERS if (include / name).is_file()]
 
 
 def _header_bytes(include: Path) -> list[bytes]:
     out = []
-    for name in ("cuda.h", "cudaTypedefs.h", "cuda_runtime_api.h", "driver_types.h"):
+    for name in HEADERS:
         try:
             out.append((include / name).read_bytes())
         except OSError:
@@ -417,13 +382,8 @@ def _header_bytes(include: Path) -> list[bytes]:
     return out
 
 
-def _compile(cmd: list[str], output: Path, what: str) -> None:
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    try:
-        _run([*cmd, "-o", str(tmp)], what)
-        _replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
+def _sources(names: Iterable[str]) -> list[Path]:
+    return [SIMGPU_DIR / name for name in names]
 
 
 #: What driver.c's implementation of each exported function is renamed to: the exported name
@@ -431,123 +391,83 @@ def _compile(cmd: list[str], output: Path, what: str) -> None:
 IMPL_PREFIX = "gfsim_impl_"
 
 
-def _build_driver(outdir: Path, inc13: Path) -> None:
+def _build_driver(outdir: Path, inc13: Path, *, link: bool = True) -> list[Path]:
+    """The driver's objects and generated sources; linked as OUTDIR/libcuda.so.1 if `link`."""
     work = outdir / "gen"
     work.mkdir(parents=True, exist_ok=True)
-    cc = _cc()
-    obj = work / "driver.o"
-    _compile(
-        [cc, *CFLAGS, f"-I{inc13}", f"-I{SIMGPU_DIR}", "-c", str(SIMGPU_DIR / "driver.c")],
-        obj,
-        "compiling driver.c",
-    )
+    obj = compile_c(work / "driver.o", [SIMGPU_DIR / "driver.c"],
+                    [f"-I{inc13}", f"-I{SIMGPU_DIR}", "-c"],
+                    inputs=[*_sources(DRIVER_SOURCES[1:]), *_headers(inc13)], cflags=CFLAGS)
     symbols = driver_symbols(inc13)
     defined = _defined_symbols(obj)
     stubs = sorted(s for s in symbols if s not in defined)
     # Every function of the API driver.c defines is entered as NVIDIA's are, through a thunk
     # (its first instruction single-stepped at a probe): what gpuflight attaches past.
     thunked = sorted(s for s in symbols if s in defined)
-    renames = _write_text(work / "driver_renames.txt", "".join(
+    renames = write_if_changed(work / "driver_renames.txt", "".join(
         f"{name} {IMPL_PREFIX}{name}\n" for name in thunked))
     impl = work / "driver_impl.o"
     renamed = impl.with_name(f".{impl.name}.{os.getpid()}.tmp")
     try:
-        _run([shutil.which("objcopy") or "objcopy", f"--redefine-syms={renames}", str(obj),
-              str(renamed)], "renaming driver.c's functions (objcopy)")
-        _replace(renamed, impl)
+        run_tool([shutil.which("objcopy") or "objcopy", f"--redefine-syms={renames}", str(obj),
+                  str(renamed)], "objcopy could not rename driver.c's functions")
+        replace_atomically(renamed, impl)
     finally:
         renamed.unlink(missing_ok=True)
-    thunks = _write_text(work / "driver_thunks.S", nvidia_thunks_s(thunked, IMPL_PREFIX))
+    thunks = write_if_changed(work / "driver_thunks.S", nvidia_thunks_s(thunked, IMPL_PREFIX))
     entries = proc_table(inc13, symbols)
-    stub_src = _write_text(work / "driver_stubs.c", stubs_c(stubs, "sim_stub_hit", "sim"))
-    proc_src = _write_text(work / "driver_procs.c", driver_procs_c(entries))
-    lib = outdir / DRIVER_SONAME
-    _compile(
-        [
-            cc,
-            *CFLAGS,
-            "-shared",
-            f"-Wl,-soname,{DRIVER_SONAME}",
-            "-Wl,-z,defs",
-            str(impl),
-            str(thunks),
-            str(stub_src),
-            str(proc_src),
-            "-lpthread",
-            "-ldl",
-        ],
-        lib,
-        "linking libcuda.so.1",
-    )
+    stub_src = write_if_changed(work / "driver_stubs.c", stubs_c(stubs, "sim_stub_hit", "sim"))
+    proc_src = write_if_changed(work / "driver_procs.c", driver_procs_c(entries))
+    parts = [impl, thunks, stub_src, proc_src]
+    if not link:
+        return parts
+    compile_c(outdir / DRIVER_SONAME, parts,
+              ["-shared", f"-Wl,-soname,{DRIVER_SONAME}", "-Wl,-z,defs", "-lpthread", "-ldl"],
+              cflags=CFLAGS)
     for alias in ("libcuda.so",):
-        link = outdir / alias
-        if not link.is_symlink():
-            link.unlink(missing_ok=True)
-            link.symlink_to(DRIVER_SONAME)
+        alias_link = outdir / alias
+        if not alias_link.is_symlink():
+            alias_link.unlink(missing_ok=True)
+            alias_link.symlink_to(DRIVER_SONAME)
+    return parts
 
 
 def _build_nvml(outdir: Path) -> None:
     """libnvidia-ml.so.1: NVML over the driver's activity logs (nvml.c; no CUDA headers)."""
-    _compile(
-        [
-            _cc(),
-            *CFLAGS,
-            "-shared",
-            f"-Wl,-soname,{NVML_SONAME}",
-            "-Wl,-z,defs",
-            f"-I{SIMGPU_DIR}",
-            str(SIMGPU_DIR / "nvml.c"),
-            "-lpthread",
-        ],
-        outdir / NVML_SONAME,
-        "compiling nvml.c",
-    )
+    compile_c(outdir / NVML_SONAME, [SIMGPU_DIR / "nvml.c"],
+              ["-shared", f"-Wl,-soname,{NVML_SONAME}", "-Wl,-z,defs", f"-I{SIMGPU_DIR}",
+               "-lpthread"],
+              inputs=_sources(NVML_SOURCES[1:]), cflags=CFLAGS)
 
 
-def _build_runtime(outdir: Path, major: int, include: Path) -> None:
+def _build_runtime(outdir: Path, major: int, include: Path,
+                   driver_inside: Sequence[Path] = ()) -> None:
+    """libcudart.so.MAJOR: on libcuda.so.1 of outdir, or with the driver's objects
+    (`driver_inside`) linked into it, their functions not exported."""
     soname = RUNTIME_SONAMES[major]
     work = outdir / "gen"
-    cc = _cc()
-    obj = work / f"runtime{major}.o"
-    _compile(
-        [
-            cc,
-            *CFLAGS,
-            f"-I{COMPAT_DIR}",
-            f"-I{include}",
-            f"-I{SIMGPU_DIR}",
-            f'-DGF_SIM_SONAME="{soname}"',
-            "-c",
-            str(SIMGPU_DIR / "runtime.c"),
-        ],
-        obj,
-        f"compiling runtime.c for {soname}",
-    )
+    obj = compile_c(work / f"runtime{major}.o", [SIMGPU_DIR / "runtime.c"],
+                    [f"-I{COMPAT_DIR}", f"-I{include}", f"-I{SIMGPU_DIR}",
+                     f'-DGF_SIM_SONAME="{soname}"', "-c"],
+                    inputs=[*_sources(RUNTIME_SOURCES[1:]), *_headers(include)], cflags=CFLAGS)
     defined = _defined_symbols(obj)
     stubs = sorted(s for s in runtime_symbols(include) if s not in defined)
-    stub_src = _write_text(work / f"runtime{major}_stubs.c", stubs_c(stubs, "rt_stub_hit", "rt"))
-    script = _write_text(
+    stub_src = write_if_changed(work / f"runtime{major}_stubs.c",
+                                stubs_c(stubs, "rt_stub_hit", "rt"))
+    script = write_if_changed(
         work / f"runtime{major}.map",
         f"{soname} {{\n  global:\n    cuda*;\n    __cuda*;\n    gfsim_*;\n  local:\n    *;\n}};\n",
     )
-    _compile(
-        [
-            cc,
-            *CFLAGS,
-            "-shared",
-            f"-Wl,-soname,{soname}",
-            f"-Wl,--version-script={script}",
-            str(obj),
-            str(stub_src),
-            f"-L{outdir}",
-            f"-l:{DRIVER_SONAME}",
-            "-Wl,-rpath,$ORIGIN",
-            "-lpthread",
-            "-ldl",
-        ],
-        outdir / soname,
-        f"linking {soname}",
-    )
+    if driver_inside:
+        compile_c(outdir / soname, [obj, stub_src, *driver_inside],
+                  ["-shared", f"-Wl,-soname,{soname}", f"-Wl,--version-script={script}",
+                   "-Wl,-z,defs", "-lpthread", "-ldl"],
+                  inputs=[script], cflags=CFLAGS)
+        return
+    compile_c(outdir / soname, [obj, stub_src],
+              ["-shared", f"-Wl,-soname,{soname}", f"-Wl,--version-script={script}",
+               f"-L{outdir}", f"-l:{DRIVER_SONAME}", "-Wl,-rpath,$ORIGIN", "-lpthread", "-ldl"],
+              inputs=[script, outdir / DRIVER_SONAME], cflags=CFLAGS)
 
 
 @dataclass(frozen=True)
@@ -601,31 +521,45 @@ class SimGpu:
         return env
 
 
-def build(outdir: Path | str, runtimes: Sequence[int] = (13, 12)) -> SimGpu:
-    """Compile (or reuse, by digest of sources and headers) the simulated GPU in `outdir`."""
+def build(outdir: Path | str, runtimes: Sequence[int] = (13, 12), *,
+          driver_inside: bool = False) -> SimGpu:
+    """Compile (or reuse, by digest of sources and headers) the simulated GPU in `outdir`.
+
+    With `driver_inside`, each runtime holds the driver (not exported) and there is no
+    libcuda.so.1: the simulated GPU of a program that calls only the runtime API (the demo's,
+    the tests' "stub" runtime), which gpuflight probes as a runtime alone. Node-wide, a process
+    on files already probed is seen from its first call, and its runtime's calls into a
+    libcuda.so.1 would be counted too until the agent has read its maps (its runtime's text,
+    which tells them apart: bpf/cudart.bpf.c, the two layers)."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     inc13 = find_cuda_include(13)
     incs = {m: (inc13 if m == 13 else find_cuda_include(m)) for m in runtimes}
     sources = [(SIMGPU_DIR / s).read_bytes()
                for s in (*DRIVER_SOURCES, *RUNTIME_SOURCES, *NVML_SOURCES)]
-    parts: list[str | bytes] = [*CFLAGS, Path(__file__).read_bytes(), *sources, _cc()]
+    parts: list[str | bytes] = [*CFLAGS, Path(__file__).read_bytes(),
+                                Path(cbuild.__file__).read_bytes(), *sources, c_compiler()]
     for m in sorted(incs):
         parts += [str(m), *_header_bytes(incs[m])]
-    digest = _digest(parts)
+    parts.append(f"driver_inside={driver_inside}")
+    want = digest(parts)[:16]
     stamp = outdir / "simgpu.digest"
-    outputs = [outdir / DRIVER_SONAME, outdir / NVML_SONAME] + [
-        outdir / RUNTIME_SONAMES[m] for m in incs]
+    outputs = [outdir / NVML_SONAME, *(outdir / RUNTIME_SONAMES[m] for m in incs)]
+    if not driver_inside:
+        outputs.append(outdir / DRIVER_SONAME)
     try:
-        if stamp.read_text() == digest and all(p.is_file() for p in outputs):
+        if stamp.read_text() == want and all(p.is_file() for p in outputs):
             return SimGpu(outdir)
     except OSError:
         pass
-    _build_driver(outdir, inc13)
+    driver = _build_driver(outdir, inc13, link=not driver_inside)
+    if driver_inside:  # no driver of an earlier build beside the runtimes
+        for stale in (DRIVER_SONAME, f"{DRIVER_SONAME}.inputs", "libcuda.so"):
+            (outdir / stale).unlink(missing_ok=True)
     _build_nvml(outdir)
     for m in sorted(incs, reverse=True):
-        _build_runtime(outdir, m, incs[m])
-    _write_text(stamp, digest)
+        _build_runtime(outdir, m, incs[m], driver if driver_inside else ())
+    write_if_changed(stamp, want)
     return SimGpu(outdir)
 
 

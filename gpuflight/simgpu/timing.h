@@ -5,8 +5,8 @@
  *                      advances by each kernel's and transfer's modeled duration,
  *                      and events stamp that clock: elapsed times are small,
  *                      positive and deterministic.
- *   real-time          when any of the variables below is set: the model of the
- *                      earlier demo stub (gpuflight/demo/simgpu.c), on the wall clock.
+ *   real-time          when any of the variables below is set: on the wall clock (the
+ *                      demo's model: gpuflight/demo/build.py sets GF_SIM_LAUNCH_NS).
  *                      A launch enqueues its kernel at call entry, then busy-spins
  *                      GF_SIM_LAUNCH_NS; synchronous copies and memsets wait for the
  *                      timeline and take bytes / bandwidth; syncs wait for it.

@@ -8,6 +8,10 @@
   transfer  fused, with 4 synchronous H2D copies of 512 KiB per step on a slow link
             (the simulated GPU at 0.5 GB/s): memory-bound by the rule of streams/detect.py
 
+on the simulated GPU's real-time model with its defaults (gpuflight.demo.build.REAL_TIME; the
+transfer job's link slowed). The producer is not given the simulated GPU's NVML (GPU figures
+come only from a GPU of the machine, if it has one), so the memory-bound rule goes by the CPU.
+
 and returns once InfluxDB holds every launch of each (the windows closed), with what the
 workload code says each job did (`expected`), for tests to compare with what was written.
 Needs root and bcc (the producer), Kafka and InfluxDB: skips locally without them, fails in CI.
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuflight.demo.build import build_demo
+from gpuflight.demo.build import REAL_TIME, build_demo
 from gpuflight.demo.pipeline import warm_up
 from gpuflight.producer import status
 from gpuflight.streams import measurements as m
@@ -162,10 +166,8 @@ def pipeline(kafka_bootstrap: str, influx_url: str,
         worker.start()
         warm_up(demo, producer.status_file)
         for name, (mode, steps, copies, env) in RUNS.items():
-            run = subprocess.Popen(
-                demo.command(mode, steps, copies),
-                env={**os.environ, "LD_LIBRARY_PATH": str(demo.lib_dir), **env},
-            )
+            run = subprocess.Popen(demo.command(mode, steps, copies),
+                                   env=demo.env(device={**REAL_TIME, **env}))
             assert run.wait(120) == 0, f"{name} failed"
             jobs[name] = f"{demo.fusion.name}:{run.pid}"
             _next_window()  # each run in windows of its own

@@ -153,7 +153,7 @@ def test_a_dlopen_notifies_once_its_objects_are_mapped(tmp_path: Path) -> None:
     """ld.so calls _dl_debug_state twice for a dlopen that maps something: RT_ADD before it
     maps anything, RT_CONSISTENT after. Only the second is a notification (and a hold):
     one per dlopen of a new file, none for a file already loaded."""
-    from gpuflight.demo.build import compile_c
+    from gpuflight.simgpu.cbuild import compile_c
 
     source = tmp_path / "empty.c"
     source.write_text("int gf_empty(void) { return 0; }\n")
@@ -178,7 +178,7 @@ def test_a_dlopen_of_quiet_files_only_is_neither_notified_nor_held(tmp_path: Pat
     when every file it mapped is one user space called quiet (Probes.add_quiet); a dlopen of
     any other file is notified and held as before, and so is one that maps a quiet file
     together with another (its DT_NEEDED), and one of a quiet file changed since (its ctime)."""
-    from gpuflight.demo.build import compile_c
+    from gpuflight.simgpu.cbuild import compile_c
 
     source = tmp_path / "empty.c"
     source.write_text("int gf_empty(void) { return 0; }\n")

@@ -1,5 +1,6 @@
-"""The package works without a checkout: the built wheel carries the BPF sources and the demo's
-C files, and `gpuflight trace` runs from it in a fresh virtualenv outside the repository."""
+"""The package works without a checkout: the built wheel carries the BPF sources, the demo's C
+files and the simulated GPU's, and `gpuflight trace` runs from it in a fresh virtualenv outside
+the repository."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_carries_the_bpf_sources_and_no_tests(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"gpuflight/producer/bpf/cudart.bpf.c", "gpuflight/producer/bpf/events.h"} <= names
-    assert {"gpuflight/demo/fusion.c", "gpuflight/demo/simgpu.c"} <= names
+    # The demo's C and the simulated GPU it runs on (built where the demo runs).
+    assert {"gpuflight/demo/fusion.c", "gpuflight/demo/cuda_abi.h", "gpuflight/simgpu/driver.c",
+            "gpuflight/simgpu/runtime.c", "gpuflight/simgpu/nvml.c",
+            "gpuflight/simgpu/cbuild.py"} <= names
     assert "gpuflight/producer/contract/prices.toml" in names
     assert {"gpuflight/cli.py", "gpuflight/streams/app.py",
             "gpuflight/producer/capture.py"} <= names

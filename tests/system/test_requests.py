@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from gpuflight.demo.build import build_simgpu
 from tests.conftest import REPO
 from tests.support.otlp_fixture import Collector, attributes, running_collector
+from tests.workloads.build import build_simgpu
 from tests.workloads.http_servers import TRACE_ID
 
 pytestmark = pytest.mark.bpf

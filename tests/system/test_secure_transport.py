@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpuflight import stack
-from gpuflight.demo.build import SIMGPU_SONAME, build_simgpu
+from gpuflight.demo.build import SIMGPU_SONAME
 from gpuflight.producer.contract import wire
 from gpuflight.producer.contract.errors import ServiceError
 from gpuflight.producer.contract.kafkaconf import check_access, load_config
@@ -35,6 +35,7 @@ from tests.support.streams_support import (
     rows,
     wait_for,
 )
+from tests.workloads.build import build_simgpu
 
 pytestmark = pytest.mark.kafka
 

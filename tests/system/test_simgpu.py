@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from gpuflight.demo.build import build_fusion
 from gpuflight.simgpu.build import SimGpu, build, read_counts
 from tests.conftest import REPO
 from tests.support.frameworks import FRAMEWORKS, require_frameworks_python
@@ -328,39 +329,25 @@ def test_two_devices(sim: SimGpu, python: Path, tmp_path: Path) -> None:
     assert c["copies"]["peer"] == {"count": 1, "bytes": 64}
 
 
+def _realtime_priority() -> list[str]:
+    """The model runs in real time: a host thread the scheduler puts aside for a busy machine's
+    other work leaves the simulated GPU idle meanwhile (as a real one would be), and the
+    utilization measured then is the machine's, not the model's (0.56 fused with a CPU-bound
+    process on each core). A real-time priority gives the workload its core when it runs."""
+    return ["chrt", "--fifo", "1"] if os.geteuid() == 0 and shutil.which("chrt") else []
+
+
 def test_timing_model_runs_the_fusion_demo(sim: SimGpu, tmp_path: Path) -> None:
-    # The earlier demo stub's timing model lives in the driver: the demo's fusion
-    # workload, built against our libcudart.so.12, is launch-bound unfused and keeps
-    # the GPU busy fused (gpuflight/demo/fusion.c is read, not changed).
-    demo = REPO / "gpuflight" / "demo"
-    fusion = tmp_path / "fusion"
-    subprocess.run(
-        [
-            "cc",
-            "-std=gnu11",
-            "-O2",
-            f"-I{demo}",
-            str(demo / "fusion.c"),
-            f"-L{sim.lib_dir}",
-            "-l:libcudart.so.12",
-            f"-Wl,-rpath,{sim.lib_dir}",
-            "-o",
-            str(fusion),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    # The demo's fusion workload (built as the demo builds it) on the real-time model's own
+    # defaults is launch-bound unfused and keeps the GPU busy fused, copies counted
+    # (GF_SIM_REPORT: the simulator's own account, all work).
+    fusion = build_fusion(tmp_path, sim.lib_dir)
     report = tmp_path / "report.jsonl"
     env = {"PATH": os.environ.get("PATH", ""), "GF_SIM_REPORT": str(report)}
-    # The model runs in real time: a host thread the scheduler puts aside for a busy machine's
-    # other work leaves the simulated GPU idle meanwhile (as a real one would be), and the
-    # utilization measured then is the machine's, not the model's (0.56 fused with a CPU-bound
-    # process on each core). A real-time priority gives the workload its core when it runs.
-    realtime = ["chrt", "--fifo", "1"] if os.geteuid() == 0 and shutil.which("chrt") else []
     for mode in ("unfused", "fused"):
         subprocess.run(
-            [*realtime, str(fusion), "--mode", mode, "--steps", "3000"], env=env, check=True,
-            timeout=60,
+            [*_realtime_priority(), str(fusion), "--mode", mode, "--steps", "3000"], env=env,
+            check=True, timeout=60,
         )
     unfused, fused = (json.loads(line) for line in report.read_text().splitlines())
     assert unfused["kernels"] == 8 * 3000 and fused["kernels"] == 3000

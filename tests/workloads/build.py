@@ -8,23 +8,34 @@
     nvidia_runtime_dir(major)       .../site-packages/nvidia/{cuda_runtime,cu13}/lib
     runtime_library(outdir, runtime)  the file that holds the runtime's code
 
-Runtimes: "stub" (our simulated GPU), "cu12" / "cu13" (NVIDIA's libcudart.so.12 /
-.so.13 from the pip wheels nvidia-cuda-runtime-cu12 / nvidia-cuda-runtime, with a
-run path to the wheel's lib dir), "static12" / "static13" (libcudart_static.a of
-the same wheels linked into the executable, which then holds the runtime itself).
-Builds reuse up-to-date outputs (see gpuflight.demo.build.compile_c).
+Runtimes: "stub" (the simulated GPU, gpuflight/simgpu, as the demo runs on it: our
+libcudart.so.12 with our driver inside), "cu12" / "cu13" (NVIDIA's libcudart.so.12 / .so.13 from
+the pip wheels nvidia-cuda-runtime-cu12 / nvidia-cuda-runtime, with a run path to the
+wheel's lib dir), "static12" / "static13" (libcudart_static.a of the same wheels linked
+into the executable, which then holds the runtime itself). The workloads declare the
+runtime API with gpuflight/demo/cuda_abi.h. C is built by gpuflight/simgpu/cbuild.py, which
+reuses up-to-date outputs.
 """
 
 from __future__ import annotations
 
+import atexit
+import filecmp
 import importlib.util
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, get_args
 
-from gpuflight.demo.build import SIMGPU_SONAME, build_simgpu, compile_c, link_args
+from gpuflight.demo.build import ABI_HEADER, DEMO_DIR, SIMGPU_SONAME
 from gpuflight.producer.contract.errors import SetupError
-from gpuflight.simgpu.build import SimGpu
+from gpuflight.simgpu import cbuild
+from gpuflight.simgpu.build import NVML_SONAME, SimGpu
+from gpuflight.simgpu.build import build as build_sim
+from gpuflight.simgpu.cbuild import link_args
 
 __all__ = [
     "RUNTIMES",
@@ -35,6 +46,7 @@ __all__ = [
     "build_dlopen",
     "build_simgpu",
     "build_swaprace",
+    "compile_c",
     "nvidia_runtime_dir",
     "runtime_library",
 ]
@@ -56,6 +68,42 @@ _WHEELS: dict[int, tuple[str, str, str]] = {
 # libcudart_static.a needs these from the C library (all in libc since glibc 2.34;
 # named for older systems). It needs no C++ runtime.
 STATIC_LIBS: tuple[str, ...] = ("-ldl", "-lpthread", "-lrt")
+
+
+def compile_c(
+    output: Path, sources: Sequence[Path], args: Sequence[str] = (), *,
+    inputs: Sequence[Path] = (),
+) -> Path:
+    """cbuild.compile_c, with the workloads' declarations of the CUDA runtime API
+    (gpuflight/demo/cuda_abi.h) on the include path."""
+    return cbuild.compile_c(output, sources, [f"-I{DEMO_DIR}", *args],
+                            inputs=[ABI_HEADER, *inputs])
+
+
+#: The simulated GPU this process built (a build takes seconds; each caller gets copies).
+_SIMGPU: list[Path] = []
+
+
+def build_simgpu(outdir: Path) -> Path:
+    """The stub runtime: outdir/libcudart.so.12, the simulated GPU's CUDA 12 runtime with its
+    driver inside (as the demo's: gpuflight probes it as a runtime alone), its
+    libnvidia-ml.so.1 beside it; returns outdir (the library dir).
+
+    The files are copies of one build per process: outdir's own files (inodes no other
+    directory shares), left as they are where outdir has them already."""
+    if not _SIMGPU:
+        built = Path(tempfile.mkdtemp(prefix="gpuflight-simgpu-"))
+        atexit.register(shutil.rmtree, built, True)
+        _SIMGPU.append(build_sim(built, runtimes=(12,), driver_inside=True).lib_dir)
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    for name in (SIMGPU_SONAME, NVML_SONAME):
+        source, target = _SIMGPU[0] / name, outdir / name
+        if not (target.is_file() and filecmp.cmp(source, target, shallow=False)):
+            tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
+            shutil.copy2(source, tmp)
+            cbuild.replace_atomically(tmp, target)
+    return outdir
 
 
 def _wheel(major: int) -> tuple[str, str, str]:
@@ -105,7 +153,7 @@ def build_capture(outdir: Path, runtime: Runtime) -> Path:
     if runtime == "stub":
         lib_dir = build_simgpu(outdir / "simgpu")
         args = link_args(lib_dir, SIMGPU_SONAME)
-        inputs: list[Path] = []
+        inputs: list[Path] = [lib_dir / SIMGPU_SONAME]
     elif runtime in ("cu12", "cu13"):
         major = int(runtime[2:])
         lib_dir = nvidia_runtime_dir(major)
