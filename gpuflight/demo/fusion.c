@@ -26,10 +26,14 @@
  * its defaults), per step:
  *   unfused  copy 43.7 us, then 8 launches 4 us apart of 0.93 us kernels, so
  *            the GPU idles ~3 us per launch: busy 51.5 us of ~77 us, ~66 %
- *            utilization (launch-bound), ~0.78 s per run;
+ *            of the time (launch-bound), ~0.78 s per run;
  *   fused    copy 43.7 us, one 5.8 us kernel, no idle but call overheads:
  *            busy 49.9 us of ~50 us, ~99 % on a quiet machine, ~0.5 s per run.
- * Host stalls (preemption, a noisy VM) only lower both numbers.
+ * Those shares count the copies, as GF_SIM_REPORT does; NVML counts kernels only, so
+ * the demo runs on a device of its own (gpuflight/demo/build.py: DEVICE): 50 GB/s
+ * copies (10.5 us), kernels of 0.6 us + 0.15 ns a thread (unfused 1.8 us, fused
+ * 20 us): NVML ~30 % unfused, ~60 % fused. Host stalls (preemption, a noisy VM)
+ * only lower the numbers.
  * The kernel "functions" are distinct host functions, as nvcc's host stubs
  * are. It prints nothing; exit 0, or 2 on bad usage.
  */

@@ -1,17 +1,19 @@
 """`gpuflight demo`: the same computation unfused and fused, traced side by side.
 
-Runs on the simulated GPU (gpuflight/simgpu: our libcudart.so.12, the driver inside, on the
-wall clock, modelling launch overhead, kernel time and copy bandwidth), so it works on any
-machine. gpuflight sees it exactly as it sees NVIDIA's runtime: through uprobes on
-libcudart.so.12.
+Runs on the simulated GPU (gpuflight/simgpu: our libcudart.so.12 and libcuda.so.1 on the
+wall clock, modelling launch overhead, kernel time and copy bandwidth: build.DEVICE), so it
+works on any machine. gpuflight sees it exactly as it sees NVIDIA's runtime: through uprobes
+on libcudart.so.12. The GPU utilization is what the simulated GPU's NVML says of each run
+(simnvml.py), as a node's NVML would.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,8 +22,12 @@ from typing import Any
 from tabulate import tabulate
 
 from gpuflight.demo.build import build_demo
+from gpuflight.demo.simnvml import SimulatedNvml
 from gpuflight.producer import trace
 from gpuflight.producer.decode.summary import Summary
+from gpuflight.producer.nvml import NvmlUnavailable
+
+log = logging.getLogger(__name__)
 
 MODES = ("unfused", "fused")
 
@@ -31,15 +37,6 @@ def _top_grid(summary: Summary) -> str:
         return "-"
     (grid, _block), _n = summary.shapes.most_common(1)[0]
     return "({},{},{})".format(*grid)
-
-
-def _utilization(report: Path) -> float | None:
-    """The simulated GPU's own busy share (what a GPU's counters would say)."""
-    try:
-        lines = report.read_text().splitlines()
-        return float(json.loads(lines[-1])["utilization"])
-    except (OSError, IndexError, KeyError, ValueError):
-        return None
 
 
 @contextmanager
@@ -94,17 +91,28 @@ def run(steps: int | None = None) -> int:
           f"({built.runtime})", file=sys.stderr)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="gpuflight-demo-") as tmp:
-        for mode in MODES:
-            report = Path(tmp) / f"{mode}.json"
-            with environment(built.env({}, GF_SIM_REPORT=str(report))):
-                result = trace.run(built.command(mode, steps))
-            if result.exit_code != 0:
-                print(f"gpuflight demo: the {mode} workload failed "
-                      f"(exit {result.exit_code})", file=sys.stderr)
-                return 1
-            data = result.summary.as_dict(result.wall_s)
-            data["top_grid"] = _top_grid(result.summary)
-            data["gpu_util"] = _utilization(report)
-            results[mode] = data
+        activity = Path(tmp) / "nvml"
+        try:
+            nvml: SimulatedNvml | None = SimulatedNvml(built, activity)
+        except NvmlUnavailable as exc:  # pynvml cannot load it: the table says "-"
+            log.warning("the simulated GPU's NVML: %s", exc)
+            nvml = None
+        try:
+            for mode in MODES:
+                before = nvml.processes() if nvml is not None else set()
+                with environment(built.env({}, nvml_dir=activity)):
+                    result = trace.run(built.command(mode, steps))
+                if result.exit_code != 0:
+                    print(f"gpuflight demo: the {mode} workload failed "
+                          f"(exit {result.exit_code})", file=sys.stderr)
+                    return 1
+                data = result.summary.as_dict(result.wall_s)
+                data["top_grid"] = _top_grid(result.summary)
+                data["gpu_util"] = (None if nvml is None else
+                                    nvml.utilization(nvml.processes() - before, time.time_ns()))
+                results[mode] = data
+        finally:
+            if nvml is not None:
+                nvml.close()
     print(comparison(results))
     return 0

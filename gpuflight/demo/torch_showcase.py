@@ -5,7 +5,11 @@ twice under `gpuflight trace --output`, eager then compiled, by a Python that ha
 on the simulated GPU (gpuflight/simgpu: our libcudart and libcuda, on the real-time timing
 model, so that the GPU's busy share means something). Only the measured region counts: the
 workload writes its wall-clock bounds after start-up, compilation and warm-up, and the table
-is made of the trace's events inside them. The table is the C showcase's (showcase.py).
+is made of the trace's events inside them. The table is the C showcase's (showcase.py), but
+for its GPU utilization: the simulator's own account of the region (GF_SIM_REPORT, restarted
+at the region: gfsim_timeline_restart), not NVML's as the C showcase's, since the region lasts
+tens of milliseconds, a few of NVML's sampling periods, the first and last shared with the
+warm-up and the exit.
 
 Torch is found as: `--python PY` (must import torch), else $GF_FRAMEWORKS_PYTHON, else the
 frameworks venv (.cache/frameworks/venv, made by scripts/setup-frameworks); without one the
