@@ -648,9 +648,9 @@ def test_a_lost_loader_notification_has_every_process_scanned_again(
     something. A notification lost (its ring full: counted in the kernel) would leave what it
     mapped then unprobed until its next dlopen: a rescan that finds loader notifications lost
     scans every process again."""
-    from producer.capture import Capture
-    from producer.settings import CaptureSettings
-    from producer.sinks import MemorySink
+    from gpuflight.producer.capture import Capture
+    from gpuflight.producer.decode.sinks import MemorySink
+    from gpuflight.producer.settings import CaptureSettings
 
     build.build_capture(bindir, "stub")
     lib = tmp_path / "lib"
