@@ -520,7 +520,7 @@ def test_rescanning_a_busy_node_reads_no_file_again(
     first = procmaps.scan(proc, cache=classifier)
     opened: list[str] = []
     read: list[str] = []
-    real_open, real_defined = procmaps._open_regular, procmaps.elfsyms.defined_functions
+    real_open, real_defined = procmaps._open_regular, elfsyms.defined_functions
 
     def counted_open(path: str) -> procmaps.OpenFile | None:
         opened.append(os.path.basename(path))
@@ -531,7 +531,7 @@ def test_rescanning_a_busy_node_reads_no_file_again(
         return real_defined(path, *args, **kwargs)
 
     monkeypatch.setattr(procmaps, "_open_regular", counted_open)
-    monkeypatch.setattr(procmaps.elfsyms, "defined_functions", counted_defined)
+    monkeypatch.setattr(elfsyms, "defined_functions", counted_defined)
     again = procmaps.scan(proc, cache=classifier)
     assert again == first
     assert sorted(lib.kind for lib in again.libraries.values()) == ["loader", "runtime"]
