@@ -416,7 +416,7 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     files from that alone (no ELF read), compiles nothing, and captures as exactly."""
     from gpuflight.producer import trace as tracing
     from gpuflight.producer.discover import elfsyms
-    from gpuflight.producer.probe import probes
+    from gpuflight.producer.probe import compile as bpfcompile
 
     binary = build.build_capture(bindir, "stub")
     cache = tmp_path / "cache"
@@ -443,7 +443,7 @@ def test_a_trace_keeps_its_verdicts_and_the_next_reads_no_symbols(
     for name in ("defined_functions", "referenced_functions", "function_addresses",
                  "symbol_address", "vaddr_to_file_offset"):
         monkeypatch.setattr(elfsyms, name, unread)
-    monkeypatch.setattr(probes, "compile_image", uncompiled)
+    monkeypatch.setattr(bpfcompile, "compile_image", uncompiled)
     second = tmp_path / "second.jsonl"
     assert tracing.run([str(binary), "--iters", "5"], output=second,
                        print_summary=False).exit_code == 0

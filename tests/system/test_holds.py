@@ -66,7 +66,7 @@ class HeldTrace:
         self.log = log
         with log.open("wb") as err:
             self.tracer = subprocess.Popen(
-                [sys.executable, "-m", "tests.test_holds", str(library), *argv], cwd=REPO,
+                [sys.executable, "-m", "tests.system.test_holds", str(library), *argv], cwd=REPO,
                 stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         self._pidfds: list[int] = []
         self.held = self.held_fd = -1

@@ -57,7 +57,7 @@ def tree(tmp: Path) -> Path:
         shutil.copy(REPO / "scripts" / name, root / "scripts" / name)
     for name in SETUP_HELPERS:
         recorder(root / "scripts" / name, log)
-    for name in ("gpuflight", "ruff", "lint-imports", "mypy", "python"):
+    for name in ("gpuflight", "ruff", "lint-imports", "mypy", "python", "mkdocs"):
         recorder(root / ".venv" / "bin" / name, log)
     for path in (tmp, *tmp.rglob("*")):
         path.chmod(path.stat().st_mode | 0o755 if path.is_dir() else path.stat().st_mode | 0o644)
