@@ -1,13 +1,13 @@
 """Messages waiting for their process's identity, parked instead of waited for.
 
 An events batch names its process (host, pid, start time); a metrics record names the pids
-it counts drops for. Their jobs come from the processes topic, read by another thread
-(streams/identities.py), which may not have caught up yet. The worker does not wait in its
-agent (that would stall every host of the partition): the message is parked in the worker's
-table, beside the job states (through streams/stored.py: one changelog record, or, over the
-broker's record limit, its parts and then a head, so a crash loses nothing), and resolved
-on the partition's tick, or by the host's next message; after `identity_wait_s` it goes to
-the unknown-job fallback.
+it counts drops for; an NVML record the pids of each GPU's processes. Their jobs come from the
+processes topic, read by another thread (streams/identities.py), which may not have caught up
+yet. The worker does not wait in its agent (that would stall every host of the partition): the
+message is parked in the worker's table, beside the job states (through streams/stored.py: one
+changelog record, or, over the broker's record limit, its parts and then a head, so a crash
+loses nothing), and resolved on the partition's tick, or by the host's next message; after
+`identity_wait_s` it goes to the unknown-job fallback.
 
 The events batches of a host that has one parked queue behind it, and are applied in offset
 order: so each job state still sees its messages in order, and its offset check (a redelivery
@@ -33,13 +33,14 @@ K2 = TypeVar("K2")
 PARKED_PREFIX: Final = b"\x00parked\x00"
 EVENTS: Final = "events"
 METRICS: Final = "metrics"
+NVML: Final = "nvml"
 
 
 @dataclass(frozen=True)
 class Parked:
     """One message as it came, and why it waits."""
 
-    kind: str  # EVENTS or METRICS
+    kind: str  # EVENTS, METRICS or NVML
     host: str
     #: events: the batch's process (pid, start time; 0, 0 for metrics).
     pid: int
@@ -84,7 +85,7 @@ class Parked:
         head, sep, value = data.partition(b"\n")
         try:
             meta = orjson.loads(head)
-            if not sep or meta["kind"] not in (EVENTS, METRICS):
+            if not sep or meta["kind"] not in (EVENTS, METRICS, NVML):
                 raise ValueError("not a parked message")
             key = meta["key"]
             return cls(

@@ -5,6 +5,7 @@ co-partitioned (all keyed by host, with the same partition count):
 
   PREFIX.events.v1     raw events → the (host, job) states of a Faust table
   PREFIX.nvml.v1       GPU samples → gpu / gpu_process points, and utilisation for verdicts
+                       (parked, as events are, while a process it names has no identity)
   PREFIX.metrics.v1    producer counters → pipeline points
   APP_ID.ticks         one message per partition per tick, sent by the leader worker's timer:
                        the wall-clock beat at which each partition's jobs are written and
@@ -60,7 +61,7 @@ from gpuflight.streams.aggregate import gpu_points, lost_points, pipeline_point
 from gpuflight.streams.clock import HostClock
 from gpuflight.streams.identities import UNKNOWN_JOB_FORMAT, Directory
 from gpuflight.streams.measurements import Fields, Point, Tags
-from gpuflight.streams.parking import EVENTS, METRICS, Parked, ParkingLot, is_parked_key
+from gpuflight.streams.parking import EVENTS, METRICS, NVML, Parked, ParkingLot, is_parked_key
 from gpuflight.streams.settings import StreamSettings
 from gpuflight.streams.sink import Batch, InfluxSink
 from gpuflight.streams.stored import Store
@@ -211,6 +212,8 @@ class Worker:
         self._fallback_jobs: dict[tuple[str, int, int], str] = {}
         #: (host, pid) with drops and no identity after a wait: not waited for again.
         self._lossy_unknown: set[tuple[str, int]] = set()
+        #: (host, pid) NVML named and no identity came for after a wait: not waited for again.
+        self._gpu_unknown: set[tuple[str, int]] = set()
         #: Messages waiting for a process identity (also in the table).
         self._parking = ParkingLot()
         #: (topic, partition) → offset of the last message taken.
@@ -229,9 +232,7 @@ class Worker:
             elif topic == self.settings.ticks_topic:
                 await self._tick(message.partition)
             elif topic == self.topics.nvml:
-                gpus = wire.decode_nvml(message.value)
-                self.gpu.add(gpus, self.directory)
-                await self.sink.put(Batch(gpu_points(gpus, self._nvml_job(gpus))))
+                await self._nvml(message)
             elif topic == self.topics.metrics:
                 await self._metrics(message)
         except (wire.WireError, KeyError, TypeError, ValueError) as exc:
@@ -267,6 +268,29 @@ class Worker:
                                                 or UNKNOWN_JOB_FORMAT.format(pid=pid)))
         if lost:
             await self.sink.put(Batch(lost))
+
+    async def _nvml(self, message: Any) -> None:
+        """GPU samples now; parked while a process NVML names has no identity yet (its
+        per-process figures would go to no job: a short job's every sample, often), once per
+        pid: one that had none after the wait is not waited for again."""
+        record = wire.decode_nvml(message.value)
+        self._index_partition(message.partition)
+        if self._parking.contains(message.topic, message.partition, message.offset):
+            return  # redelivered after a restart: its parked copy is resolved on the tick
+        if self._unknown_gpu_pids(record):
+            self._park(message, NVML, (record.host, 0, 0), 0)
+            return
+        await self._gpu_samples(record)
+
+    def _unknown_gpu_pids(self, record: wire.NvmlRecord) -> set[int]:
+        host = record.host
+        return {proc.pid for gpu in record.gpus for proc in gpu.processes or ()
+                if self.directory.latest_job(host, proc.pid) is None
+                and (host, proc.pid) not in self._gpu_unknown}
+
+    async def _gpu_samples(self, record: wire.NvmlRecord) -> None:
+        self.gpu.add(record, self.directory)
+        await self.sink.put(Batch(gpu_points(record, self._nvml_job(record))))
 
     def _nvml_job(self, record: wire.NvmlRecord) -> Callable[[int], str | None]:
         return lambda pid: self.directory.latest_job(record.host, pid)
@@ -406,6 +430,10 @@ class Worker:
         if parked.kind == EVENTS:
             assert job is not None
             await self._apply(message, wire.decode_events(parked.value), job)
+        elif parked.kind == NVML:
+            gpus = wire.decode_nvml(parked.value)
+            self._gpu_unknown.update((gpus.host, p) for p in self._unknown_gpu_pids(gpus))
+            await self._gpu_samples(gpus)
         else:
             record = wire.decode_metrics(parked.value)
             unknown = self._unknown_lossy_pids(record)
@@ -421,10 +449,17 @@ class Worker:
                             if p.kind == EVENTS}):
             await self._resolve_host(host)
         for parked in self._parking.of_partition(partition):
-            if parked.kind == METRICS and (
-                    time.monotonic_ns() - parked.since_ns >= wait_ns
-                    or not self._unknown_lossy_pids(wire.decode_metrics(parked.value))):
+            if parked.kind == EVENTS:
+                continue
+            waited = time.monotonic_ns() - parked.since_ns >= wait_ns
+            if waited or not self._still_unknown(parked):
                 await self._unpark(parked)
+
+    def _still_unknown(self, parked: Parked) -> set[int]:
+        """The pids a parked metrics or NVML record still waits for."""
+        if parked.kind == NVML:
+            return self._unknown_gpu_pids(wire.decode_nvml(parked.value))
+        return self._unknown_lossy_pids(wire.decode_metrics(parked.value))
 
     async def _resolve_host(self, host: str) -> None:
         """The host's parked batches, in order, up to the first whose identity is still

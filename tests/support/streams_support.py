@@ -360,6 +360,20 @@ class Harness:
     def raw(self, value: bytes, partition: int = 0) -> None:
         asyncio.run(self.worker.handle(self._message(self.topics.events, partition, value)))
 
+    def nvml(self, host: str, ts_ns: int, processes: Mapping[int, int],
+             partition: int = 0) -> None:
+        """An NVML record of GPU 0: `processes`, pid → SM utilization %."""
+        procs = tuple(wire.GpuProcessSample(pid, util, None, None) for pid, util in
+                      processes.items())
+        gpu = wire.GpuSample(
+            gpu=0, uuid=None, name="NVIDIA H100", utilization_gpu_pct=50,
+            utilization_memory_pct=None, memory_used_bytes=None, memory_total_bytes=None,
+            power_w=None, temperature_c=None, sm_clock_mhz=None, pcie_rx_bytes_per_s=None,
+            pcie_tx_bytes_per_s=None, processes=procs)
+        record = wire.NvmlRecord(host, ts_ns, (gpu,))
+        asyncio.run(self.worker.handle(self._message(self.topics.nvml, partition,
+                                                     wire.encode_nvml(record))))
+
     def tick(self, partition: int = 0) -> None:
         asyncio.run(self.worker.handle(
             self._message(self.settings.ticks_topic, partition, b"")))

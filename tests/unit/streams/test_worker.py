@@ -141,3 +141,31 @@ def test_the_sink_leaves_out_a_point_that_breaks_the_contract_alone() -> None:
 
 
 # -- what one message may cost the stream, with Kafka's limits ------------------------------
+
+
+def test_nvml_samples_of_a_process_not_known_yet_wait_for_its_identity() -> None:
+    """A short job's NVML samples can come before its identity (another topic, read by
+    another thread): parked, they reach the job once it is known, not the unknown job; a pid
+    whose identity never comes is waited for once, then written as unknown at once."""
+    from gpuflight.streams import measurements as m
+    from tests.support.streams_support import Harness
+
+    harness = Harness(identity_wait_s=3600.0)
+    harness.nvml("n1", 1_000, {42: 30})
+    assert harness.points(m.GPU_PROCESS.name) == []  # parked: pid 42 has no job yet
+    harness.process("n1", 42, 7, "train:42")
+    harness.tick()
+    (point,) = harness.points(m.GPU_PROCESS.name)
+    assert point.tags["job"] == "train:42" and point.fields[m.Fields.SM_UTIL_PCT] == 30
+    assert len(harness.points(m.GPU.name)) == 1
+    # A restarted worker finds nothing left parked: the record went once.
+    again = harness.restart()
+    again.tick()
+    assert again.points(m.GPU_PROCESS.name) == []
+
+    impatient = Harness(identity_wait_s=0.0)
+    impatient.nvml("n1", 1_000, {43: 10})
+    impatient.tick()  # waited long enough: as the unknown job
+    impatient.nvml("n1", 2_000, {43: 20})  # not waited for again
+    jobs = [p.tags["job"] for p in impatient.points(m.GPU_PROCESS.name)]
+    assert len(jobs) == 2 and len(set(jobs)) == 1 and jobs[0] != "train:43"
