@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
@@ -179,6 +179,17 @@ def gpu_price(settings: StreamSettings, gpu: GpuUtilization) -> Callable[[str, s
         return usd if usd is not None and 0 <= usd <= MAX_USD_PER_GPU_HOUR else None
 
     return price
+
+
+#: Pids remembered as never identified (not waited for again), at most; beyond, forgotten
+#: all at once (each is then waited for once more).
+UNKNOWN_PIDS_KEPT: Final = 100_000
+
+
+def _remember(unknown: set[tuple[str, int]], more: Iterable[tuple[str, int]]) -> None:
+    unknown.update(more)
+    if len(unknown) > UNKNOWN_PIDS_KEPT:
+        unknown.clear()
 
 
 def _keep(samples: list[tuple[int, float]], sample: tuple[int, float]) -> None:
@@ -432,12 +443,13 @@ class Worker:
             await self._apply(message, wire.decode_events(parked.value), job)
         elif parked.kind == NVML:
             gpus = wire.decode_nvml(parked.value)
-            self._gpu_unknown.update((gpus.host, p) for p in self._unknown_gpu_pids(gpus))
+            _remember(self._gpu_unknown,
+                      ((gpus.host, p) for p in self._unknown_gpu_pids(gpus)))
             await self._gpu_samples(gpus)
         else:
             record = wire.decode_metrics(parked.value)
             unknown = self._unknown_lossy_pids(record)
-            self._lossy_unknown.update((record.host, p) for p in unknown)
+            _remember(self._lossy_unknown, ((record.host, p) for p in unknown))
             await self._lost(record)
         self.store.delete(parked.table_key)
         self._parking.remove(parked)
