@@ -102,6 +102,15 @@ class HeldTrace:
                 found += [int(p) for p in (task / "children").read_text().split()]
         return found
 
+    def watchdog(self) -> int:
+        """A pidfd of the tracer's holds watchdog (producer/holdguard.py)."""
+        from producer.holdguard import WATCHDOG_NAME
+
+        watchdogs = [pid for pid in self.children()
+                     if WATCHDOG_NAME in Path(f"/proc/{pid}/cmdline").read_text().split("\0")]
+        assert len(watchdogs) == 1, self.children()
+        return self.pidfd(watchdogs[0])
+
     def kill_tracer(self) -> None:
         self.tracer.kill()
         self.tracer.wait(TIMEOUT_S)
@@ -138,12 +147,15 @@ def test_a_trace_killed_while_it_holds_its_command_at_a_dlopen_leaves_it_running
     done = tmp_path / "done"
     script = f'"{dlopen}" --lib "{lib}" --iters 3 && touch "{done}"'
     with _held_trace(lib, ["sh", "-c", script], tmp_path / "trace.log") as trace:
+        watchdog = trace.watchdog()
         shell = trace.pidfd(_parent(trace.held))
         trace.kill_tracer()
         assert _exited(trace.held_fd, TIMEOUT_S), (
             f"the held process is still {_state(trace.held)!r}: {trace.stderr()}")
         assert _exited(shell, TIMEOUT_S)
         assert done.exists()  # the dlopen workload exited 0, and the shell went on
+        # The watchdog says what it did once it is done (after the processes run on).
+        assert _exited(watchdog, TIMEOUT_S)
         assert "trace ended while it held 1 process(es)" in trace.stderr()
 
 
@@ -154,8 +166,6 @@ def test_a_trace_killed_while_it_holds_continues_no_process_the_user_stopped(
     """Of the command's processes, one stops itself (as Ctrl-Z or `kill -STOP` would stop it)
     and one is held at its dlopen when the tracer is killed: once the tracer's watchdog is
     done, the held one has run to its end, and the stopped one is still stopped."""
-    from producer.holdguard import WATCHDOG_NAME
-
     lib = build.build_simgpu(tmp_path / "simgpu") / "libcudart.so.12"
     dlopen = build.build_dlopen(bindir)
     stopped_pid, done = tmp_path / "stopped", tmp_path / "done"
@@ -168,10 +178,7 @@ def test_a_trace_killed_while_it_holds_continues_no_process_the_user_stopped(
         stopped = int(stopped_pid.read_text())
         trace.pidfd(stopped)
         assert _state(stopped) == "T"
-        watchdogs = [pid for pid in trace.children()
-                     if WATCHDOG_NAME in Path(f"/proc/{pid}/cmdline").read_text().split("\0")]
-        assert len(watchdogs) == 1, trace.children()
-        watchdog = trace.pidfd(watchdogs[0])
+        watchdog = trace.watchdog()
         shell = trace.pidfd(_parent(trace.held))
         trace.kill_tracer()
         assert _exited(watchdog, TIMEOUT_S)
