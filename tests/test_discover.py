@@ -692,9 +692,12 @@ def test_real_static_nvidia_runtime(tmp_path: Path, hold: list[Holder]) -> None:
     assert archive is not None
     program = tmp_path / "real_static"
     _cc(program, "real_static.c", str(archive), "-lpthread", "-ldl", "-lrt")
-    # Popen returns once the exec is done, and the kernel maps the program at exec.
-    process = subprocess.Popen([str(program)], stdin=subprocess.PIPE)
+    # Popen returns when the exec closes its error pipe, which is before the kernel maps the
+    # new program: the program says when it runs.
+    process = subprocess.Popen([str(program)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     hold.append(Holder(process))
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"ready\n"
     [lib] = only(discover.scan(pids=[process.pid]), "runtime")
     assert lib.path == str(program)
     assert lib.symbols == discover.RUNTIME_SYMBOLS
