@@ -267,11 +267,16 @@ class Worker:
         await self._lost(metrics)
 
     def _unknown_lossy_pids(self, record: wire.MetricsRecord) -> set[int]:
-        host = record.host
-        return {p for p in (*record.dropped_kernel_by_pid, *record.dropped_user_by_pid,
-                            *record.dropped_agent_died_by_pid)
-                if self.directory.latest_job(host, p) is None
-                and (host, p) not in self._lossy_unknown}
+        return self._unidentified(record.host, (*record.dropped_kernel_by_pid,
+                                                *record.dropped_user_by_pid,
+                                                *record.dropped_agent_died_by_pid),
+                                  self._lossy_unknown)
+
+    def _unidentified(self, host: str, pids: Iterable[int],
+                      given_up: set[tuple[str, int]]) -> set[int]:
+        """Of `pids`, those with no job yet, but for those already waited for (`given_up`)."""
+        return {p for p in pids
+                if self.directory.latest_job(host, p) is None and (host, p) not in given_up}
 
     async def _lost(self, record: wire.MetricsRecord) -> None:
         host = record.host
@@ -294,10 +299,9 @@ class Worker:
         await self._gpu_samples(record)
 
     def _unknown_gpu_pids(self, record: wire.NvmlRecord) -> set[int]:
-        host = record.host
-        return {proc.pid for gpu in record.gpus for proc in gpu.processes or ()
-                if self.directory.latest_job(host, proc.pid) is None
-                and (host, proc.pid) not in self._gpu_unknown}
+        return self._unidentified(
+            record.host, (proc.pid for gpu in record.gpus for proc in gpu.processes or ()),
+            self._gpu_unknown)
 
     async def _gpu_samples(self, record: wire.NvmlRecord) -> None:
         self.gpu.add(record, self.directory)

@@ -1,40 +1,14 @@
-"""The stream worker (`gpuflight streams`) against a real Kafka and a real InfluxDB: scripted
-events in, exact points out; a worker killed mid-stream; late events; dead letters; alerts.
-
-Event times are in the past, so windows close at the pace the worker reads them (a job's time
-is its host's latest event time), and each test's hosts, topics and app id are its own.
+"""The stream worker's logic without services: its report tables, its directory, its GPU
+samples, its sink's contract checks, and (through tests/support/streams_support.py's Harness)
+messages handled one by one. tests/system/test_streams.py runs it against Kafka and InfluxDB.
 """
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Iterator
-from pathlib import Path
-
 import orjson
-import pytest
 
 from gpuflight.producer.contract import wire
 from gpuflight.streams import measurements as m
-from tests.support.streams_support import (
-    StreamWorker,
-)
-
-H2D, D2H = 1, 2
-
-
-@pytest.fixture
-def names(request: pytest.FixtureRequest) -> str:
-    return f"{request.node.name.removeprefix('test_')[:24]}-{os.getpid()}-{time.time_ns() % 10**6}"
-
-
-@pytest.fixture
-def worker(kafka_bootstrap: str, influx_url: str, names: str,
-           tmp_path: Path) -> Iterator[StreamWorker]:
-    running = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path)
-    yield running
-    running.stop()
 
 
 def test_the_report_shows_a_table_per_device_when_there_are_several() -> None:
