@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from gpuflight.producer import agentmetrics
 from gpuflight.producer.capture import Capture
 from gpuflight.producer.contract import memtrim, wire
 from gpuflight.producer.contract.errors import UsageError
+from gpuflight.producer.contract.exposition import MetricsEndpoint, SnapshotExchange, serve
 from gpuflight.producer.contract.files import check_target
 from gpuflight.producer.decode.enrich import Enricher
 from gpuflight.producer.decode.sinks import EventSink, JsonLinesSink
@@ -80,13 +82,30 @@ def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]] | None) -> Util
 
 
 def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None = None,
-        status_file: Path | None = None) -> int:
+        status_file: Path | None = None, metrics: MetricsEndpoint | None = None) -> int:
     if output is None and kafka is None:
         raise UsageError("producer needs a destination: --kafka HOST:PORT and/or --output FILE")
     # A FIFO or a symlink where a file goes is refused before anything starts.
     check_target(output, "--output")
     check_target(status_file, "--status-file", replaced=True)
     check_can_probe()
+    exchange: SnapshotExchange[agentmetrics.AgentHealth] = SnapshotExchange()
+    # Bound before anything starts: a port in use is a one-line error, not a running agent.
+    stop_serving = (serve(metrics, [agentmetrics.AgentCollector(exchange)])
+                    if metrics is not None else None)
+    try:
+        return _run(settings, output, kafka, status_file, exchange)
+    finally:
+        if stop_serving is not None:
+            try:
+                stop_serving()
+            except Exception as exc:  # never the user's output for it
+                log.warning("metrics: stopping the server: %s", exc)
+
+
+def _run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None,
+         status_file: Path | None,
+         exchange: SnapshotExchange[agentmetrics.AgentHealth]) -> int:
     stopping: list[int] = []
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -119,6 +138,11 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     capture.probes.wait_loaded()  # ready means every program loaded (a failure ends here)
     status = StatusFile(status_file) if status_file is not None else None
     started = time.monotonic()
+    started_unix = time.time()
+
+    def health() -> agentmetrics.AgentHealth:
+        record = metrics_record(capture, kafka_sink, started, ledger)
+        return agentmetrics.take(capture, kafka_sink, record, started_unix)
     samples: queue.SimpleQueue[list[wire.GpuSample]] = queue.SimpleQueue()
     feed = None
     if kafka_sink is not None or capture.requests is not None:
@@ -155,6 +179,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
                 next_report += interval
                 trimmer.maybe()
             _status(status, capture, STATE_READY)
+            exchange.answer(health)
     finally:
         if feed is not None and capture.utilization is None:
             feed.stop()

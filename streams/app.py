@@ -5,6 +5,7 @@ and the services beside it (the processes directory reader, the InfluxDB sink). 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Final
@@ -16,6 +17,7 @@ from gpuflight.streams.identities import DirectoryReader
 from gpuflight.streams.settings import StreamSettings
 from gpuflight.streams.sink import Batch
 from gpuflight.streams.worker import Worker
+from gpuflight.streams.workermetrics import WorkerCollector
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,10 @@ def broker_credentials(security: ClientSecurity) -> Any:
     return None
 
 
-def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
+def build_app(settings: StreamSettings, partitions: int,
+              collector: WorkerCollector | None = None) -> tuple[Any, Worker]:
+    """The Faust app and its worker; `collector` (for /metrics) is given the worker's loop
+    once it runs."""
     import faust
     import mode
 
@@ -143,6 +148,8 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
     @app.service
     class Services(mode.Service):
         async def on_start(self) -> None:
+            if collector is not None:
+                collector.attach(worker, asyncio.get_running_loop())
             # Its group (never joined: it assigns every partition) is named after the app, so
             # the app's group ACL covers it.
             reader = DirectoryReader(settings.kafka, topics.processes, worker.directory,
@@ -162,10 +169,27 @@ def build_app(settings: StreamSettings, partitions: int) -> tuple[Any, Worker]:
 
 def run(settings: StreamSettings, loglevel: str = "WARNING") -> None:
     """Run a worker until SIGTERM/SIGINT."""
+    from gpuflight.producer.contract.exposition import serve
+
+    collector = WorkerCollector() if settings.metrics is not None else None
+    # Bound before Kafka is asked anything: a port in use is a one-line error, not a worker.
+    stop_serving = (serve(settings.metrics, [collector])
+                    if settings.metrics is not None and collector is not None else None)
+    try:
+        _run(settings, loglevel, collector)
+    finally:
+        if stop_serving is not None:
+            try:
+                stop_serving()
+            except Exception as exc:  # never what the worker wrote for it
+                log.warning("metrics: stopping the server: %s", exc)
+
+
+def _run(settings: StreamSettings, loglevel: str, collector: WorkerCollector | None) -> None:
     import faust
 
     partitions = prepare_topics(settings)
-    app, _ = build_app(settings, partitions)
+    app, _ = build_app(settings, partitions, collector)
     log.info("stream worker %s: %d partitions, window %g s, grace %g s, InfluxDB %s",
              settings.worker, partitions, settings.windows.window_s, settings.windows.grace_s,
              settings.influx.url)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Final
 
 from gpuflight.producer.contract.errors import UsageError
+from gpuflight.producer.contract.exposition import MetricsEndpoint
 from gpuflight.producer.contract.pricing import PriceBook
 from gpuflight.producer.contract.wire import DEFAULT_PREFIX
 from gpuflight.streams.windows import WindowSettings
@@ -122,6 +123,8 @@ class StreamSettings:
     prices: PriceBook | None = None
     #: The GPU model of hosts whose NVML names none (no NVML, or a process it does not list).
     gpu_model: str | None = None
+    #: Where the worker serves its own health as Prometheus metrics (--metrics-port); None: off.
+    metrics: MetricsEndpoint | None = None
 
     @property
     def dead_letter_topic(self) -> str:

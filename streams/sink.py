@@ -50,6 +50,7 @@ class SinkStats:
     #: Time the oldest waiting batch has waited (s), at the last look.
     last_error: str = ""
     last_write_s: float = 0.0
+    #: Failed writes by HTTP status; 0: no answer (refused connection, timeout).
     errors_by_status: dict[int, int] = field(default_factory=dict)
 
 
@@ -207,6 +208,7 @@ class InfluxSink:
             return "retry"
         except (TimeoutError, OSError) as exc:
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            self.stats.errors_by_status[0] = self.stats.errors_by_status.get(0, 0) + 1
             if self.stats.retries % 20 == 0:
                 log.warning("InfluxDB at %s unreachable (%s); retrying with backoff",
                             self.settings.url, self.stats.last_error)

@@ -48,7 +48,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
@@ -111,6 +111,8 @@ class WorkerStats:
     future_requests: int = 0
     #: Jobs whose windows a tick could not write (logged; tried again on the next).
     tick_errors: int = 0
+    #: Dead letters by reason ("malformed", "late", "windows", "future").
+    dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class GpuUtilization:
@@ -660,6 +662,8 @@ class Worker:
         """`value` (else the message's own) to the dead-letter topic; one over
         DEAD_LETTER_MAX_BYTES in parts (headers part and parts), so the broker takes it."""
         self.stats.dead_letters += 1
+        by_reason = self.stats.dead_letters_by_reason
+        by_reason[reason] = by_reason.get(reason, 0) + 1
         log.warning("dead letter (%s) from %s[%d]@%d: %s", reason, message.topic,
                     message.partition, message.offset, detail[:200])
         value = message.value if value is None else value
@@ -696,17 +700,35 @@ class Worker:
             await self.app.send(self.settings.ticks_topic, key=b"tick", value=b"",
                                 partition=partition)
 
-    def metrics_point(self) -> Point:
-        lag = 0
+    def lag_by_partition(self) -> dict[int, int]:
+        """Messages of the events topic not taken yet, per partition this worker holds."""
+        lags: dict[int, int] = {}
         consumer = getattr(self.app, "consumer", None)
-        if consumer is not None:
-            for tp in consumer.assignment():
-                if tp.topic != self.topics.events:
-                    continue
-                highwater = consumer.highwater(tp)
-                position = self._positions.get((tp.topic, tp.partition))
-                if highwater is not None:
-                    lag += max(int(highwater) - (-1 if position is None else position) - 1, 0)
+        if consumer is None:
+            return lags
+        for tp in consumer.assignment():
+            if tp.topic != self.topics.events:
+                continue
+            highwater = consumer.highwater(tp)
+            position = self._positions.get((tp.topic, tp.partition))
+            if highwater is not None:
+                lags[tp.partition] = max(
+                    int(highwater) - (-1 if position is None else position) - 1, 0)
+        return lags
+
+    def jobs(self) -> int:
+        """Jobs this worker holds state for."""
+        return len(self._states)
+
+    def windows_open(self) -> int:
+        """Windows of this worker's jobs not closed yet."""
+        return sum(len(state.windows) for state in self._states.values())
+
+    def parked_messages(self) -> int:
+        return len(self._parking)
+
+    def metrics_point(self) -> Point:
+        lag = sum(self.lag_by_partition().values())
         s, sink = self.stats, self.sink.stats
         return Point(m.STREAMS.name, {Tags.WORKER: self.settings.worker}, {
             Fields.MESSAGES: s.messages,

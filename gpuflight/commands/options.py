@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 
 from gpuflight.producer.contract import wire
 from gpuflight.producer.contract.errors import ServiceError
+from gpuflight.producer.contract.exposition import DEFAULT_ADDRESS as DEFAULT_METRICS_ADDRESS
 from gpuflight.producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
+    from gpuflight.producer.contract.exposition import MetricsEndpoint
     from gpuflight.producer.contract.pricing import PriceBook
     from gpuflight.producer.publish.kafkasink import KafkaSettings
 
@@ -163,6 +165,40 @@ def pid(text: str) -> int:
     if not 1 <= value <= PID_MAX:
         raise argparse.ArgumentTypeError(f"a process id is 1 to {PID_MAX}, got {text}")
     return value
+
+
+def port(text: str) -> int:
+    """A TCP port: 1-65535, ASCII digits."""
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def ip_address(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address, got {text!r}") from None
+
+
+def add_metrics_options(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
+                        help=f"serve {what}'s own health as Prometheus metrics on "
+                        "http://ADDRESS:PORT/metrics (default: off)")
+    parser.add_argument("--metrics-address", type=ip_address, default=DEFAULT_METRICS_ADDRESS,
+                        metavar="ADDRESS",
+                        help="where --metrics-port listens (default %(default)s: this host "
+                        "only; 0.0.0.0 or :: for every interface)")
+
+
+def metrics_endpoint(args: argparse.Namespace) -> MetricsEndpoint | None:
+    from gpuflight.producer.contract.exposition import MetricsEndpoint
+
+    if args.metrics_port is None:
+        return None
+    return MetricsEndpoint(args.metrics_port, args.metrics_address)
 
 
 def add_influx_options(parser: argparse.ArgumentParser) -> None:

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 from gpuflight.commands.options import (
     add_capture_options,
     add_kafka_options,
+    add_metrics_options,
     check_kafka,
     kafka_settings,
+    metrics_endpoint,
     non_negative,
     pid,
     positive,
@@ -60,6 +62,7 @@ def add_parser(sub: Subparsers) -> None:
     parser.add_argument("--status-file", type=Path, metavar="FILE",
                         help="keep a JSON status here (ready, probed files, counters), "
                         "replaced atomically: what scripts and tests wait on")
+    add_metrics_options(parser, "the agent")
     parser.add_argument("--proc", type=Path, default=Path("/proc"), help=argparse.SUPPRESS)
     add_capture_options(parser)
     parser.set_defaults(run=run)
@@ -80,4 +83,5 @@ def run(args: argparse.Namespace) -> int:
 
         check_can_probe()  # what the machine lacks comes first
         check_kafka(kafka.bootstrap, kafka.config, required=False)
-    return node.run(settings, args.output, kafka, status_file=args.status_file)
+    return node.run(settings, args.output, kafka, status_file=args.status_file,
+                    metrics=metrics_endpoint(args))

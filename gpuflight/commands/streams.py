@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 from gpuflight.commands.options import (
     add_influx_options,
     add_kafka_options,
+    add_metrics_options,
     add_price_options,
     check_kafka,
+    metrics_endpoint,
     non_negative,
     positive,
     price_book,
@@ -60,6 +62,7 @@ def add_parser(sub: Subparsers) -> None:
                         help="worker metrics (the streams measurement) every S seconds "
                         "(default %(default)s)")
     add_price_options(parser)
+    add_metrics_options(parser, "the worker")
     parser.add_argument("--gpu-model", default=None, metavar="NAME",
                         help="the GPU model of hosts whose NVML names none (e.g. H100), "
                         "for the cost of requests and jobs")
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         max_future_s=args.max_future,
         prices=price_book(args.prices),
         gpu_model=args.gpu_model,
+        metrics=metrics_endpoint(args),
     )
     if args.worker:
         stream_settings = replace(stream_settings, worker=args.worker)

@@ -263,6 +263,11 @@ class Probes:
             self._events_ring = RingBufferReader(events.fd, self._settings.ringbuf_bytes)
         return self._events_ring
 
+    def take_ring_fill_max(self) -> float:
+        """The fullest (0..1) a drain found the events ring since the last call; 0 before
+        the ring is made."""
+        return 0.0 if self._events_ring is None else self._events_ring.take_fill_max()
+
     def _load_programs(self) -> None:
         """Load (the kernel verifies) what a traced command needs from its first instruction
         now: the tracepoint programs (bpfload, as it opens the image) and the loader's.

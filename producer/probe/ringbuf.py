@@ -60,6 +60,8 @@ class RingBufferReader:
         self._record_dtype = record_dtype(dtype)
         self._record = self._record_dtype.itemsize
         self.foreign_records = 0  # records of another size: skipped, counted
+        #: The fullest a drain found the ring (0..1) since `take_fill_max` last ran.
+        self._fill_max = 0.0
 
     def fileno(self) -> int:
         """The map's fd: readable (epoll) when a record was committed to an empty ring."""
@@ -69,6 +71,11 @@ class RingBufferReader:
     def capacity_events(self) -> int:
         return self._size // self._record
 
+    def take_fill_max(self) -> float:
+        """The fullest (0..1) a drain found the ring since the last call."""
+        fill, self._fill_max = self._fill_max, 0.0
+        return fill
+
     def pending_bytes(self) -> int:
         return int(self._producer_pos[0]) - int(self._consumer_pos[0])
 
@@ -77,6 +84,7 @@ class RingBufferReader:
         space."""
         consumer = int(self._consumer_pos[0])
         producer = int(self._producer_pos[0])
+        self._fill_max = max(self._fill_max, (producer - consumer) / self._size)
         available = (producer - consumer) // self._record
         if max_events is not None:
             available = min(available, max_events)

@@ -27,7 +27,8 @@ def test_compose_file_is_valid_and_wires_the_producer_to_kafka() -> None:
     assert producer["ulimits"] == {"memlock": -1}  # BPF maps on kernels before 5.11
     assert "user" not in producer
     assert producer["uts"] == "host"  # its host tag is the node's name
-    assert producer["command"] == ["producer", "--kafka", "kafka:9092"]
+    assert producer["command"] == ["producer", "--kafka", "kafka:9092",
+                                   "--metrics-port", "9464", "--metrics-address", "0.0.0.0"]
     mounts = {Path(v["target"]) for v in producer["volumes"]}
     assert {Path("/lib/modules"), Path("/usr/src"), Path("/sys/kernel/tracing")} <= mounts
     kafka = services["kafka"]["environment"]

@@ -8,6 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from tests.conftest import REPO, require
 from tests.support.compose import COMPOSE, PROJECT
 
@@ -74,3 +76,24 @@ def test_the_deploy_page_lists_the_acls_the_broker_is_given() -> None:
     for args in acl_lines():
         line = "kafka-acls --bootstrap-server BROKER --add " + " ".join(args)
         assert line in page, line
+
+
+def test_the_monitoring_profile_scrapes_the_ports_the_agents_serve() -> None:
+    from gpuflight import cli
+
+    compose = yaml.safe_load((REPO / "compose" / "compose.yaml").read_text())
+    services = compose["services"]
+    assert services["prometheus"]["profiles"] == ["monitoring"]
+    config = yaml.safe_load((REPO / "compose" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    served = {}
+    for name in ("producer", "streams"):
+        command = [re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", a)
+                   for a in services[name]["command"]]
+        args = cli._parser().parse_args(command)
+        assert args.metrics_address == "0.0.0.0"  # the compose network, not published
+        served[name] = args.metrics_port
+    (producer,) = jobs["gpuflight-producer"]["static_configs"]
+    assert producer["targets"] == [f"producer:{served['producer']}"]
+    (streams,) = jobs["gpuflight-streams"]["dns_sd_configs"]
+    assert streams["names"] == ["streams"] and streams["port"] == served["streams"]

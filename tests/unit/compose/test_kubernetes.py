@@ -58,7 +58,7 @@ def test_the_producer_runs_on_every_gpu_node_with_what_it_needs() -> None:
     assert context["seccompProfile"] == {"type": "RuntimeDefault"}
     assert context["appArmorProfile"] == {"type": "Unconfined"}
     assert "securityContext" not in spec or "privileged" not in str(spec["securityContext"])
-    assert container["args"] == ["producer", "--kafka", "$(KAFKA_BOOTSTRAP)"]
+    assert container["args"][:3] == ["producer", "--kafka", "$(KAFKA_BOOTSTRAP)"]
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     mounts = {Path(volumes[m["name"]]) for m in container["volumeMounts"] if m["name"] in volumes}
     assert {Path("/lib/modules"), Path("/usr/src"), Path("/sys/kernel/tracing")} <= mounts
@@ -105,3 +105,42 @@ def test_clients_authenticate_with_credentials_from_secrets() -> None:
     streams_env = {e["name"] for e in found["Deployment/gpuflight-streams"]["spec"]["template"]
                    ["spec"]["containers"][0]["env"]}
     assert "GPUFLIGHT_INFLUX_TOKEN" in streams_env
+
+
+def _metrics_port(container: dict[str, Any]) -> tuple[int, str]:
+    """(--metrics-port, --metrics-address) as gpuflight's own parser reads the container's args
+    (a $(VAR) given a value of its kind)."""
+    from gpuflight import cli
+
+    args = [a.replace("$(POD_IP)", "10.0.0.7").replace("$(POD_NAME)", "pod")
+            .replace("$(KAFKA_BOOTSTRAP)", "kafka:9092")
+            .replace("$(GPUFLIGHT_INFLUX_URL)", "http://influxdb:8086")
+            for a in container["args"]]
+    parsed = cli._parser().parse_args(args)
+    return parsed.metrics_port, parsed.metrics_address
+
+
+def test_the_podmonitor_scrapes_every_agents_metrics_port() -> None:
+    found = resources()
+    monitoring = KUBERNETES / "monitoring"
+    kustomization = yaml.safe_load((monitoring / "kustomization.yaml").read_text())
+    (monitor,) = [doc for name in kustomization["resources"]
+                  for doc in yaml.safe_load_all((monitoring / name).read_text())]
+    assert monitor["kind"] == "PodMonitor"
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    for key in ("DaemonSet/gpuflight-producer", "Deployment/gpuflight-streams"):
+        template = found[key]["spec"]["template"]
+        assert selector.items() <= template["metadata"]["labels"].items(), key
+        (container,) = template["spec"]["containers"]
+        (port,) = [p for p in container["ports"] if p["name"] == endpoint["port"]]
+        served, address = _metrics_port(container)
+        assert served == port["containerPort"], key
+        if template["spec"].get("hostNetwork"):
+            # On the node's network: its pod IP (the node's), not every interface of the node.
+            env = {e["name"]: e for e in container["env"]}
+            assert "$(POD_IP)" in container["args"] and address == "10.0.0.7"
+            assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        else:
+            assert address == "0.0.0.0"  # the pod's own network namespace

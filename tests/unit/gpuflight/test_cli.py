@@ -149,6 +149,11 @@ def test_streams_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None
      "port must be 1-65535"),
     (["demo", "--steps", "-5"], "must be 1 or more, got -5"),
     (["demo", "--steps", "0"], "must be 1 or more, got 0"),
+    (["producer", "--output", "o", "--metrics-port", "0"], "a port is 1 to 65535, got '0'"),
+    (["producer", "--output", "o", "--metrics-port", "65536"], "a port is 1 to 65535"),
+    (["streams", "--metrics-port", "\u0669\u0660"], "a port is 1 to 65535"),
+    (["streams", "--metrics-port", "9400", "--metrics-address", "localhost"],
+     "expected an IP address, got 'localhost'"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_numbers_out_of_range_are_refused_before_the_command_runs(
         argv: list[str], why: str, monkeypatch: pytest.MonkeyPatch,
