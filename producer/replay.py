@@ -21,6 +21,7 @@ from gpuflight.producer.contract.errors import ServiceError, UsageError
 from gpuflight.producer.contract.kafkaconf import REFUSED_CODES
 from gpuflight.producer.decode.kernels import KernelNames
 from gpuflight.producer.decode.sinks import JsonLinesSink
+from gpuflight.producer.decode.timeline import TimelineSink
 from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink, make_client
 
 log = logging.getLogger(__name__)
@@ -56,13 +57,15 @@ def replay(
     pid: int | None = None,
     output: Path | None = None,
     to_topic: str | None = None,
+    timeline: Path | None = None,
     slack_s: float = DEFAULT_SLACK_S,
     timeout_s: float = 30.0,
 ) -> ReplayStats:
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    if (output is None) == (to_topic is None):
-        raise UsageError("replay needs exactly one of --output FILE or --to-topic TOPIC")
+    if sum(x is not None for x in (output, to_topic, timeline)) != 1:
+        raise UsageError("replay needs exactly one of --output FILE, --to-topic TOPIC or "
+                         "--timeline FILE")
     if to_ns <= from_ns:
         raise UsageError("--to must be after --from")
     topic = kafka.topics.events
@@ -76,7 +79,12 @@ def replay(
     stats = ReplayStats()
     # Names come from each message (the node named them); none is guessed here.
     names = KernelNames(proc_root=None)
-    writer = JsonLinesSink(output, names) if output is not None else None
+    writer: JsonLinesSink | TimelineSink | None = None
+    if output is not None:
+        writer = JsonLinesSink(output, names)
+    elif timeline is not None:
+        # Process and thread names are the host's, which this machine cannot read.
+        writer = TimelineSink(timeline, names, read_names=False)
     republisher = None
     if to_topic is not None:
         republisher = KafkaSink(kafka, create_topics=False)

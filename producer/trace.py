@@ -265,6 +265,8 @@ def run(
     settings: CaptureSettings | None = None,
     print_summary: bool = True,
     requests: RequestOptions | None = None,
+    *,
+    timeline: Path | None = None,
 ) -> TraceResult:
     if not argv:
         raise UsageError("trace needs a command: gpuflight trace [--output FILE] -- CMD [ARGS...]")
@@ -278,6 +280,10 @@ def run(
     enricher = Enricher(proc_root=settings.proc_root)
     if output is not None:
         sinks.append(JsonLinesSink(output, enricher.kernels))
+    if timeline is not None:
+        from gpuflight.producer.decode.timeline import TimelineSink
+
+        sinks.append(TimelineSink(timeline, enricher.kernels))
     options = requests or RequestOptions()
     # NVML (the GPU's name, per-process utilisation) is opened once the command runs: its
     # initialisation takes tens to hundreds of ms on a GPU node, which the command need not

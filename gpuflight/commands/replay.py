@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuflight.commands.options import add_kafka_options, check_kafka, kafka_settings, pid
+from gpuflight.producer.contract.errors import UsageError
 from gpuflight.producer.contract.files import check_target
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ def add_parser(sub: Subparsers) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--output", "-o", type=Path, help="write JSON lines ('-': stdout)")
     where.add_argument("--to-topic", metavar="TOPIC", help="re-publish into this topic")
+    where.add_argument("--timeline", type=Path, metavar="FILE",
+                       help="write a Perfetto trace of the range (one host's: --host)")
     parser.set_defaults(run=run)
 
 
@@ -36,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
     from gpuflight.producer import replay
 
     check_target(args.output, "--output")
+    check_target(args.timeline, "--timeline")
+    if args.timeline is not None and args.host is None:
+        raise UsageError("replay --timeline needs --host: a timeline is one host's (the "
+                         "process ids of several hosts would mix)")
     kafka = kafka_settings(args)
     from_ns = timeparse.parse_time(args.from_time)
     to_ns = timeparse.parse_time(args.to_time)
@@ -48,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         pid=args.pid,
         output=args.output,
         to_topic=args.to_topic,
+        timeline=args.timeline,
     )
     log.info("replayed %d events and %d requests from %d messages (%d skipped as "
              "malformed)", stats.events, stats.requests, stats.messages,

@@ -19,6 +19,10 @@ def add_parser(sub: Subparsers) -> None:
     parser = sub.add_parser("trace", help="run a command under capture and summarise it")
     parser.add_argument("--output", "-o", type=Path,
                         help="write events as JSON lines ('-': stdout)")
+    parser.add_argument("--timeline", type=Path, metavar="FILE",
+                        help="write a Perfetto trace of it (open in ui.perfetto.dev): a track "
+                        "per process and thread, each CUDA call a slice, requests with flows "
+                        "to their calls")
     add_capture_options(parser)
     parser.add_argument("--otlp", metavar="URL", default=None,
                         help="export each HTTP request as an OTLP span (with its GPU work) to "
@@ -46,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     check_target(args.output, "--output")  # a FIFO there would hang; before CMD runs
+    check_target(args.timeline, "--timeline")
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
     return trace.run(argv, output=args.output, settings=settings,
-                     requests=request_options(args)).exit_code
+                     requests=request_options(args), timeline=args.timeline).exit_code

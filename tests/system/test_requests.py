@@ -49,14 +49,18 @@ Traced = tuple[list[dict[str, Any]], dict[str, Any], str]
 
 @pytest.fixture(scope="module")
 def traced_with_otlp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        tuple[Traced, Collector]]:
+        tuple[Traced, Collector, Path]]:
+    """The threaded servers traced with --output, --otlp and --timeline (the Perfetto trace's
+    path, third)."""
     tmp = tmp_path_factory.mktemp("threaded")
+    timeline = tmp / "timeline.pftrace"
     with running_collector(tmp) as collector:
-        yield _trace(tmp, "threaded", "--otlp", collector.http), collector
+        yield (_trace(tmp, "threaded", "--otlp", collector.http, "--timeline", str(timeline)),
+               collector, timeline)
 
 
 @pytest.fixture
-def threaded(traced_with_otlp: tuple[Traced, Collector]) -> Traced:
+def threaded(traced_with_otlp: tuple[Traced, Collector, Path]) -> Traced:
     return traced_with_otlp[0]
 
 
@@ -135,10 +139,37 @@ class TestThreadPerRequest:
         assert "(6 incomplete)" in line  # the heads ended by the client's end of stream
         assert "requests by route" in stderr and "POST /v1/big/{id}" in stderr
 
-    def test_each_request_is_a_span_in_its_callers_trace(
-        self, traced_with_otlp: tuple[Traced, Collector]
+    def test_the_timeline_holds_every_call_and_request_with_flows_to_its_calls(
+        self, traced_with_otlp: tuple[Traced, Collector, Path]
     ) -> None:
-        (lines, _, _), collector = traced_with_otlp
+        from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+        from gpuflight.producer.decode.timeline import request_flow
+
+        (lines, _, _), _, path = traced_with_otlp
+        trace = Trace.FromString(path.read_bytes())
+        threads = {p.track_descriptor.uuid: (p.track_descriptor.thread.pid,
+                                             p.track_descriptor.thread.tid)
+                   for p in trace.packet if p.track_descriptor.HasField("thread")}
+        starts = [p for p in trace.packet if p.HasField("track_event")
+                  and p.track_event.type in (TrackEvent.TYPE_SLICE_BEGIN,
+                                             TrackEvent.TYPE_INSTANT)]
+        calls = Counter((*threads[p.track_event.track_uuid], p.timestamp)
+                        for p in starts if p.track_event.track_uuid in threads)
+        events = [e for e in lines if e["type"] not in ("request", "aggregate")]
+        assert calls == Counter((e["pid"], e["tid"], e["ts_ns"]) for e in events)
+        flows = Counter(f for p in starts for f in p.track_event.flow_ids)
+        requests = [e for e in lines if e["type"] == "request"]
+        for r in requests:  # the request's own slice, and each call made for it
+            made = sum(1 for e in events if e.get("request_id") == r["request_id"])
+            assert flows[request_flow(r["pid"], r["request_id"])] == 1 + made, r["path"]
+        http = [p for p in starts if "http" in p.track_event.categories]
+        assert sorted(p.timestamp for p in http) == sorted(r["start_ns"] for r in requests)
+
+    def test_each_request_is_a_span_in_its_callers_trace(
+        self, traced_with_otlp: tuple[Traced, Collector, Path]
+    ) -> None:
+        (lines, _, _), collector, _ = traced_with_otlp
         requests = {e["request_id"]: e for e in lines if e["type"] == "request"}
         spans = {int(s["spanId"], 16): s for s in collector.wait_for(len(requests))}
         assert set(spans) == set(requests)

@@ -186,3 +186,12 @@ def test_the_stream_durations_documented_bounds_are_taken(
         (1.0, 0.0, 0.0, 1.0), (86400.0, 86400.0, 86400.0, 86400.0)]
     with pytest.raises(SystemExit):
         cli.main(["streams", "--window", "86400.5"])
+
+
+def test_a_replayed_timeline_is_one_hosts(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    timeline = tmp_path / "t.pftrace"
+    assert cli.main(["replay", "--kafka", "h:1", "--from", "0", "--to", "1",
+                     "--timeline", str(timeline)]) == 2
+    assert "replay --timeline needs --host" in _one_error_line(capsys)
+    assert not timeline.exists()
