@@ -30,6 +30,8 @@ from gpuflight.producer.publish.deadagents import read_pinned_tally
 from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink
 from gpuflight.producer.settings import CaptureSettings
 from gpuflight.producer.status import STATE_READY, STATE_STOPPED, StatusFile
+from gpuflight.producer.top import FEED_PATH, TopFeed
+from gpuflight.producer.toptable import TopTable
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,8 @@ def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]] | None) -> Util
 
 
 def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None = None,
-        status_file: Path | None = None, metrics: MetricsEndpoint | None = None) -> int:
+        status_file: Path | None = None, *, metrics: MetricsEndpoint | None = None,
+        top_feed: Path | None = FEED_PATH) -> int:
     if output is None and kafka is None:
         raise UsageError("producer needs a destination: --kafka HOST:PORT and/or --output FILE")
     # A FIFO or a symlink where a file goes is refused before anything starts.
@@ -94,7 +97,7 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
     stop_serving = (serve(metrics, [agentmetrics.AgentCollector(exchange)])
                     if metrics is not None else None)
     try:
-        return _run(settings, output, kafka, status_file, exchange)
+        return _run(settings, output, kafka, status_file, exchange=exchange, top_feed=top_feed)
     finally:
         if stop_serving is not None:
             try:
@@ -104,8 +107,8 @@ def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | N
 
 
 def _run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None,
-         status_file: Path | None,
-         exchange: SnapshotExchange[agentmetrics.AgentHealth]) -> int:
+         status_file: Path | None, *,
+         exchange: SnapshotExchange[agentmetrics.AgentHealth], top_feed: Path | None) -> int:
     stopping: list[int] = []
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -125,6 +128,12 @@ def _run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | 
     tally_dir = _tally_dir() if kafka_sink is not None else None
     if tally_dir is not None:
         settings = dataclasses.replace(settings, tally_dir=tally_dir)
+    if top_feed is not None:
+        # What `gpuflight top` shows, for it to read rather than probe everything again.
+        top = TopFeed(TopTable(kernels=enricher.kernels, proc_root=settings.proc_root,
+                               http=settings.http), path=top_feed)
+        if top.start():
+            sinks.append(top)
     capture = Capture(settings, sinks, enricher)
     ledger = None
     if kafka_sink is not None:

@@ -10,8 +10,9 @@ from gpuflight.commands import (
     report,
     stack,
     streams,
+    top,
     trace,
 )
 
 #: In the order `gpuflight --help` lists them.
-COMMANDS = (trace, producer, replay, stack, streams, report, cost, compare, demo)
+COMMANDS = (trace, producer, top, replay, stack, streams, report, cost, compare, demo)

@@ -1,0 +1,96 @@
+"""`gpuflight top`: the node's GPU processes, live (gpuflight/topscreen.py), or once / as JSON
+for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import orjson
+
+from gpuflight.commands.options import add_capture_options, add_price_options, positive
+from gpuflight.producer.contract.errors import SetupError, UsageError
+from gpuflight.producer.settings import CaptureSettings
+
+if TYPE_CHECKING:
+    from gpuflight.commands.options import Subparsers
+
+
+def add_parser(sub: Subparsers) -> None:
+    from gpuflight.topcolumns import KEYS
+
+    parser = sub.add_parser(
+        "top", help="the node's GPU processes, live: launches, copies, waits, requests, cost")
+    parser.add_argument("--interval", type=positive, default=1.0, metavar="S",
+                        help="refresh every S seconds (default %(default)s; the node agent's "
+                        "feed, when one serves, refreshes every second)")
+    parser.add_argument("--once", action="store_true",
+                        help="print the table of one interval and exit")
+    parser.add_argument("--json", action="store_true",
+                        help="JSON rows, a line per interval (with --once: one)")
+    parser.add_argument("--sort", choices=KEYS, default="launches_per_s",
+                        help="the column to sort by (default %(default)s)")
+    parser.add_argument("--filter", default="", metavar="TEXT",
+                        help="only processes whose pod, namespace, job or command holds TEXT")
+    add_price_options(parser)
+    add_capture_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuflight.commands.options import price_book
+    from gpuflight.producer.top import open_source
+
+    interactive = not (args.once or args.json)
+    if interactive:
+        _check_terminal()
+    settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
+    source = open_source(settings, args.interval, price_book(args.prices))
+    try:
+        if interactive:
+            return _live(source.next_rows, source.description, args)
+        while True:
+            rows = source.next_rows()
+            if args.json:
+                from gpuflight.topcolumns import sorted_rows
+
+                shown = sorted_rows(rows, args.sort, args.filter)
+                sys.stdout.buffer.write(orjson.dumps(
+                    {"ts": time.time(), "rows": [r.as_dict() for r in shown]},
+                    option=orjson.OPT_APPEND_NEWLINE))
+                sys.stdout.flush()
+            else:
+                from rich.console import Console
+
+                from gpuflight.topcolumns import plain_table
+
+                Console(soft_wrap=False).print(plain_table(
+                    rows, args.sort, args.filter, title=f"gpuflight top — {source.description}"))
+            if args.once:
+                return 0
+    finally:
+        source.close()
+
+
+def _check_terminal() -> None:
+    from gpuflight.topcolumns import MIN_COLUMNS, MIN_LINES
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("top needs a terminal; for scripts: --once or --json")
+    size = shutil.get_terminal_size()
+    if size.columns < MIN_COLUMNS or size.lines < MIN_LINES:
+        raise UsageError(f"the terminal is {size.columns}x{size.lines}; top needs at least "
+                         f"{MIN_COLUMNS}x{MIN_LINES} (or --once / --json)")
+
+
+def _live(next_rows: object, description: str, args: argparse.Namespace) -> int:
+    from gpuflight.topscreen import TopApp
+
+    app = TopApp(next_rows, description, key=args.sort, text=args.filter)  # type: ignore[arg-type]
+    failure = app.run()
+    if failure:
+        raise SetupError(failure)
+    return 0

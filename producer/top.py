@@ -1,0 +1,322 @@
+"""`gpuflight top`'s engine: rows of the node's processes each interval, from the node agent's
+local feed when an agent runs here, else from a capture of its own.
+
+Two captures on one node would probe every CUDA function twice (each call paying both): so the
+node agent serves what `top` shows on a local socket (FEED_PATH, root only), and `top` reads it
+when it can connect. The agent counts for it only while someone reads (TopFeed); each reader
+gets one JSON line per interval:
+
+    {"v": 1, "interval_s": S, "rows": [ProcessRow as a dict, ...]}
+
+Without an agent, `top` captures node-wide itself (as the agent would) into a TopTable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import select
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import orjson
+
+from gpuflight.producer.contract.errors import SetupError, UsageError
+from gpuflight.producer.toptable import KernelRow, ProcessRow, RouteRow, ShapeRow, TopTable
+
+log = logging.getLogger(__name__)
+
+#: The node agent's feed for `top`: a Unix socket only root may connect to.
+FEED_PATH: Final = Path("/run/gpuflight/top.sock")
+FEED_VERSION: Final = 1
+#: The longest line a reader takes from the feed (a node's rows, ~1 KB each).
+MAX_LINE_BYTES: Final = 64 << 20
+
+
+class RowSource(Protocol):
+    """Where `top` gets its rows: `next_rows` blocks until the next interval's."""
+
+    description: str
+
+    def next_rows(self) -> list[ProcessRow]: ...
+
+    def close(self) -> None: ...
+
+
+# -- the agent's side ----------------------------------------------------------------------------
+
+
+class TopFeed:
+    """In the node agent: counts for `top` while a reader is connected, and sends each reader
+    the rows of every interval. Never fails the agent: a socket that cannot be made is logged
+    (top then captures on its own), a reader gone is dropped."""
+
+    def __init__(self, table: TopTable, interval_s: float = 1.0,
+                 path: Path = FEED_PATH) -> None:
+        self.table = table
+        self.path = path
+        self._interval_s = interval_s
+        self._readers: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._server: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def reading(self) -> bool:
+        """Whether anyone reads: the table is given events only then."""
+        return bool(self._readers)
+
+    # The agent's sink (decode/sinks.py): events reach the table only while someone reads.
+    name = "top feed"
+    takes_attribution = False
+
+    def write(self, events: Any) -> None:
+        if self._readers:
+            self.table.write(events)
+
+    def write_aggregates(self, aggregates: Any) -> None:
+        if self._readers:
+            self.table.write_aggregates(aggregates)
+
+    def write_requests(self, pid: int, answered: Any, unattributed: Any) -> None:
+        if self._readers:
+            self.table.write_requests(pid, answered, unattributed)
+
+    def tick(self) -> None:
+        pass
+
+    def start(self) -> bool:
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            owner = self.path.parent.lstat()
+            if not stat.S_ISDIR(owner.st_mode) or owner.st_uid != os.getuid():
+                raise OSError(errno.EPERM, f"{self.path.parent} is not a directory of ours")
+            os.chmod(self.path.parent, 0o700)
+            other = connect_feed(self.path)
+            if other is not None:  # another agent serves it: its to keep
+                other.close()
+                log.warning("top feed: another agent serves %s; this one does not", self.path)
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            server.bind(str(self.path))
+            os.chmod(self.path, 0o600)
+            server.listen(8)
+        except OSError as exc:
+            log.warning("top feed: cannot serve on %s (%s); `gpuflight top` will capture on "
+                        "its own", self.path, exc.strerror or exc)
+            return False
+        self._server = server
+        self._thread = threading.Thread(target=self._serve, name="gf-top-feed", daemon=True)
+        self._thread.start()
+        return True
+
+    def _serve(self) -> None:
+        assert self._server is not None
+        next_at = time.monotonic() + self._interval_s
+        while not self._stop.is_set():
+            wait = max(0.0, next_at - time.monotonic())
+            ready, _, _ = select.select([self._server], [], [], wait)
+            if ready:
+                with contextlib.suppress(OSError):
+                    reader, _ = self._server.accept()
+                    reader.setblocking(False)
+                    with self._lock:
+                        if not self._readers:
+                            self.table.snapshot()  # a fresh interval for the first reader
+                        self._readers.append(reader)
+                continue
+            next_at += self._interval_s
+            with self._lock:
+                readers = list(self._readers)
+            if not readers:
+                continue
+            line = encode_rows(self.table.snapshot(), self._interval_s)
+            for reader in readers:
+                try:
+                    reader.sendall(line)
+                except (BlockingIOError, OSError):  # gone, or too slow to keep up: dropped
+                    with self._lock:
+                        self._readers.remove(reader)
+                    reader.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        with self._lock:
+            for reader in self._readers:
+                reader.close()
+            self._readers.clear()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+def encode_rows(rows: list[ProcessRow], interval_s: float) -> bytes:
+    return orjson.dumps({"v": FEED_VERSION, "interval_s": interval_s,
+                         "rows": [r.as_dict() for r in rows]},
+                        option=orjson.OPT_APPEND_NEWLINE)
+
+
+def decode_rows(line: bytes) -> list[ProcessRow]:
+    """The rows of one feed line (ValueError if it is not one of this version)."""
+    message = orjson.loads(line)
+    if not isinstance(message, dict) or message.get("v") != FEED_VERSION:
+        raise ValueError("not a top feed line of this version")
+    return [_row(r) for r in message["rows"]]
+
+
+def _row(r: dict[str, Any]) -> ProcessRow:
+    return ProcessRow(**{
+        **r,
+        "devices": tuple(r["devices"]),
+        "kernels": tuple(KernelRow(**k) for k in r["kernels"]),
+        "shapes": tuple(ShapeRow(**s) for s in r["shapes"]),
+        "routes": tuple(RouteRow(**x) for x in r["routes"]),
+    })
+
+
+# -- top's side ------------------------------------------------------------------------------
+
+
+class FeedSource:
+    """The node agent's feed."""
+
+    def __init__(self, connection: socket.socket, path: Path) -> None:
+        self._socket = connection
+        self._lines = _lines(connection)
+        self.description = f"the node agent's feed ({path})"
+
+    def next_rows(self) -> list[ProcessRow]:
+        line = next(self._lines, None)
+        if line is None:
+            raise SetupError("the node agent stopped serving top (its feed closed)")
+        return decode_rows(line)
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def _lines(connection: socket.socket) -> Iterator[bytes]:
+    buffer = b""
+    while True:
+        chunk = connection.recv(1 << 20)
+        if not chunk:
+            return
+        buffer += chunk
+        if len(buffer) > MAX_LINE_BYTES:
+            raise SetupError("the node agent's feed sent a line over 64 MiB")
+        *lines, buffer = buffer.split(b"\n")
+        yield from lines
+
+
+def connect_feed(path: Path = FEED_PATH) -> FeedSource | None:
+    """The agent's feed if one serves at `path` and lets us in, else None."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        connection.connect(str(path))
+    except OSError:
+        connection.close()
+        return None
+    return FeedSource(connection, path)
+
+
+class CaptureSource:
+    """A node-wide capture of top's own (no agent here): the events into a TopTable, on a
+    thread; NVML's per-process GPU time where NVML is there."""
+
+    def __init__(self, settings: Any, interval_s: float, prices: Any = None) -> None:
+        from gpuflight.producer.capture import Capture
+        from gpuflight.producer.decode.enrich import Enricher
+        from gpuflight.producer.probe.preflight import check_can_probe
+
+        check_can_probe()
+        self.description = "a capture of its own (no node agent serving top here)"
+        self._interval_s = interval_s
+        enricher = Enricher(proc_root=settings.proc_root)
+        self._gpu_names: dict[int, str] = {}
+        self._feed = self._nvml()
+        self.table = TopTable(kernels=enricher.kernels, proc_root=settings.proc_root,
+                              prices=prices, http=settings.http,
+                              gpu_names=(lambda: dict(self._gpu_names))
+                              if self._feed is not None else None)
+        self._capture = Capture(replace(settings, pids=None), [self.table], enricher)
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        self._capture.start()
+        self._capture.probes.wait_loaded()
+        self._thread = threading.Thread(target=self._run, name="gf-top-capture", daemon=True)
+        self._thread.start()
+        self.table.snapshot()  # the first interval starts now, once the probes are there
+        self._next = time.monotonic() + interval_s
+
+    def _nvml(self) -> Any:
+        from gpuflight.producer.nvml import NvmlSampler, UtilizationFeed
+
+        try:
+            sampler = NvmlSampler()
+        except Exception as exc:  # NvmlUnavailable, and whatever the library throws
+            log.info("NVML: %s; no GPU-seconds or cost", exc)
+            return None
+
+        def names(samples: list[Any]) -> None:
+            self._gpu_names.update({s.gpu: s.name for s in samples if s.name})
+
+        return UtilizationFeed(sampler, min(self._interval_s, 1.0), names)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._capture.step()
+        except BaseException as exc:
+            self._failure = exc
+
+    def next_rows(self) -> list[ProcessRow]:
+        while True:
+            left = self._next - time.monotonic()
+            if left <= 0:
+                break
+            if self._stop.wait(min(left, 0.1)) or self._failure is not None:
+                break
+        if self._failure is not None:
+            raise SetupError(f"capture failed: {self._failure}")
+        self._next += self._interval_s
+        if self._feed is not None:
+            for window in self._feed.take().windows:
+                self.table.add_gpu_time(window.pid, window.gpu, window.gpu_ns)
+        return self.table.snapshot()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self._feed is not None:
+            self._feed.stop()
+            self._feed.sampler.close()
+        try:
+            self._capture.finish()
+        finally:
+            self._capture.close()
+
+
+def open_source(settings: Any, interval_s: float, prices: Any = None,
+                feed: Path = FEED_PATH,
+                connect: Callable[[Path], FeedSource | None] = connect_feed) -> RowSource:
+    """The agent's feed when one serves here, else a capture of our own."""
+    if interval_s <= 0:
+        raise UsageError("--interval must be positive")
+    found = connect(feed)
+    if found is not None:
+        return found
+    return CaptureSource(settings, interval_s, prices)

@@ -1,0 +1,120 @@
+"""`gpuflight top` as a person uses it, on rows made up here (tests/system/test_top.py runs it
+in tmux on a real capture): the screen sorts, filters and opens a process's details; --once and
+--json print the same rows; a terminal too small or none is one line."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from gpuflight import cli
+from gpuflight.producer.toptable import KernelRow, ProcessRow, RouteRow, ShapeRow
+from gpuflight.topcolumns import KEYS, plain_table, sorted_rows
+from gpuflight.topscreen import DetailScreen, TopApp
+
+
+def _row(pid: int, launches: float, pod: str = "-", **kw: object) -> ProcessRow:
+    fields: dict[str, object] = dict(
+        pid=pid, command=f"cmd{pid}", job=f"cmd{pid}:{pid}", pod=pod, container="-",
+        devices=(0,), launches_per_s=launches, blocks_per_launch=64.0, top_kernel="axpy",
+        h2d_gb_per_s=0.5, d2h_gb_per_s=0.25, blocked_pct=12.5, gpu_s_per_s=None,
+        usd_per_h=None, requests_per_s=None, p99_ms=None,
+        kernels=(KernelRow("axpy", launches, 1.0),),
+        shapes=(ShapeRow("64x1x1", "128x1x1", launches),),
+        routes=(RouteRow("/v1/x", 3.0, 12.5),))
+    fields.update(kw)
+    return ProcessRow(**fields)  # type: ignore[arg-type]
+
+
+ROWS = [_row(1, 10), _row(2, 300, pod="ml/trainer-0"), _row(3, 50, pod="web/api-7",
+                                                              requests_per_s=40.0)]
+
+
+def test_rows_sort_by_a_column_and_filter_by_pod_or_command() -> None:
+    assert [r.pid for r in sorted_rows(ROWS, "launches_per_s")] == [2, 3, 1]
+    assert [r.pid for r in sorted_rows(ROWS, "pid")] == [1, 2, 3]
+    assert [r.pid for r in sorted_rows(ROWS, "requests_per_s")] == [3, 1, 2]  # None last
+    assert [r.pid for r in sorted_rows(ROWS, "launches_per_s", "ML/")] == [2]
+    assert [r.pid for r in sorted_rows(ROWS, "launches_per_s", "cmd1")] == [1]
+
+
+def test_the_plain_table_has_every_column_and_row() -> None:
+    from rich.console import Console
+
+    console = Console(width=400, record=True)
+    console.print(plain_table(ROWS, "launches_per_s"))
+    text = console.export_text()
+    assert "LAUNCH/S ▼" in text and "P99 MS" in text and "$/H" in text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert [line.split()[0] for line in lines[1:]] == ["2", "3", "1"]
+
+
+class _Feed:
+    """The rows once, then nothing more: a source blocked in its read (an agent gone quiet),
+    which quitting must not wait for."""
+
+    def __init__(self, rows: list[ProcessRow]) -> None:
+        self.rows = rows
+        self.given = False
+        self.never = threading.Event()
+
+    def next_rows(self) -> list[ProcessRow]:
+        if self.given:
+            self.never.wait()
+        self.given = True
+        return self.rows
+
+
+def _shown(app: TopApp) -> list[str]:
+    table = app.query_one("#processes")
+    return [str(table.get_row_at(i)[0]) for i in range(table.row_count)]  # type: ignore[attr-defined]
+
+
+def test_the_screen_sorts_filters_and_opens_details() -> None:
+    async def scenario() -> None:
+        feed = _Feed(ROWS)
+        app = TopApp(feed.next_rows, "rows made up here")
+        async with app.run_test(size=(200, 30)) as pilot:
+            while not app.rows:
+                await pilot.pause()
+            assert _shown(app) == ["2", "3", "1"]
+            await pilot.press("s")  # the next column after LAUNCH/S: BLOCKS/L
+            assert app.key == KEYS[KEYS.index("launches_per_s") + 1]
+            await pilot.press("S", "S")
+            assert app.key == "job"
+            await pilot.press("slash", *"webs", "enter")  # typed keys are the filter's
+            assert app.text == "webs" and app.key == "job" and _shown(app) == []
+            await pilot.press("slash", "backspace", "enter")
+            assert app.text == "web" and _shown(app) == ["3"]
+            await pilot.press("slash", "ctrl+u", "enter")  # an empty filter clears it
+            assert app.text == "" and len(_shown(app)) == 3
+            await pilot.press("enter")
+            assert isinstance(app.screen, DetailScreen)
+            await pilot.press("escape")
+            assert not isinstance(app.screen, DetailScreen)
+            await pilot.press("q")
+        assert app.return_value is None
+
+    asyncio.run(scenario())
+
+
+def test_a_source_that_fails_ends_the_screen_with_its_reason() -> None:
+    def broken() -> list[ProcessRow]:
+        raise OSError("the node agent's feed closed")
+
+    async def scenario() -> None:
+        app = TopApp(broken, "a feed")
+        async with app.run_test(size=(200, 30)) as pilot:
+            while app.return_value is None and app.is_running:
+                await pilot.pause()
+        assert app.return_value == "the node agent's feed closed"
+
+    asyncio.run(scenario())
+
+
+def test_top_without_a_terminal_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["top"]) == 2  # pytest's stdin and stdout are no terminal
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gpuflight: error: top needs a terminal; for scripts: --once or --json"]
