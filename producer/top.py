@@ -42,9 +42,11 @@ MAX_LINE_BYTES: Final = 64 << 20
 
 
 class RowSource(Protocol):
-    """Where `top` gets its rows: `next_rows` blocks until the next interval's."""
+    """Where `top` gets its rows: `next_rows` blocks until the next interval's;
+    `interval_s` is how long that interval lasted."""
 
     description: str
+    interval_s: float
 
     def next_rows(self) -> list[ProcessRow]: ...
 
@@ -141,7 +143,8 @@ class TopFeed:
                 readers = list(self._readers)
             if not readers:
                 continue
-            line = encode_rows(self.table.snapshot(), self._interval_s)
+            rows = self.table.snapshot()
+            line = encode_rows(rows, self.table.last_interval_s)
             for reader in readers:
                 try:
                     reader.sendall(line)
@@ -170,12 +173,13 @@ def encode_rows(rows: list[ProcessRow], interval_s: float) -> bytes:
                         option=orjson.OPT_APPEND_NEWLINE)
 
 
-def decode_rows(line: bytes) -> list[ProcessRow]:
-    """The rows of one feed line (ValueError if it is not one of this version)."""
+def decode_rows(line: bytes) -> tuple[list[ProcessRow], float]:
+    """The rows of one feed line and how long their interval lasted (ValueError if it is not
+    one of this version)."""
     message = orjson.loads(line)
     if not isinstance(message, dict) or message.get("v") != FEED_VERSION:
         raise ValueError("not a top feed line of this version")
-    return [_row(r) for r in message["rows"]]
+    return [_row(r) for r in message["rows"]], float(message["interval_s"])
 
 
 def _row(r: dict[str, Any]) -> ProcessRow:
@@ -198,12 +202,14 @@ class FeedSource:
         self._socket = connection
         self._lines = _lines(connection)
         self.description = f"the node agent's feed ({path})"
+        self.interval_s = 0.0
 
     def next_rows(self) -> list[ProcessRow]:
         line = next(self._lines, None)
         if line is None:
             raise SetupError("the node agent stopped serving top (its feed closed)")
-        return decode_rows(line)
+        rows, self.interval_s = decode_rows(line)
+        return rows
 
     def close(self) -> None:
         self._socket.close()
@@ -245,6 +251,7 @@ class CaptureSource:
         check_can_probe()
         self.description = "a capture of its own (no node agent serving top here)"
         self._interval_s = interval_s
+        self.interval_s = 0.0
         enricher = Enricher(proc_root=settings.proc_root)
         self._gpu_names: dict[int, str] = {}
         self._feed = self._nvml()
@@ -296,7 +303,9 @@ class CaptureSource:
         if self._feed is not None:
             for window in self._feed.take().windows:
                 self.table.add_gpu_time(window.pid, window.gpu, window.gpu_ns)
-        return self.table.snapshot()
+        rows = self.table.snapshot()
+        self.interval_s = self.table.last_interval_s
+        return rows
 
     def close(self) -> None:
         self._stop.set()

@@ -162,6 +162,8 @@ class TopTable:
         #: pid → the GPU it ran on, by NVML index, for the price (from NVML's windows).
         self._gpus: dict[int, int] = {}
         self._rng = random.Random(0)
+        #: How long the interval the last snapshot ended lasted, in seconds.
+        self.last_interval_s = 0.0
 
     # -- the EventSink side ------------------------------------------------------------------
 
@@ -221,6 +223,7 @@ class TopTable:
             current, self._current = self._current, {}
             seconds = max(now - self._started, 1e-9)
             self._started = now
+            self.last_interval_s = seconds
             alive = {pid for pid in self._who if (self._proc_root / str(pid)).exists()}
             for pid in list(self._who):
                 if pid not in alive and pid not in current:

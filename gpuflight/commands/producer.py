@@ -63,6 +63,9 @@ def add_parser(sub: Subparsers) -> None:
                         help="keep a JSON status here (ready, probed files, counters), "
                         "replaced atomically: what scripts and tests wait on")
     add_metrics_options(parser, "the agent")
+    parser.add_argument("--top-feed", type=Path, default=None, metavar="SOCKET",
+                        help="where `gpuflight top` reads this agent's rows (default "
+                        "/run/gpuflight/top.sock)")
     parser.add_argument("--proc", type=Path, default=Path("/proc"), help=argparse.SUPPRESS)
     add_capture_options(parser)
     parser.set_defaults(run=run)
@@ -83,5 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
         check_can_probe()  # what the machine lacks comes first
         check_kafka(kafka.bootstrap, kafka.config, required=False)
+    from gpuflight.producer.top import FEED_PATH
+
     return node.run(settings, args.output, kafka, status_file=args.status_file,
-                    metrics=metrics_endpoint(args))
+                    metrics=metrics_endpoint(args), top_feed=args.top_feed or FEED_PATH)

@@ -7,6 +7,7 @@ import argparse
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
@@ -35,6 +36,9 @@ def add_parser(sub: Subparsers) -> None:
                         help="the column to sort by (default %(default)s)")
     parser.add_argument("--filter", default="", metavar="TEXT",
                         help="only processes whose pod, namespace, job or command holds TEXT")
+    parser.add_argument("--top-feed", type=Path, default=None, metavar="SOCKET",
+                        help="the node agent's feed to read (default /run/gpuflight/top.sock); "
+                        "without an agent serving it, top captures on its own")
     add_price_options(parser)
     add_capture_options(parser)
     parser.set_defaults(run=run)
@@ -42,13 +46,14 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuflight.commands.options import price_book
-    from gpuflight.producer.top import open_source
+    from gpuflight.producer.top import FEED_PATH, open_source
 
     interactive = not (args.once or args.json)
     if interactive:
         _check_terminal()
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
-    source = open_source(settings, args.interval, price_book(args.prices))
+    source = open_source(settings, args.interval, price_book(args.prices),
+                         feed=args.top_feed or FEED_PATH)
     try:
         if interactive:
             return _live(source.next_rows, source.description, args)
@@ -59,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
 
                 shown = sorted_rows(rows, args.sort, args.filter)
                 sys.stdout.buffer.write(orjson.dumps(
-                    {"ts": time.time(), "rows": [r.as_dict() for r in shown]},
+                    {"ts": time.time(), "interval_s": source.interval_s,
+                     "source": source.description,
+                     "rows": [r.as_dict() for r in shown]},
                     option=orjson.OPT_APPEND_NEWLINE))
                 sys.stdout.flush()
             else:
