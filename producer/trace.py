@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +37,7 @@ from gpuflight.producer.probe.probes import CUDA_KINDS, DropCounts, Probes
 from gpuflight.producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
+    from gpuflight.producer.contract.wire import GpuSample
     from gpuflight.producer.http.requesttrack import Answered
 
 log = logging.getLogger(__name__)
@@ -213,11 +214,13 @@ def _wait(pid: int, proc_root: Path, guard: HoldGuard) -> int:
 
 
 def _utilization(
-    capture: Capture, nvml: NvmlSampler | None, gpu: str | None
+    capture: Capture, nvml: NvmlSampler | None, gpu: str | None,
+    samples: Callable[[list[GpuSample]], None] | None = None,
 ) -> tuple[str | None, UtilizationFeed | None]:
     """(The NVML opener's thread.) NVML, opened now if not before: the GPU's name (unless
     named), and the per-process utilisation feed requests are costed from, handed to the
-    capture (whose loop takes it up from its next turn). Never raises."""
+    capture (whose loop takes it up from its next turn); each sample to `samples` too (the
+    timeline's counters). Never raises."""
     try:
         if nvml is None:
             nvml = open_nvml()
@@ -225,9 +228,10 @@ def _utilization(
                 gpu = gpu_name(None, nvml)
         if nvml is None:
             return gpu, None
-        if capture.requests is not None:  # its own thread: never the capture loop's
-            feed = UtilizationFeed(nvml, NVML_INTERVAL_S)
-            capture.utilization = feed
+        if capture.requests is not None or samples is not None:  # never the capture loop's
+            feed = UtilizationFeed(nvml, NVML_INTERVAL_S, samples)
+            if capture.requests is not None:
+                capture.utilization = feed
             return gpu, feed
         nvml.close()
     except Exception as exc:
@@ -280,10 +284,12 @@ def run(
     enricher = Enricher(proc_root=settings.proc_root)
     if output is not None:
         sinks.append(JsonLinesSink(output, enricher.kernels))
+    timeline_sink = None
     if timeline is not None:
         from gpuflight.producer.decode.timeline import TimelineSink
 
-        sinks.append(TimelineSink(timeline, enricher.kernels))
+        timeline_sink = TimelineSink(timeline, enricher.kernels)
+        sinks.append(timeline_sink)
     options = requests or RequestOptions()
     # NVML (the GPU's name, per-process utilisation) is opened once the command runs: its
     # initialisation takes tens to hundreds of ms on a GPU node, which the command need not
@@ -322,8 +328,10 @@ def run(
     # capture loop, and with it the command at its first hold (its exec).
     opened: list[tuple[str | None, UtilizationFeed | None]] = []
     opener: threading.Thread | None = None
-    if settings.http:
-        opener = threading.Thread(target=lambda: opened.append(_utilization(capture, nvml, gpu)),
+    gpu_samples = timeline_sink.add_gpu_samples if timeline_sink is not None else None
+    if settings.http or gpu_samples is not None:
+        opener = threading.Thread(target=lambda: opened.append(
+                                      _utilization(capture, nvml, gpu, gpu_samples)),
                                   name="gf-nvml", daemon=True)
         opener.start()
     status: int | None = None
@@ -354,6 +362,10 @@ def run(
             opener.join()
             if opened:
                 gpu = opened[0][0]
+                own = opened[0][1]
+                if own is not None and capture.utilization is None:  # the timeline's alone
+                    own.stop()
+                    own.sampler.close()
         drops = _close(capture)
         if capture.utilization is not None:
             capture.utilization.stop()

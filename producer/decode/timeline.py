@@ -10,7 +10,8 @@ and synchronous copies, where the CPU sits until the GPU is done — are in cate
 HTTP requests (with the HTTP capture) are slices of their own on the process's "HTTP requests"
 tracks (lanes, so that overlapping requests do not nest), each with a flow to every call made
 for it. Events the kernel counted under overload instead of recording are an instant each on
-their process's track, with how many.
+their process's track, with how many. Where NVML is there (trace), each GPU's utilization,
+memory bandwidth, memory used and power are counter tracks, sampled every second.
 
 Timestamps are the events' wall-clock ones (REALTIME), tied to the trace's clock by a clock
 snapshot at the start. Memory is bounded: nothing is kept per event, only one track
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import io
 import logging
+import queue
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -41,6 +43,7 @@ from gpuflight.producer.contract.wire import EventAttribution
 from gpuflight.producer.decode.enrich import Event, to_aggregate_events, to_events
 
 if TYPE_CHECKING:
+    from gpuflight.producer.contract.wire import GpuSample
     from gpuflight.producer.decode.kernels import KernelNames
     from gpuflight.producer.decode.sinks import WithRecord
 
@@ -55,7 +58,14 @@ CATEGORY_CALL: Final = "cuda"
 CATEGORY_WAIT: Final = "wait"
 CATEGORY_HTTP: Final = "http"
 #: Track uuids by kind, in the top bits (a pid and a tid are below 2^22 each).
-_PROCESS, _THREAD, _LANE = 1 << 60, 2 << 60, 3 << 60
+_PROCESS, _THREAD, _LANE, _COUNTER = 1 << 60, 2 << 60, 3 << 60, 4 << 60
+#: NVML's gauges as counter tracks per GPU: (field of GpuSample, track name, scale).
+GPU_COUNTERS: Final = (
+    ("utilization_gpu_pct", "GPU {gpu} utilization %", 1.0),
+    ("utilization_memory_pct", "GPU {gpu} memory bandwidth %", 1.0),
+    ("memory_used_bytes", "GPU {gpu} memory used (MiB)", 1 / (1 << 20)),
+    ("power_w", "GPU {gpu} power (W)", 1.0),
+)
 #: Fields every slice has in its own right (name, time, track), not as an argument.
 _NOT_ARGS: Final = frozenset({"type", "ts_ns", "pid", "tid", "duration_ns", "requests"})
 #: What is written at once, at most (the builder's packets are buffered up to this).
@@ -137,6 +147,8 @@ class TimelineSink:
         self._lanes: dict[int, list[int]] = {}
         self.written = 0
         self.requests_written = 0
+        #: NVML samples from its own thread, written on the capture's (tick, close).
+        self._gpu_samples: queue.SimpleQueue[tuple[int, list[GpuSample]]] = queue.SimpleQueue()
         self._packet_clock()
 
     # -- the EventSink side ------------------------------------------------------------------
@@ -188,14 +200,42 @@ class TimelineSink:
             self._builder.write_packet(end)
             self.requests_written += 1
 
+    def add_gpu_samples(self, samples: list[GpuSample]) -> None:
+        """NVML's gauges now (any thread): counter tracks per GPU, written on the next tick."""
+        self._gpu_samples.put((time.time_ns(), samples))
+
     def tick(self) -> None:
-        pass
+        while not self._gpu_samples.empty():
+            ts, samples = self._gpu_samples.get()
+            for sample in samples:
+                self._counters(ts, sample)
 
     def close(self) -> None:
         try:
+            self.tick()
             self._file.flush()
         finally:
             self._file.close()
+
+    def _counters(self, ts: int, sample: GpuSample) -> None:
+        for i, (field, title, scale) in enumerate(GPU_COUNTERS):
+            value = getattr(sample, field)
+            if value is None:
+                continue
+            uuid = _COUNTER | (sample.gpu << 8) | i
+            if uuid not in self._tracks:
+                self._tracks.add(uuid)
+                descriptor: TracePacket = self._builder.create_packet()
+                descriptor.trusted_packet_sequence_id = SEQUENCE
+                descriptor.track_descriptor.uuid = uuid
+                descriptor.track_descriptor.name = title.format(gpu=sample.gpu)
+                descriptor.track_descriptor.counter.SetInParent()
+                self._builder.write_packet(descriptor)
+            packet = self._packet(ts)
+            packet.track_event.type = TrackEvent.TYPE_COUNTER
+            packet.track_event.track_uuid = uuid
+            packet.track_event.double_counter_value = float(value) * scale
+            self._builder.write_packet(packet)
 
     # -- packets --------------------------------------------------------------------------
 

@@ -168,3 +168,25 @@ def test_what_the_kernel_counted_instead_of_recording_is_an_instant_with_its_cou
     assert shed.timestamp == T0 + 12 * MS
     assert shed.track_event.name.startswith("4000 x cudaLaunchKernel")
     assert _args(shed.track_event)["count"] == 4000
+
+
+def test_nvmls_gauges_are_counter_tracks_per_gpu(tmp_path: Path) -> None:
+    path = tmp_path / "t.pftrace"
+    sink = TimelineSink(path)
+    for util, gpu in ((40, 0), (70, 0), (5, 1)):
+        sink.add_gpu_samples([wire.GpuSample(
+            gpu=gpu, uuid=None, name="NVIDIA H100", utilization_gpu_pct=util,
+            utilization_memory_pct=None, memory_used_bytes=3 << 20, memory_total_bytes=None,
+            power_w=None, temperature_c=None, sm_clock_mhz=None, pcie_rx_bytes_per_s=None,
+            pcie_tx_bytes_per_s=None, processes=None)])
+    sink.close()  # what came from NVML's thread is written by then
+    trace = Trace.FromString(path.read_bytes())
+    names = {p.track_descriptor.uuid: p.track_descriptor.name for p in trace.packet
+             if p.HasField("track_descriptor") and p.track_descriptor.HasField("counter")}
+    values: dict[str, list[float]] = defaultdict(list)
+    for p in trace.packet:
+        if p.HasField("track_event") and p.track_event.type == TrackEvent.TYPE_COUNTER:
+            values[names[p.track_event.track_uuid]].append(p.track_event.double_counter_value)
+    assert dict(values) == {"GPU 0 utilization %": [40.0, 70.0],
+                            "GPU 0 memory used (MiB)": [3.0, 3.0],
+                            "GPU 1 utilization %": [5.0], "GPU 1 memory used (MiB)": [3.0]}
