@@ -14,8 +14,10 @@ their process's track, with how many. Where NVML is there (trace), each GPU's ut
 memory bandwidth, memory used and power are counter tracks, sampled every second.
 
 Timestamps are the events' wall-clock ones (REALTIME), tied to the trace's clock by a clock
-snapshot at the start. Memory is bounded: nothing is kept per event, only one track
-descriptor per process and thread seen and, per process, the end of each request lane.
+snapshot at the start. The capture's thread only spools what it is given (TimelineSink); the
+trace is written from the spool at close, a slice of events at a time. Memory is bounded:
+nothing is kept per event, only the names of the processes and threads seen, one track
+descriptor each and, per process, the end of each request lane (bench/timeline.py).
 """
 
 from __future__ import annotations
@@ -23,13 +25,17 @@ from __future__ import annotations
 import io
 import logging
 import queue
+import struct
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
     BuiltinClock,
     DebugAnnotation,
@@ -38,8 +44,9 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
 )
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
+from gpuflight.producer.contract.abi import AGGREGATE_DTYPE, EVENT_DTYPE
 from gpuflight.producer.contract.files import open_output
-from gpuflight.producer.contract.wire import EventAttribution
+from gpuflight.producer.contract.wire import EventAttribution, RequestRecord
 from gpuflight.producer.decode.enrich import Event, to_aggregate_events, to_events
 
 if TYPE_CHECKING:
@@ -70,6 +77,8 @@ GPU_COUNTERS: Final = (
 _NOT_ARGS: Final = frozenset({"type", "ts_ns", "pid", "tid", "duration_ns", "requests"})
 #: What is written at once, at most (the builder's packets are buffered up to this).
 _BUFFER_BYTES: Final = 1 << 20
+#: Events converted at a time at close (each a dict and a packet meanwhile).
+_CONVERT_EVENTS: Final = 4096
 
 
 def process_uuid(pid: int) -> int:
@@ -127,37 +136,32 @@ def _comm(pid: int, tid: int | None = None) -> str | None:
         return None
 
 
-class TimelineSink:
-    """Writes a Perfetto trace of what it is given, streaming (EventSink, decode/sinks.py)."""
+class _Writer:
+    """The Perfetto trace of what the spool holds, written packet by packet."""
 
-    takes_attribution = True
-
-    def __init__(self, path: Path | str, kernels: KernelNames | None = None,
-                 name: str = "--timeline", *, read_names: bool = True) -> None:
-        """`read_names`: name processes and threads from this machine's /proc (a capture's
-        own); else "pid N"/"tid N" (a replay of another host's)."""
+    def __init__(self, file: BinaryIO, kernels: KernelNames | None,
+                 names: Mapping[tuple[int, int | None], str]) -> None:
         self._kernels = kernels
-        self._read_names = read_names
-        self.name = f"{name} {path}"
-        raw = open(open_output(path, name), "wb", buffering=0)  # noqa: SIM115
-        self._file: BinaryIO = io.BufferedWriter(raw, buffer_size=_BUFFER_BYTES)
+        #: (pid, None) → the process's name, (pid, tid) → the thread's, as seen at the time.
+        self._names = names
+        self._file = file
         self._builder = StreamingTraceProtoBuilder(self._file)
         self._tracks: set[int] = set()
         #: pid → the end of the last request of each lane.
         self._lanes: dict[int, list[int]] = {}
-        self.written = 0
-        self.requests_written = 0
-        #: NVML samples from its own thread, written on the capture's (tick, close).
-        self._gpu_samples: queue.SimpleQueue[tuple[int, list[GpuSample]]] = queue.SimpleQueue()
         self._packet_clock()
 
-    # -- the EventSink side ------------------------------------------------------------------
+    # -- what the spool holds ------------------------------------------------------------------
 
     def write(self, events: npt.NDArray[np.void],
               attribution: EventAttribution | None = None) -> None:
-        for event in to_events(events, self._kernels, attribution):
-            self._call(event)
-        self.written += len(events)
+        for at in range(0, len(events), _CONVERT_EVENTS):  # a few thousand dicts at a time
+            part = slice(at, at + _CONVERT_EVENTS)
+            keep = np.zeros(len(events), dtype=np.bool_)
+            keep[part] = True
+            for event in to_events(events[part], self._kernels,
+                                   attribution.take(keep) if attribution is not None else None):
+                self._call(event)
 
     def write_aggregates(self, aggregates: npt.NDArray[np.void]) -> None:
         for line in to_aggregate_events(aggregates, self._kernels):
@@ -174,10 +178,8 @@ class TimelineSink:
                     _annotate(event, key, value)
             self._builder.write_packet(packet)
 
-    def write_requests(self, pid: int, answered: Sequence[WithRecord],
-                       unattributed: Mapping[str, float]) -> None:
-        for one in answered:
-            r = one.record
+    def write_requests(self, pid: int, records: Sequence[RequestRecord]) -> None:
+        for r in records:
             track = self._lane(pid, r.start_ns, r.end_ns)
             begin = self._packet(r.start_ns)
             event = begin.track_event
@@ -198,24 +200,10 @@ class TimelineSink:
             end.track_event.type = TrackEvent.TYPE_SLICE_END
             end.track_event.track_uuid = track
             self._builder.write_packet(end)
-            self.requests_written += 1
 
-    def add_gpu_samples(self, samples: list[GpuSample]) -> None:
-        """NVML's gauges now (any thread): counter tracks per GPU, written on the next tick."""
-        self._gpu_samples.put((time.time_ns(), samples))
-
-    def tick(self) -> None:
-        while not self._gpu_samples.empty():
-            ts, samples = self._gpu_samples.get()
-            for sample in samples:
-                self._counters(ts, sample)
-
-    def close(self) -> None:
-        try:
-            self.tick()
-            self._file.flush()
-        finally:
-            self._file.close()
+    def write_gpu_samples(self, ts: int, samples: Sequence[GpuSample]) -> None:
+        for sample in samples:
+            self._counters(ts, sample)
 
     def _counters(self, ts: int, sample: GpuSample) -> None:
         for i, (field, title, scale) in enumerate(GPU_COUNTERS):
@@ -270,8 +258,7 @@ class TimelineSink:
         packet.trusted_packet_sequence_id = SEQUENCE
         packet.track_descriptor.uuid = uuid
         packet.track_descriptor.process.pid = pid
-        name = _comm(pid) if self._read_names else None
-        packet.track_descriptor.process.process_name = name or f"pid {pid}"
+        packet.track_descriptor.process.process_name = self._names.get((pid, None), f"pid {pid}")
         self._builder.write_packet(packet)
 
     def _thread(self, pid: int, tid: int) -> int:
@@ -285,8 +272,7 @@ class TimelineSink:
             packet.track_descriptor.parent_uuid = process_uuid(pid)
             packet.track_descriptor.thread.pid = pid
             packet.track_descriptor.thread.tid = tid
-            name = _comm(pid, tid) if self._read_names else None
-            packet.track_descriptor.thread.thread_name = name or f"tid {tid}"
+            packet.track_descriptor.thread.thread_name = self._names.get((pid, tid), f"tid {tid}")
             self._builder.write_packet(packet)
         return uuid
 
@@ -336,3 +322,146 @@ class TimelineSink:
             end.track_event.type = TrackEvent.TYPE_SLICE_END
             end.track_event.track_uuid = track
             self._builder.write_packet(end)
+
+
+# -- the spool ---------------------------------------------------------------------------------
+
+#: Spool frames: a kind byte, the payload's length (u64), the payload.
+_EVENTS, _AGGREGATES, _REQUESTS, _GPU = b"E", b"A", b"R", b"G"
+_FRAME: Final = struct.Struct("<cQ")
+
+
+class TimelineSink:
+    """`--timeline FILE` (EventSink, decode/sinks.py). The capture's thread only appends what
+    it is given, as it is, to a spool beside FILE (a write of the batch's bytes: the capture
+    never waits for the conversion, ~60k events/s here); at `close` the spool is read back a
+    frame at a time and written as the Perfetto trace, and deleted. Memory: one batch, and the
+    names of the processes and threads seen (read from /proc when first seen, as they run)."""
+
+    takes_attribution = True
+
+    def __init__(self, path: Path | str, kernels: KernelNames | None = None,
+                 name: str = "--timeline", *, read_names: bool = True) -> None:
+        """`read_names`: name processes and threads from this machine's /proc (a capture's
+        own); else "pid N"/"tid N" (a replay of another host's)."""
+        self._kernels = kernels
+        self._read_names = read_names
+        self.name = f"{name} {path}"
+        self._out = open(open_output(path, name), "wb", buffering=0)  # noqa: SIM115
+        target = Path(path)
+        # Beside it (its filesystem, its space), under a name no one else can have planted,
+        # and gone from the directory at once: only this descriptor reaches it.
+        self._spool = tempfile.TemporaryFile(dir=target.parent)  # noqa: SIM115
+        self._names: dict[tuple[int, int | None], str] = {}
+        self._gpu_samples: queue.SimpleQueue[tuple[int, list[GpuSample]]] = queue.SimpleQueue()
+        self.written = 0
+        self.requests_written = 0
+
+    def _frame(self, kind: bytes, *parts: bytes) -> None:
+        self._spool.write(_FRAME.pack(kind, sum(len(p) for p in parts)))
+        for part in parts:
+            self._spool.write(part)
+
+    def _seen(self, pids: npt.NDArray[Any], tids: npt.NDArray[Any] | None) -> None:
+        if not self._read_names:
+            return
+        for pid in np.unique(pids).tolist():
+            if (pid, None) not in self._names:
+                self._names[pid, None] = _comm(pid) or f"pid {pid}"
+        if tids is not None:
+            for pid, tid in set(zip(pids.tolist(), tids.tolist(), strict=True)):
+                if (pid, tid) not in self._names:
+                    self._names[pid, tid] = _comm(pid, tid) or f"tid {tid}"
+
+    def write(self, events: npt.NDArray[np.void],
+              attribution: EventAttribution | None = None) -> None:
+        if len(events) == 0:
+            return
+        self._seen(events["pid"], events["tid"])
+        n = len(events)
+        rid = (attribution.request_id if attribution is not None
+               else np.zeros(n, dtype=np.uint64)).astype("<u8")
+        rset = (attribution.request_set if attribution is not None
+                else np.zeros(n, dtype=np.int64)).astype("<i8")
+        sets = orjson.dumps(attribution.sets if attribution is not None else [])
+        self._frame(_EVENTS, struct.pack("<QQ", n, len(sets)), sets, rid.tobytes(),
+                    rset.tobytes(), events.tobytes())
+        self.written += n
+
+    def write_aggregates(self, aggregates: npt.NDArray[np.void]) -> None:
+        if len(aggregates):
+            self._seen(aggregates["pid"], None)
+            self._frame(_AGGREGATES, aggregates.tobytes())
+
+    def write_requests(self, pid: int, answered: Sequence[WithRecord],
+                       unattributed: Mapping[str, float]) -> None:
+        if answered:
+            self._seen(np.array([pid]), None)
+            self._frame(_REQUESTS, orjson.dumps(
+                {"pid": pid, "requests": [asdict(a.record) for a in answered]}))
+            self.requests_written += len(answered)
+
+    def add_gpu_samples(self, samples: list[GpuSample]) -> None:
+        """NVML's gauges now (any thread): counter tracks per GPU, spooled on the next tick."""
+        self._gpu_samples.put((time.time_ns(), samples))
+
+    def tick(self) -> None:
+        while not self._gpu_samples.empty():
+            ts, samples = self._gpu_samples.get()
+            self._frame(_GPU, orjson.dumps({"ts": ts, "gpus": [asdict(s) for s in samples]}))
+
+    def close(self) -> None:
+        """Write the trace from the spool (a frame at a time), then let the spool go."""
+        try:
+            self.tick()
+            out = io.BufferedWriter(self._out, buffer_size=_BUFFER_BYTES)
+            writer = _Writer(out, self._kernels, self._names)
+            self._spool.seek(0)
+            for kind, payload in _frames(self._spool):
+                _replay(writer, kind, payload)
+            out.flush()
+        finally:
+            self._spool.close()
+            self._out.close()
+
+
+def _frames(spool: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
+    while True:
+        head = spool.read(_FRAME.size)
+        if len(head) < _FRAME.size:
+            return
+        kind, size = _FRAME.unpack(head)
+        yield kind, spool.read(size)
+
+
+def _replay(writer: _Writer, kind: bytes, payload: bytes) -> None:
+    if kind == _EVENTS:
+        n, sets_len = struct.unpack_from("<QQ", payload)
+        at = 16
+        sets = orjson.loads(payload[at:at + sets_len])
+        at += sets_len
+        rid = np.frombuffer(payload, dtype="<u8", count=n, offset=at)
+        at += 8 * n
+        rset = np.frombuffer(payload, dtype="<i8", count=n, offset=at)
+        at += 8 * n
+        events = np.frombuffer(payload, dtype=EVENT_DTYPE, count=n, offset=at)
+        attribution = EventAttribution(
+            rid, rset, tuple(tuple((int(r), float(share)) for r, share in one) for one in sets))
+        writer.write(events, attribution)
+    elif kind == _AGGREGATES:
+        writer.write_aggregates(np.frombuffer(payload, dtype=AGGREGATE_DTYPE))
+    elif kind == _REQUESTS:
+        message = orjson.loads(payload)
+        writer.write_requests(int(message["pid"]),
+                              [RequestRecord(**r) for r in message["requests"]])
+    elif kind == _GPU:
+        message = orjson.loads(payload)
+        writer.write_gpu_samples(int(message["ts"]), [_gpu_sample(g) for g in message["gpus"]])
+
+
+def _gpu_sample(fields: dict[str, Any]) -> GpuSample:
+    from gpuflight.producer.contract.wire import GpuProcessSample, GpuSample
+
+    processes = fields.get("processes")
+    return GpuSample(**{**fields, "processes": None if processes is None else tuple(
+        GpuProcessSample(**p) for p in processes)})
