@@ -63,7 +63,9 @@ class TopApp(App[str | None]):
         Binding("q", "quit", "quit"),
         Binding("s", "sort(1)", "sort →"),
         Binding("S", "sort(-1)", "sort ←"),
-        Binding("slash", "filter", "filter"),
+        # Priority: handled as it arrives, before the keys after it are passed on (else they
+        # go to the table while `/` travels up from it: a paste or tmux's send-keys lost them).
+        Binding("slash", "filter", "filter", priority=True),
         Binding("enter", "details", "details"),
     ]
 
@@ -140,7 +142,11 @@ class TopApp(App[str | None]):
         box.add_class("shown")
         box.value = self.text
         box.cursor_position = len(self.text)
-        box.focus()
+        self.screen.set_focus(box)  # at once: the keys after `/` are passed on next
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """`/` typed in the filter box is text (a pod's namespace/name), not a new filter."""
+        return not (action == "filter" and isinstance(self.focused, Input))
 
     def on_input_submitted(self, message: Input.Submitted) -> None:
         self.text = message.value.strip()

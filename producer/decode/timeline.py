@@ -378,6 +378,9 @@ class TimelineSink:
         if len(events) == 0:
             return
         self._seen(events["pid"], events["tid"])
+        # The spool holds struct gf_event's layout: a batch np.concatenate made is packed (NumPy
+        # 2 drops the padding of a structured dtype it promotes), so it is laid out again here.
+        events = np.ascontiguousarray(events.astype(EVENT_DTYPE, copy=False))
         n = len(events)
         rid = (attribution.request_id if attribution is not None
                else np.zeros(n, dtype=np.uint64)).astype("<u8")
@@ -391,6 +394,7 @@ class TimelineSink:
     def write_aggregates(self, aggregates: npt.NDArray[np.void]) -> None:
         if len(aggregates):
             self._seen(aggregates["pid"], None)
+            aggregates = np.ascontiguousarray(aggregates.astype(AGGREGATE_DTYPE, copy=False))
             self._frame(_AGGREGATES, aggregates.tobytes())
 
     def write_requests(self, pid: int, answered: Sequence[WithRecord],

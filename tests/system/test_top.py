@@ -58,6 +58,11 @@ def _workload(bindir: Path) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(30)
 
 
+def _command(work: subprocess.Popen[bytes]) -> str:
+    """The workload's command as the kernel names it (what top's COMMAND column shows)."""
+    return Path(str(work.args[0])).name[:15]
+
+
 def _lines(proc: subprocess.Popen[bytes]) -> Iterator[dict[str, Any]]:
     assert proc.stdout is not None
     while True:
@@ -100,7 +105,7 @@ def test_json_rows_add_up_to_what_the_workload_did(bindir: Path) -> None:
     assert round(totals["h2d"]) == ITERS * sum(4096 * (t + 1) for t in range(THREADS))
     assert round(totals["d2h"]) == ITERS * THREADS * (1 << 20)
     busy = [r for r in rows if r["launches_per_s"]]
-    assert busy and all(r["command"] == "capture" for r in busy)
+    assert busy and all(r["command"] == _command(work) for r in busy)
     assert {r["top_kernel"] for r in busy} <= {"kernel_a", "kernel_b", "kernel_c", "kernel_d"}
 
 
@@ -137,20 +142,23 @@ def test_a_person_sorts_filters_and_opens_a_process_in_tmux(bindir: Path,
         try:
             _wait(lambda: "gpuflight top" in tmux.screen(), "top's screen")
             start_calls(work.pid)
-            _wait(lambda: any(line.split()[:2] == [str(work.pid), "capture"]
+            _wait(lambda: any(line.split()[:2] == [str(work.pid), _command(work)]
                               for line in tmux.screen().splitlines()), "the workload's row")
             assert "LAUNCH/S ▼" in tmux.screen()
             tmux.keys("s")
             _wait(lambda: "BLOCKS/L ▼" in tmux.screen(), "sorted by blocks per launch")
-            tmux.keys("/", "capture", "Enter")
-            _wait(lambda: "filter 'capture'" in tmux.screen(), "the filter")
+            tmux.keys("/", _command(work), "Enter")
+            _wait(lambda: f"filter '{_command(work)}'" in tmux.screen(), "the filter")
             rows = [line for line in tmux.screen().splitlines()
                     if line.strip() and line.split()[0].isdigit()]
-            assert rows and all(line.split()[1] == "capture" for line in rows), rows
+            assert rows and all(line.split()[1] == _command(work) for line in rows), rows
             tmux.keys("Enter")
             _wait(lambda: f"pid {work.pid}" in tmux.screen() and "KERNEL" in tmux.screen(),
                   "the process's details")
-            tmux.keys("Escape", "q")
+            # Apart: ESC and a key at once is what a terminal sends for Alt+key.
+            tmux.keys("Escape")
+            _wait(lambda: "processes, sorted by" in tmux.screen(), "the table again")
+            tmux.keys("q")
             _wait(lambda: not tmux.alive(), "top to quit")
         finally:
             tmux.kill()

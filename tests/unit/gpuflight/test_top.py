@@ -100,6 +100,31 @@ def test_the_screen_sorts_filters_and_opens_details() -> None:
     asyncio.run(scenario())
 
 
+def test_keys_that_arrive_at_once_all_reach_the_filter() -> None:
+    # A paste, or tmux's send-keys: `/` and what follows it are queued together. The keys after
+    # `/` went to the table while `/` travelled up from it (the first letters were lost), and
+    # a `/` typed in the box is text (namespace/pod), not a new filter.
+    from textual import events
+
+    async def scenario() -> None:
+        feed = _Feed(ROWS)
+        app = TopApp(feed.next_rows, "rows made up here")
+        async with app.run_test(size=(200, 30)) as pilot:
+            while not app.rows:
+                await pilot.pause()
+            for key, char in [("slash", "/"), *((c, c) for c in "ml"), ("slash", "/"),
+                              *((c, c) for c in "tr"), ("enter", "\r")]:
+                app.post_message(events.Key(key, char))
+            for _ in range(200):  # until the Enter was handled (or long after)
+                if app.text:
+                    break
+                await pilot.pause()
+            assert app.text == "ml/tr" and _shown(app) == ["2"]
+            await pilot.press("q")
+
+    asyncio.run(scenario())
+
+
 def test_a_source_that_fails_ends_the_screen_with_its_reason() -> None:
     def broken() -> list[ProcessRow]:
         raise OSError("the node agent's feed closed")

@@ -190,3 +190,22 @@ def test_nvmls_gauges_are_counter_tracks_per_gpu(tmp_path: Path) -> None:
     assert dict(values) == {"GPU 0 utilization %": [40.0, 70.0],
                             "GPU 0 memory used (MiB)": [3.0, 3.0],
                             "GPU 1 utilization %": [5.0], "GPU 1 memory used (MiB)": [3.0]}
+
+
+def test_a_batch_numpy_packed_is_spooled_with_its_fields(tmp_path: Path) -> None:
+    # np.concatenate (NumPy 2) drops struct gf_event's padding: the spool must lay it out again.
+    events = _events()
+    packed = np.concatenate([events[:2], events[2:]])
+    assert packed.dtype.names == events.dtype.names
+    path = tmp_path / "packed.pftrace"
+    sink = TimelineSink(path)
+    sink.write(packed)
+    sink.close()
+    calls = [(p.timestamp - T0, p.track_event.name, sorted(_args(p.track_event).items()))
+             for p in Trace.FromString(path.read_bytes()).packet
+             if p.HasField("track_event") and "cuda" in p.track_event.categories
+             and p.track_event.type != TrackEvent.TYPE_SLICE_END]
+    assert [(ts, name) for ts, name, _ in calls] == [
+        (1 * MS, "cudaLaunchKernel"), (2 * MS, "cudaMemcpy"), (6 * MS, "cudaLaunchKernel"),
+        (7 * MS, "cudaDeviceSynchronize"), (8 * MS, "cudaLaunchKernel")]
+    assert ("bytes", 1 << 20) in calls[1][2] and ("grid", "64x1x1") in calls[0][2]
