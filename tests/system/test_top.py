@@ -60,7 +60,9 @@ def _workload(bindir: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 def _command(work: subprocess.Popen[bytes]) -> str:
     """The workload's command as the kernel names it (what top's COMMAND column shows)."""
-    return Path(str(work.args[0])).name[:15]
+    args = work.args
+    assert isinstance(args, list)
+    return Path(str(args[0])).name[:15]
 
 
 def _lines(proc: subprocess.Popen[bytes]) -> Iterator[dict[str, Any]]:
