@@ -17,12 +17,14 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
+from gpuflight.producer.top import FeedEnded
 from gpuflight.producer.toptable import ProcessRow
 from gpuflight.topcolumns import COLUMNS, KEYS, sorted_rows
 
 
 class DetailScreen(Screen[None]):
-    """One process: its top kernels, launch shapes and routes over the last interval."""
+    """One process: its top kernels, launch shapes and routes over the last interval, refreshed
+    with each interval's rows (and marked when the process is gone)."""
 
     BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "back"),
                           Binding("q", "app.quit", "quit")]
@@ -32,26 +34,38 @@ class DetailScreen(Screen[None]):
         self.row = row
 
     def compose(self) -> ComposeResult:
-        r = self.row
-        yield Static(f"pid {r.pid}  {r.command}  pod {r.pod}  job {r.job}  container "
-                     f"{r.container}", id="who")
-        kernels: DataTable[str] = DataTable(id="kernels")
+        yield Static(id="who")
+        yield DataTable(id="kernels")
+        yield DataTable(id="shapes")
+        yield DataTable(id="routes")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.show(self.row)
+
+    def show(self, row: ProcessRow | None) -> None:
+        """This interval's figures of the process (None: it is not in this interval's rows)."""
+        r = row or self.row
+        self.row = r
+        self.query_one("#who", Static).update(
+            f"pid {r.pid}  {r.command}  pod {r.pod}  job {r.job}  container {r.container}"
+            + ("" if row is not None else "  — not seen this interval (exited, or idle)"))
+        kernels: DataTable[str] = self.query_one("#kernels", DataTable)
+        kernels.clear(columns=True)
         kernels.add_columns("KERNEL", "LAUNCH/S", "SHARE%")
-        for k in r.kernels:
+        for k in r.kernels if row is not None else ():
             kernels.add_row(k.name, f"{k.launches_per_s:,.0f}", f"{100 * k.share:.1f}")
-        yield kernels
-        shapes: DataTable[str] = DataTable(id="shapes")
+        shapes: DataTable[str] = self.query_one("#shapes", DataTable)
+        shapes.clear(columns=True)
         shapes.add_columns("GRID", "BLOCK", "LAUNCH/S")
-        for s in r.shapes:
+        for s in r.shapes if row is not None else ():
             shapes.add_row(s.grid, s.block, f"{s.launches_per_s:,.0f}")
-        yield shapes
-        routes: DataTable[str] = DataTable(id="routes")
+        routes: DataTable[str] = self.query_one("#routes", DataTable)
+        routes.clear(columns=True)
         routes.add_columns("ROUTE", "REQ/S", "P99 MS")
-        for x in r.routes:
+        for x in r.routes if row is not None else ():
             routes.add_row(x.route, f"{x.requests_per_s:,.1f}",
                            "-" if x.p99_ms is None else f"{x.p99_ms:,.1f}")
-        yield routes
-        yield Footer()
 
 
 class TopApp(App[str | None]):
@@ -98,6 +112,9 @@ class TopApp(App[str | None]):
         while not self._stopping.is_set():
             try:
                 rows = self._next_rows()
+            except FeedEnded:  # what it showed is over (`trace --top`: the command exited)
+                self._from_thread(self.exit, None)
+                return
             except Exception as exc:
                 self._from_thread(self.exit, str(exc))
                 return
@@ -114,6 +131,9 @@ class TopApp(App[str | None]):
     def _update(self, rows: list[ProcessRow]) -> None:
         self.rows = rows
         self._show()
+        if isinstance(self.screen, DetailScreen):
+            pid = self.screen.row.pid
+            self.screen.show(next((r for r in rows if r.pid == pid), None))
 
     def _show(self) -> None:
         table: DataTable[str] = self.query_one("#processes", DataTable)

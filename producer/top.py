@@ -3,10 +3,13 @@ local feed when an agent runs here, else from a capture of its own.
 
 Two captures on one node would probe every CUDA function twice (each call paying both): so the
 node agent serves what `top` shows on a local socket (FEED_PATH, root only), and `top` reads it
-when it can connect. The agent counts for it only while someone reads (TopFeed); each reader
-gets one JSON line per interval:
+when it can connect. The agent counts for it only while someone reads (TopFeed). A reader gets
+a line saying whose feed it is, then one JSON line per interval, and a last line when the feed
+ends for good (`trace --top`: the command exited):
 
+    {"v": 1, "source": "the node agent's feed (/run/gpuflight/top.sock)"}
     {"v": 1, "interval_s": S, "rows": [ProcessRow as a dict, ...]}
+    {"v": 1, "end": "the command exited (0)"}
 
 Without an agent, `top` captures node-wide itself (as the agent would) into a TopTable.
 """
@@ -41,6 +44,10 @@ FEED_VERSION: Final = 1
 MAX_LINE_BYTES: Final = 64 << 20
 
 
+class FeedEnded(Exception):  # noqa: N818 (an end, like StopIteration: not an error)
+    """The feed ended for good (its `end` line): what it watched is over, not a failure."""
+
+
 class RowSource(Protocol):
     """Where `top` gets its rows: `next_rows` blocks until the next interval's;
     `interval_s` is how long that interval lasted."""
@@ -62,9 +69,10 @@ class TopFeed:
     (top then captures on its own), a reader gone is dropped."""
 
     def __init__(self, table: TopTable, interval_s: float = 1.0,
-                 path: Path = FEED_PATH) -> None:
+                 path: Path = FEED_PATH, source: str | None = None) -> None:
         self.table = table
         self.path = path
+        self.source = source or f"the node agent's feed ({path})"
         self._interval_s = interval_s
         self._readers: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -103,9 +111,7 @@ class TopFeed:
             if not stat.S_ISDIR(owner.st_mode) or owner.st_uid != os.getuid():
                 raise OSError(errno.EPERM, f"{self.path.parent} is not a directory of ours")
             os.chmod(self.path.parent, 0o700)
-            other = connect_feed(self.path)
-            if other is not None:  # another agent serves it: its to keep
-                other.close()
+            if _serving(self.path):  # another agent serves it: its to keep
                 log.warning("top feed: another agent serves %s; this one does not", self.path)
                 return False
             with contextlib.suppress(FileNotFoundError):
@@ -130,13 +136,20 @@ class TopFeed:
             wait = max(0.0, next_at - time.monotonic())
             ready, _, _ = select.select([self._server], [], [], wait)
             if ready:
-                with contextlib.suppress(OSError):
+                try:
                     reader, _ = self._server.accept()
+                except OSError:
+                    continue
+                try:
                     reader.setblocking(False)
-                    with self._lock:
-                        if not self._readers:
-                            self.table.snapshot()  # a fresh interval for the first reader
-                        self._readers.append(reader)
+                    reader.sendall(_line({"source": self.source}))
+                except OSError:  # gone at once (an agent checking whether we serve)
+                    reader.close()
+                    continue
+                with self._lock:
+                    if not self._readers:
+                        self.table.snapshot()  # a fresh interval for the first reader
+                    self._readers.append(reader)
                 continue
             next_at += self._interval_s
             with self._lock:
@@ -153,12 +166,17 @@ class TopFeed:
                         self._readers.remove(reader)
                     reader.close()
 
-    def close(self) -> None:
+    def close(self, end: str | None = None) -> None:
+        """Stop serving; `end`: why the feed is over for good, told to every reader (its view
+        then ends as the user quitting it would), else they see a feed that closed."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
         with self._lock:
             for reader in self._readers:
+                if end is not None:
+                    with contextlib.suppress(OSError):
+                        reader.sendall(_line({"end": end}))
                 reader.close()
             self._readers.clear()
         if self._server is not None:
@@ -167,18 +185,27 @@ class TopFeed:
                 os.unlink(self.path)
 
 
+def _line(message: dict[str, Any]) -> bytes:
+    return orjson.dumps({"v": FEED_VERSION, **message}, option=orjson.OPT_APPEND_NEWLINE)
+
+
 def encode_rows(rows: list[ProcessRow], interval_s: float) -> bytes:
-    return orjson.dumps({"v": FEED_VERSION, "interval_s": interval_s,
-                         "rows": [r.as_dict() for r in rows]},
-                        option=orjson.OPT_APPEND_NEWLINE)
+    return _line({"interval_s": interval_s, "rows": [r.as_dict() for r in rows]})
+
+
+def _message(line: bytes) -> dict[str, Any]:
+    message = orjson.loads(line)
+    if not isinstance(message, dict) or message.get("v") != FEED_VERSION:
+        raise ValueError("not a top feed line of this version")
+    return message
 
 
 def decode_rows(line: bytes) -> tuple[list[ProcessRow], float]:
     """The rows of one feed line and how long their interval lasted (ValueError if it is not
-    one of this version)."""
-    message = orjson.loads(line)
-    if not isinstance(message, dict) or message.get("v") != FEED_VERSION:
-        raise ValueError("not a top feed line of this version")
+    one of this version; FeedEnded if it is the feed's last)."""
+    message = _message(line)
+    if "end" in message:
+        raise FeedEnded(str(message["end"]))
     return [_row(r) for r in message["rows"]], float(message["interval_s"])
 
 
@@ -201,8 +228,25 @@ class FeedSource:
     def __init__(self, connection: socket.socket, path: Path) -> None:
         self._socket = connection
         self._lines = _lines(connection)
-        self.description = f"the node agent's feed ({path})"
+        self.description = f"the feed at {path}"
         self.interval_s = 0.0
+
+    def hello(self, timeout_s: float = 10.0) -> None:
+        """Read whose feed it is (its first line)."""
+        self._socket.settimeout(timeout_s)
+        try:
+            line = next(self._lines, None)
+        except TimeoutError:
+            line = None
+        finally:
+            self._socket.settimeout(None)
+        try:
+            if line is None:
+                raise ValueError("it said nothing")
+            self.description = str(_message(line)["source"])
+        except (ValueError, KeyError) as exc:
+            raise SetupError(f"{self.description} is not a top feed of this version "
+                             f"({exc})") from None
 
     def next_rows(self) -> list[ProcessRow]:
         line = next(self._lines, None)
@@ -228,6 +272,15 @@ def _lines(connection: socket.socket) -> Iterator[bytes]:
         yield from lines
 
 
+def _serving(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def connect_feed(path: Path = FEED_PATH) -> FeedSource | None:
     """The agent's feed if one serves at `path` and lets us in, else None."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -236,7 +289,13 @@ def connect_feed(path: Path = FEED_PATH) -> FeedSource | None:
     except OSError:
         connection.close()
         return None
-    return FeedSource(connection, path)
+    source = FeedSource(connection, path)
+    try:
+        source.hello()
+    except BaseException:
+        source.close()
+        raise
+    return source
 
 
 class CaptureSource:
@@ -321,11 +380,15 @@ class CaptureSource:
 
 def open_source(settings: Any, interval_s: float, prices: Any = None,
                 feed: Path = FEED_PATH,
-                connect: Callable[[Path], FeedSource | None] = connect_feed) -> RowSource:
-    """The agent's feed when one serves here, else a capture of our own."""
+                connect: Callable[[Path], FeedSource | None] = connect_feed,
+                *, feed_only: bool = False) -> RowSource:
+    """The agent's feed when one serves here, else a capture of our own (`feed_only`: a feed
+    named, and nothing serving it, is an error)."""
     if interval_s <= 0:
         raise UsageError("--interval must be positive")
     found = connect(feed)
     if found is not None:
         return found
+    if feed_only:
+        raise SetupError(f"nothing serves top's rows at {feed}")
     return CaptureSource(settings, interval_s, prices)

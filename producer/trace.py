@@ -38,6 +38,7 @@ from gpuflight.producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
     from gpuflight.producer.contract.wire import GpuSample
+    from gpuflight.producer.decode.kernels import KernelNames
     from gpuflight.producer.http.requesttrack import Answered
 
 log = logging.getLogger(__name__)
@@ -246,14 +247,19 @@ def _exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def _spawn_held(argv: Sequence[str]) -> tuple[int, int]:
-    """Fork a child that execs argv once we write to the returned pipe."""
+def _spawn_held(argv: Sequence[str],
+                stdio: tuple[int, int, int] | None = None) -> tuple[int, int]:
+    """Fork a child that execs argv once we write to the returned pipe (its stdin, stdout and
+    stderr `stdio`'s descriptors if given, else ours)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
         try:
             os.close(write_end)
             os.read(read_end, 1)
+            if stdio is not None:
+                for target, fd in enumerate(stdio):
+                    os.dup2(fd, target)
             os.closerange(3, 65536)  # BPF maps and perf events stay with us
             os.execvp(argv[0], list(argv))
         except OSError as exc:
@@ -271,7 +277,15 @@ def run(
     requests: RequestOptions | None = None,
     *,
     timeline: Path | None = None,
+    watchers: Callable[[KernelNames], Sequence[EventSink]] | None = None,
+    command_stdio: tuple[int, int, int] | None = None,
+    on_end: Callable[[int], None] | None = None,
 ) -> TraceResult:
+    """Run argv under capture. `watchers`: the sinks of a live view (`trace --top`'s feed),
+    given the capture's kernel names;
+    `command_stdio`: the command's stdin, stdout and stderr (a view owns the terminal);
+    `on_end(exit code)`: once the command is over and the capture closed, before the summary
+    is printed (the view ends there)."""
     if not argv:
         raise UsageError("trace needs a command: gpuflight trace [--output FILE] -- CMD [ARGS...]")
     if shutil.which(argv[0]) is None:
@@ -305,10 +319,12 @@ def run(
         exporter = OtlpExporter(options.otlp, protocol=options.otlp_protocol,  # type: ignore[arg-type]
                                 wall_offset_ns=enricher.clock_offset_ns)
         sinks.append(SpanSink(exporter, enricher.kernels, options.prices, gpu))
+    if watchers is not None:
+        sinks.extend(watchers(enricher.kernels))
     capture = Capture(settings, sinks, enricher)
     if capture.requests is not None and options.otlp:
         capture.requests.count_kernels = True
-    pid, release = _spawn_held(argv)
+    pid, release = _spawn_held(argv, command_stdio)
     capture.probes.add_to_scope([pid])
     capture.watch_http([pid])
     # With exec watched, the child is held at exec and scanned then. Without,
@@ -379,6 +395,8 @@ def run(
             signal.signal(sig, handler)
         signal.signal(signal.SIGTERM, forward)
     exit_code = _exit_code(status)
+    if on_end is not None:
+        on_end(exit_code)
     failed = capture.failed_sinks()
     for sink in failed:
         log.error("%s is incomplete: %s (%d events not written)", sink.name, sink.failure,

@@ -37,8 +37,9 @@ def add_parser(sub: Subparsers) -> None:
     parser.add_argument("--filter", default="", metavar="TEXT",
                         help="only processes whose pod, namespace, job or command holds TEXT")
     parser.add_argument("--top-feed", type=Path, default=None, metavar="SOCKET",
-                        help="the node agent's feed to read (default /run/gpuflight/top.sock); "
-                        "without an agent serving it, top captures on its own")
+                        help="read the feed at SOCKET, and only it (default: the node "
+                        "agent's, /run/gpuflight/top.sock, if an agent serves it; else top "
+                        "captures on its own)")
     add_price_options(parser)
     add_capture_options(parser)
     parser.set_defaults(run=run)
@@ -46,19 +47,22 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuflight.commands.options import price_book
-    from gpuflight.producer.top import FEED_PATH, open_source
+    from gpuflight.producer.top import FEED_PATH, FeedEnded, open_source
 
     interactive = not (args.once or args.json)
     if interactive:
-        _check_terminal()
+        check_terminal(instead="for scripts: --once or --json")
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
     source = open_source(settings, args.interval, price_book(args.prices),
-                         feed=args.top_feed or FEED_PATH)
+                         feed=args.top_feed or FEED_PATH, feed_only=args.top_feed is not None)
     try:
         if interactive:
             return _live(source.next_rows, source.description, args)
         while True:
-            rows = source.next_rows()
+            try:
+                rows = source.next_rows()
+            except FeedEnded:
+                return 0
             if args.json:
                 from gpuflight.topcolumns import sorted_rows
 
@@ -82,15 +86,16 @@ def run(args: argparse.Namespace) -> int:
         source.close()
 
 
-def _check_terminal() -> None:
+def check_terminal(what: str = "top", instead: str = "--once or --json") -> None:
+    """A terminal big enough for top's screen, else a UsageError saying what to use instead."""
     from gpuflight.topcolumns import MIN_COLUMNS, MIN_LINES
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise UsageError("top needs a terminal; for scripts: --once or --json")
+        raise UsageError(f"{what} needs a terminal; {instead}")
     size = shutil.get_terminal_size()
     if size.columns < MIN_COLUMNS or size.lines < MIN_LINES:
-        raise UsageError(f"the terminal is {size.columns}x{size.lines}; top needs at least "
-                         f"{MIN_COLUMNS}x{MIN_LINES} (or --once / --json)")
+        raise UsageError(f"the terminal is {size.columns}x{size.lines}; {what} needs at least "
+                         f"{MIN_COLUMNS}x{MIN_LINES} ({instead})")
 
 
 def _live(next_rows: object, description: str, args: argparse.Namespace) -> int:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuflight.commands.options import add_capture_options, add_price_options, price_book
+from gpuflight.producer.contract.errors import UsageError
 from gpuflight.producer.contract.files import check_target
 from gpuflight.producer.settings import CaptureSettings
 
@@ -23,6 +25,12 @@ def add_parser(sub: Subparsers) -> None:
                         help="write a Perfetto trace of it (open in ui.perfetto.dev): a track "
                         "per process and thread, each CUDA call a slice, requests with flows "
                         "to their calls")
+    parser.add_argument("--top", action="store_true",
+                        help="show top's screen on the command while it runs (its output goes "
+                        "to --command-output); the summary follows when it exits")
+    parser.add_argument("--command-output", type=Path, metavar="FILE",
+                        help="with --top: write the command's stdout and stderr to FILE "
+                        "(default: a new file in $TMPDIR, named at the end)")
     add_capture_options(parser)
     parser.add_argument("--otlp", metavar="URL", default=None,
                         help="export each HTTP request as an OTLP span (with its GPU work) to "
@@ -51,6 +59,27 @@ def run(args: argparse.Namespace) -> int:
         argv = argv[1:]
     check_target(args.output, "--output")  # a FIFO there would hang; before CMD runs
     check_target(args.timeline, "--timeline")
+    if args.command_output is not None and not args.top:
+        raise UsageError("--command-output goes with --top (without it the command's output "
+                         "is yours: redirect it)")
+    check_target(args.command_output, "--command-output")
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
-    return trace.run(argv, output=args.output, settings=settings,
-                     requests=request_options(args), timeline=args.timeline).exit_code
+    requests = request_options(args)
+    if not args.top:
+        return trace.run(argv, output=args.output, settings=settings, requests=requests,
+                         timeline=args.timeline).exit_code
+    from gpuflight.commands.top import check_terminal
+    from gpuflight.traceview import LiveTop
+
+    check_terminal("trace --top", "without a terminal, trace without --top")
+    if not argv:  # before the screen takes the terminal: trace.run says what is missing
+        return trace.run(argv).exit_code
+    live = LiveTop(argv, args.command_output, requests.prices, settings.http)
+    try:
+        result = trace.run(argv, output=args.output, settings=settings, requests=requests,
+                           timeline=args.timeline, watchers=live.watchers,
+                           command_stdio=live.command_stdio, on_end=live.end)
+    finally:
+        live.close()
+    print(live.output_note(), file=sys.stderr)
+    return result.exit_code

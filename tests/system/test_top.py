@@ -185,3 +185,46 @@ def test_with_a_node_agent_running_top_reads_its_feed(bindir: Path, tmp_path: Pa
             assert isinstance(shown["rows"], list)
         finally:
             agent.stop()
+
+
+def _pid_of(binary: Path) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "exe")) == binary:
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def test_trace_top_shows_the_command_live_then_its_summary(bindir: Path, tmp_path: Path) -> None:
+    """`trace --top`: the screen on the command's row while it runs, its output in a file;
+    once it exits, the screen closes and the summary counts what it did."""
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is missing (scripts/setup installs it)")
+    wait_for_probe_releases()
+    binary = build.build_capture(bindir, "stub").resolve()
+    out, status = tmp_path / "command.out", tmp_path / "status"
+    workload = (f"echo the command started; exec {binary} --threads {THREADS} --iters {ITERS} "
+                "--start-delay-ms 600000 --hold-ms 600000")
+    trace = " ".join([*GPUFLIGHT, "trace", "--top", "--command-output", str(out), "--", "sh",
+                      "-c", repr(workload)])
+    tmux = _Tmux(f"gftrace{os.getpid()}", [f"{trace}; echo EXIT=$? > {status}; sleep 600"])
+    try:
+        pid = _wait(lambda: _pid_of(binary), "the workload")
+        start_calls(pid)
+        _wait(lambda: any(line.split()[:2] == [str(pid), binary.name[:15]]
+                          for line in tmux.screen().splitlines()), "the workload's row")
+        assert "from trace of sh -c" in tmux.screen()
+        os.kill(pid, signal.SIGTERM)  # in its hold, its calls made: the trace ends with it
+        _wait(lambda: status.exists() and status.read_text().strip(), "trace to end")
+        assert status.read_text().strip() == f"EXIT={128 + signal.SIGTERM}"
+        screen = tmux.screen()
+        launches = f"{4 * THREADS * ITERS:,}  kernel launches"
+        assert launches in screen, screen
+        assert f"the command's output: {out}" in screen, screen
+        assert "Traceback" not in screen, screen
+        assert out.read_text() == "the command started\n"
+    finally:
+        tmux.kill()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -125,6 +126,43 @@ def test_keys_that_arrive_at_once_all_reach_the_filter() -> None:
     asyncio.run(scenario())
 
 
+def test_a_process_details_follow_each_interval_and_say_when_it_is_gone() -> None:
+    intervals = [ROWS, [_row(2, 900, pod="ml/trainer-0",
+                             kernels=(KernelRow("gemm", 900, 1.0),))], [ROWS[0]]]
+    asked = threading.Semaphore(0)
+    never = threading.Event()
+
+    def next_rows() -> list[ProcessRow]:
+        asked.acquire()
+        if not intervals:
+            never.wait()
+        return intervals.pop(0)
+
+    def cells(app: TopApp, table: str) -> list[str]:
+        t = app.screen.query_one(table)
+        return [str(t.get_row_at(i)[0]) for i in range(t.row_count)]  # type: ignore[attr-defined]
+
+    async def scenario() -> None:
+        app = TopApp(next_rows, "rows made up here")
+        async with app.run_test(size=(200, 30)) as pilot:
+            asked.release()
+            while not app.rows:
+                await pilot.pause()
+            await pilot.press("enter")  # the first row: pid 2
+            assert isinstance(app.screen, DetailScreen) and cells(app, "#kernels") == ["axpy"]
+            asked.release()
+            while cells(app, "#kernels") != ["gemm"]:
+                await pilot.pause()
+            asked.release()  # an interval without pid 2
+            while cells(app, "#kernels"):
+                await pilot.pause()
+            who = str(app.screen.query_one("#who").render())
+            assert "pid 2" in who and "not seen this interval" in who
+            await pilot.press("q")
+
+    asyncio.run(scenario())
+
+
 def test_a_source_that_fails_ends_the_screen_with_its_reason() -> None:
     def broken() -> list[ProcessRow]:
         raise OSError("the node agent's feed closed")
@@ -143,3 +181,18 @@ def test_top_without_a_terminal_is_one_line(capsys: pytest.CaptureFixture[str]) 
     assert cli.main(["top"]) == 2  # pytest's stdin and stdout are no terminal
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["gpuflight: error: top needs a terminal; for scripts: --once or --json"]
+
+
+def test_trace_top_without_a_terminal_is_one_line_before_the_command_runs(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    assert cli.main(["trace", "--top", "--", "touch", str(ran)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gpuflight: error: trace --top needs a terminal; without a terminal, trace "
+                   "without --top"]
+    assert cli.main(["trace", "--command-output", str(tmp_path / "o"), "--", "touch",
+                     str(ran)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gpuflight: error: --command-output goes with --top (without it the "
+                   "command's output is yours: redirect it)"]
+    assert not ran.exists()

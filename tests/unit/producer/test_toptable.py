@@ -4,6 +4,7 @@ with requests' p99 and NVML's GPU time priced; the agent's feed carries the rows
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +12,16 @@ import pytest
 
 from gpuflight.producer.contract import wire
 from gpuflight.producer.contract.abi import API_IDS, F_ASYNC, F_HAS_RESULT, EventType
+from gpuflight.producer.contract.errors import SetupError
 from gpuflight.producer.contract.pricing import PriceBook
-from gpuflight.producer.top import FeedSource, TopFeed, connect_feed, decode_rows, encode_rows
+from gpuflight.producer.top import (
+    FeedEnded,
+    FeedSource,
+    TopFeed,
+    connect_feed,
+    decode_rows,
+    encode_rows,
+)
 from gpuflight.producer.toptable import TopTable, p99_ms
 from tests.support.builders import T0, build_events, request_record
 
@@ -142,3 +151,46 @@ def test_the_agents_feed_counts_only_while_read_and_serves_each_reader(tmp_path:
         feed.close()
     assert not path.exists()
     assert connect_feed(path) is None
+
+
+def test_a_reader_is_told_whose_feed_it_is_and_when_it_ends_for_good(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "top.sock"
+    feed = TopFeed(_table(tmp_path), interval_s=0.05, path=path, source="trace of ./train")
+    assert feed.start()
+    source = connect_feed(path)
+    try:
+        assert isinstance(source, FeedSource)
+        assert source.description == "trace of ./train"
+        while not feed.reading:  # accepted on the feed's thread
+            os.sched_yield()
+        feed.close(end="./train exited (3)")
+        with pytest.raises(FeedEnded, match=r"exited \(3\)"):
+            while True:  # the intervals served before the end, then the end
+                source.next_rows()
+    finally:
+        if source is not None:
+            source.close()
+        feed.close()
+
+
+def test_something_that_is_not_a_feed_is_refused(tmp_path: Path) -> None:
+    import socket
+
+    path = tmp_path / "other.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(1)
+        done = threading.Event()
+
+        def answer() -> None:
+            peer, _ = server.accept()
+            with peer:
+                peer.sendall(b"HTTP/1.1 400 Bad Request\n")
+                done.wait(10)
+
+        threading.Thread(target=answer, daemon=True).start()
+        try:
+            with pytest.raises(SetupError, match="not a top feed"):
+                connect_feed(path)
+        finally:
+            done.set()
