@@ -74,12 +74,16 @@ def plain_table(rows: Sequence[ProcessRow], key: str = "launches_per_s", text: s
                 title: str | None = None) -> Table:
     """The table of `--once`: the same columns and order as the screen."""
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, box=None, pad_edge=False, header_style="bold")
+    # Text, not str: Rich reads a str as markup, and names come from other users' processes
+    # (a command named `[/]` raised MarkupError; a route `/api/[id]` lost its `[id]`).
+    table = Table(title=None if title is None else Text(title), box=None, pad_edge=False,
+                  header_style="bold")
     for column in COLUMNS:
         table.add_column(column.title + (" ▼" if column.key == key else ""),
                          justify="left" if not column.descending else "right",
                          overflow="ellipsis", no_wrap=True)
     for row in sorted_rows(rows, key, text):
-        table.add_row(*(c.format(getattr(row, c.key)) for c in COLUMNS))
+        table.add_row(*(Text(c.format(getattr(row, c.key))) for c in COLUMNS))
     return table

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import ClassVar
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
@@ -47,24 +48,24 @@ class DetailScreen(Screen[None]):
         """This interval's figures of the process (None: it is not in this interval's rows)."""
         r = row or self.row
         self.row = r
-        self.query_one("#who", Static).update(
+        self.query_one("#who", Static).update(Text(
             f"pid {r.pid}  {r.command}  pod {r.pod}  job {r.job}  container {r.container}"
-            + ("" if row is not None else "  — not seen this interval (exited, or idle)"))
-        kernels: DataTable[str] = self.query_one("#kernels", DataTable)
+            + ("" if row is not None else "  — not seen this interval (exited, or idle)")))
+        kernels: DataTable[Text | str] = self.query_one("#kernels", DataTable)
         kernels.clear(columns=True)
         kernels.add_columns("KERNEL", "LAUNCH/S", "SHARE%")
         for k in r.kernels if row is not None else ():
-            kernels.add_row(k.name, f"{k.launches_per_s:,.0f}", f"{100 * k.share:.1f}")
-        shapes: DataTable[str] = self.query_one("#shapes", DataTable)
+            kernels.add_row(Text(k.name), f"{k.launches_per_s:,.0f}", f"{100 * k.share:.1f}")
+        shapes: DataTable[Text | str] = self.query_one("#shapes", DataTable)
         shapes.clear(columns=True)
         shapes.add_columns("GRID", "BLOCK", "LAUNCH/S")
         for s in r.shapes if row is not None else ():
-            shapes.add_row(s.grid, s.block, f"{s.launches_per_s:,.0f}")
-        routes: DataTable[str] = self.query_one("#routes", DataTable)
+            shapes.add_row(Text(s.grid), Text(s.block), f"{s.launches_per_s:,.0f}")
+        routes: DataTable[Text | str] = self.query_one("#routes", DataTable)
         routes.clear(columns=True)
         routes.add_columns("ROUTE", "REQ/S", "P99 MS")
         for x in r.routes if row is not None else ():
-            routes.add_row(x.route, f"{x.requests_per_s:,.1f}",
+            routes.add_row(Text(x.route), f"{x.requests_per_s:,.1f}",
                            "-" if x.p99_ms is None else f"{x.p99_ms:,.1f}")
 
 
@@ -136,7 +137,7 @@ class TopApp(App[str | None]):
             self.screen.show(next((r for r in rows if r.pid == pid), None))
 
     def _show(self) -> None:
-        table: DataTable[str] = self.query_one("#processes", DataTable)
+        table: DataTable[Text | str] = self.query_one("#processes", DataTable)
         cursor = table.cursor_row
         table.clear(columns=True)
         for column in COLUMNS:
@@ -144,14 +145,15 @@ class TopApp(App[str | None]):
                              key=column.key)
         self._shown = sorted_rows(self.rows, self.key, self.text)
         for row in self._shown:
-            table.add_row(*(c.format(getattr(row, c.key)) for c in COLUMNS), key=str(row.pid))
+            table.add_row(*(Text(c.format(getattr(row, c.key))) for c in COLUMNS),
+                          key=str(row.pid))
         if self._shown:
             table.move_cursor(row=min(cursor, len(self._shown) - 1))
         status = self.query_one("#status", Static)
         by = next(c.title for c in COLUMNS if c.key == self.key)
-        status.update(f"gpuflight top — {len(self._shown)} of {len(self.rows)} processes, "
-                      f"sorted by {by}" + (f", filter '{self.text}'" if self.text else "")
-                      + f" — from {self._source}")
+        status.update(Text(  # not markup: names and the filter are anyone's text
+            f"gpuflight top — {len(self._shown)} of {len(self.rows)} processes, sorted by {by}"
+            + (f", filter '{self.text}'" if self.text else "") + f" — from {self._source}"))
 
     def action_sort(self, step: int) -> None:
         self.key = KEYS[(KEYS.index(self.key) + step) % len(KEYS)]
@@ -175,7 +177,7 @@ class TopApp(App[str | None]):
         self._show()
 
     def action_details(self) -> None:
-        table: DataTable[str] = self.query_one("#processes", DataTable)
+        table: DataTable[Text | str] = self.query_one("#processes", DataTable)
         if self._shown and 0 <= table.cursor_row < len(self._shown):
             self.push_screen(DetailScreen(self._shown[table.cursor_row]))
 

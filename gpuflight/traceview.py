@@ -56,6 +56,7 @@ class LiveTop:
             self.output_path = command_output
             self._output = open(open_output(command_output, "--command-output"), "wb")  # noqa: SIM115
         self._null = open(os.devnull, "rb")  # noqa: SIM115
+        self._held_logs = _HeldLogs()
 
     @property
     def command_stdio(self) -> tuple[int, int, int]:
@@ -68,10 +69,12 @@ class LiveTop:
 
         table = TopTable(kernels=kernels, prices=self._prices, http=self._http)
         feed = TopFeed(table, path=self._dir / "top.sock",
-                       source=f"trace of {self._title} (its output: {self.output_path})")
+                       source=f"trace of {self._title} (its output: {self.output_path})",
+                       ends_with_capture=False)  # it ends in `end`, with the reason
         if not feed.start():
             raise SetupError(f"trace --top: cannot serve its rows on {feed.path}")
         self._feed = feed
+        self._held_logs.start()  # the screen owns the terminal: this run's lines come after it
         self._screen = subprocess.Popen(
             [sys.executable, "-m", "gpuflight", "top", "--top-feed", str(feed.path)])
         return [feed]
@@ -80,7 +83,7 @@ class LiveTop:
         """The command is over: the screen closes (stopped if it will not), the feed too.
         Safe to call again."""
         if self._feed is not None:
-            self._feed.close(end=f"{self._title} exited ({exit_code})"
+            self._feed.shutdown(end=f"{self._title} exited ({exit_code})"
                              if exit_code is not None else "the trace ended")
             self._feed = None
         if self._screen is not None:
@@ -92,6 +95,7 @@ class LiveTop:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._screen.wait(CLOSE_TIMEOUT_S)
             self._screen = None
+        self._held_logs.let_out()
 
     def close(self) -> None:
         """End the view; the command's output file stays (one we made, left empty, goes)."""
@@ -106,3 +110,37 @@ class LiveTop:
         if not self.output_path.exists():
             return "the command wrote nothing to its stdout or stderr"
         return f"the command's output: {self.output_path}"
+
+
+class _HeldLogs(logging.Handler):
+    """While the screen is up, the root logger's lines wait here (on the terminal they would
+    be drawn over the screen and gone when it closes), then go out as they would have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._records: list[logging.LogRecord] = []
+        self._handlers: list[logging.Handler] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._records.append(record)
+
+    def start(self) -> None:
+        root = logging.getLogger()
+        self._handlers = [h for h in root.handlers if h is not self]
+        for handler in self._handlers:
+            root.removeHandler(handler)
+        root.addHandler(self)
+
+    # Not `release`/`acquire`: those are Handler's own lock.
+    def let_out(self) -> None:
+        root = logging.getLogger()
+        if self not in root.handlers:
+            return
+        root.removeHandler(self)
+        for handler in self._handlers:
+            root.addHandler(handler)
+        for record in self._records:
+            for handler in self._handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+        self._records.clear()

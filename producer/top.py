@@ -40,8 +40,10 @@ log = logging.getLogger(__name__)
 #: The node agent's feed for `top`: a Unix socket only root may connect to.
 FEED_PATH: Final = Path("/run/gpuflight/top.sock")
 FEED_VERSION: Final = 1
-#: The longest line a reader takes from the feed (a node's rows, ~1 KB each).
+#: The longest line a reader takes from the feed (a node's rows, ~1-5 KB each).
 MAX_LINE_BYTES: Final = 64 << 20
+#: How long the feed waits for a reader to take a line before it drops it.
+SEND_TIMEOUT_S: Final = 1.0
 
 
 class FeedEnded(Exception):  # noqa: N818 (an end, like StopIteration: not an error)
@@ -69,11 +71,16 @@ class TopFeed:
     (top then captures on its own), a reader gone is dropped."""
 
     def __init__(self, table: TopTable, interval_s: float = 1.0,
-                 path: Path = FEED_PATH, source: str | None = None) -> None:
+                 path: Path = FEED_PATH, source: str | None = None, *,
+                 ends_with_capture: bool = True) -> None:
+        """`ends_with_capture`: the capture's close (this is its sink) ends the feed (the
+        agent's); else only `shutdown` does (`trace --top`: with the reason, once the command
+        is over)."""
         self.table = table
         self.path = path
         self.source = source or f"the node agent's feed ({path})"
         self._interval_s = interval_s
+        self._ends_with_capture = ends_with_capture
         self._readers: list[socket.socket] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -105,16 +112,33 @@ class TopFeed:
         pass
 
     def start(self) -> bool:
+        """Serve on `path`: in a directory of ours that no one else may write to (made 0700
+        when we make it; one that exists is only used, never changed), in place of a socket
+        left there (anything else there is refused, not removed)."""
+        parent = self.path.parent
         try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            owner = self.path.parent.lstat()
+            try:
+                parent.mkdir(mode=0o700, parents=True)
+                made = True
+            except FileExistsError:
+                made = False
+            owner = parent.lstat()
             if not stat.S_ISDIR(owner.st_mode) or owner.st_uid != os.getuid():
-                raise OSError(errno.EPERM, f"{self.path.parent} is not a directory of ours")
-            os.chmod(self.path.parent, 0o700)
+                raise OSError(errno.EPERM, f"{parent} is not a directory of ours")
+            if made:
+                os.chmod(parent, 0o700)  # mkdir's mode went through the umask
+            elif owner.st_mode & 0o022:
+                raise OSError(errno.EPERM, f"{parent} may be written by others")
             if _serving(self.path):  # another agent serves it: its to keep
                 log.warning("top feed: another agent serves %s; this one does not", self.path)
                 return False
-            with contextlib.suppress(FileNotFoundError):
+            try:
+                left = self.path.lstat()
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISSOCK(left.st_mode):
+                    raise OSError(errno.EEXIST, f"{self.path} exists and is not a socket")
                 os.unlink(self.path)
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             server.bind(str(self.path))
@@ -130,6 +154,14 @@ class TopFeed:
         return True
 
     def _serve(self) -> None:
+        try:
+            self._serve_readers()
+        except Exception as exc:  # a reader must see the feed end, not hang on a dead thread
+            log.error("top feed failed (%s): its readers are let go", exc)
+            log.debug("the top feed's failure", exc_info=exc)
+            self._drop_readers(None)
+
+    def _serve_readers(self) -> None:
         assert self._server is not None
         next_at = time.monotonic() + self._interval_s
         while not self._stop.is_set():
@@ -141,7 +173,10 @@ class TopFeed:
                 except OSError:
                     continue
                 try:
-                    reader.setblocking(False)
+                    # A line is a whole interval (~5 KB a busy process): sent whole, the reader
+                    # given a second to take it, else dropped (a reader that does not read).
+                    reader.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                    reader.settimeout(SEND_TIMEOUT_S)
                     reader.sendall(_line({"source": self.source}))
                 except OSError:  # gone at once (an agent checking whether we serve)
                     reader.close()
@@ -149,6 +184,7 @@ class TopFeed:
                 with self._lock:
                     if not self._readers:
                         self.table.snapshot()  # a fresh interval for the first reader
+                        next_at = time.monotonic() + self._interval_s  # and a whole one
                     self._readers.append(reader)
                 continue
             next_at += self._interval_s
@@ -161,17 +197,12 @@ class TopFeed:
             for reader in readers:
                 try:
                     reader.sendall(line)
-                except (BlockingIOError, OSError):  # gone, or too slow to keep up: dropped
+                except OSError:  # gone, or too slow to take a line: dropped
                     with self._lock:
                         self._readers.remove(reader)
                     reader.close()
 
-    def close(self, end: str | None = None) -> None:
-        """Stop serving; `end`: why the feed is over for good, told to every reader (its view
-        then ends as the user quitting it would), else they see a feed that closed."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+    def _drop_readers(self, end: str | None) -> None:
         with self._lock:
             for reader in self._readers:
                 if end is not None:
@@ -179,8 +210,23 @@ class TopFeed:
                         reader.sendall(_line({"end": end}))
                 reader.close()
             self._readers.clear()
+
+    def close(self) -> None:
+        """The capture's close (this is its sink): the agent's feed ends with it."""
+        if self._ends_with_capture:
+            self.shutdown()
+
+    def shutdown(self, end: str | None = None) -> None:
+        """Stop serving; `end`: why the feed is over for good, told to every reader (its view
+        then ends as the user quitting it would), else they see a feed that closed. Safe to
+        call again."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._drop_readers(end)
         if self._server is not None:
             self._server.close()
+            self._server = None
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
 

@@ -109,18 +109,19 @@ class _Interval:
 
     def add_latency(self, route: str, ns: int, rng: random.Random) -> None:
         self.seen_requests += 1
-        _reservoir(self.latencies_ns, ns, self.seen_requests, rng)
-        kept = self.route_latencies_ns.setdefault(route, [])
-        if len(kept) < LATENCIES_KEPT // 10:
-            kept.append(ns)
+        _reservoir(self.latencies_ns, ns, self.seen_requests, rng, LATENCIES_KEPT)
+        # A uniform sample per route too (its first requests alone lean to the interval's
+        # start): self.routes counts the route's requests, this one included.
+        _reservoir(self.route_latencies_ns.setdefault(route, []), ns, self.routes[route], rng,
+                   LATENCIES_KEPT // 10)
 
 
-def _reservoir(kept: list[int], value: int, seen: int, rng: random.Random) -> None:
-    if len(kept) < LATENCIES_KEPT:
+def _reservoir(kept: list[int], value: int, seen: int, rng: random.Random, size: int) -> None:
+    if len(kept) < size:
         kept.append(value)
         return
     slot = rng.randrange(seen)
-    if slot < LATENCIES_KEPT:
+    if slot < size:
         kept[slot] = value
 
 

@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--command-output goes with --top (without it the command's output "
                          "is yours: redirect it)")
     check_target(args.command_output, "--command-output")
+    if args.top and args.output is not None and str(args.output) == "-":
+        raise UsageError("--output - writes to the terminal, which --top's screen owns: give "
+                         "it a file")
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
     requests = request_options(args)
     if not args.top:

@@ -196,3 +196,32 @@ def test_trace_top_without_a_terminal_is_one_line_before_the_command_runs(
     assert err == ["gpuflight: error: --command-output goes with --top (without it the "
                    "command's output is yours: redirect it)"]
     assert not ran.exists()
+
+
+def test_names_are_shown_as_they_are_never_as_markup() -> None:
+    # Any user names their process: `[/]` raised Rich's MarkupError (root's top crashed), and
+    # `[id]` in a route vanished.
+    from rich.console import Console
+
+    odd = [_row(7, 5.0, command="[/]", job="[bold]x", routes=(RouteRow("/api/[id]", 1.0,
+                                                                         None),))]
+    console = Console(width=400, record=True)
+    console.print(plain_table(odd, "launches_per_s"))
+    text = console.export_text()
+    assert "[/]" in text and "[bold]x" in text
+
+    async def scenario() -> None:
+        feed = _Feed(odd)
+        app = TopApp(feed.next_rows, "a [red]source")
+        async with app.run_test(size=(200, 30)) as pilot:
+            while not app.rows:
+                await pilot.pause()
+            table = app.query_one("#processes")
+            assert str(table.get_row_at(0)[1]) == "[/]"  # type: ignore[attr-defined]
+            assert "a [red]source" in str(app.query_one("#status").render())
+            await pilot.press("enter")
+            routes = app.screen.query_one("#routes")
+            assert str(routes.get_row_at(0)[0]) == "/api/[id]"  # type: ignore[attr-defined]
+            await pilot.press("q")
+
+    asyncio.run(scenario())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -153,9 +153,45 @@ def test_the_agents_feed_counts_only_while_read_and_serves_each_reader(tmp_path:
     assert connect_feed(path) is None
 
 
+def test_the_feed_changes_and_removes_nothing_it_did_not_make(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # /tmp-like: others may write there
+    assert not TopFeed(_table(tmp_path), path=shared / "top.sock").start()
+    assert (shared.stat().st_mode & 0o7777) == 0o1777  # left as it was
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    data = mine / "data.db"
+    data.write_text("keep")
+    assert not TopFeed(_table(tmp_path), path=data).start()  # not a socket: not removed
+    assert data.read_text() == "keep"
+
+
+def test_an_interval_larger_than_a_socket_buffer_reaches_the_reader(tmp_path: Path) -> None:
+    table = _table(tmp_path)
+    path = tmp_path / "run" / "top.sock"
+    feed = TopFeed(table, interval_s=0.05, path=path)
+    rows = _table(tmp_path)
+    rows.snapshot(now=0.0)
+    rows.write(_events())  # type: ignore[arg-type]
+    big = [replace(r, kernels=r.kernels * 20000) for r in rows.snapshot(now=1.0)]  # MBs
+    table.snapshot = lambda now=None: big  # type: ignore[method-assign]
+    assert len(encode_rows(big, 1.0)) > 1 << 20
+    assert feed.start()
+    source = connect_feed(path)
+    try:
+        assert isinstance(source, FeedSource)
+        assert [len(r.kernels) for r in source.next_rows()] == [len(r.kernels) for r in big]
+    finally:
+        if source is not None:
+            source.close()
+        feed.shutdown()
+
+
 def test_a_reader_is_told_whose_feed_it_is_and_when_it_ends_for_good(tmp_path: Path) -> None:
     path = tmp_path / "run" / "top.sock"
-    feed = TopFeed(_table(tmp_path), interval_s=0.05, path=path, source="trace of ./train")
+    feed = TopFeed(_table(tmp_path), interval_s=0.05, path=path, source="trace of ./train",
+                   ends_with_capture=False)
     assert feed.start()
     source = connect_feed(path)
     try:
@@ -163,14 +199,16 @@ def test_a_reader_is_told_whose_feed_it_is_and_when_it_ends_for_good(tmp_path: P
         assert source.description == "trace of ./train"
         while not feed.reading:  # accepted on the feed's thread
             os.sched_yield()
-        feed.close(end="./train exited (3)")
+        feed.close()  # the capture closes its sinks first: this feed goes on
+        assert feed.reading and path.exists()
+        feed.shutdown(end="./train exited (3)")
         with pytest.raises(FeedEnded, match=r"exited \(3\)"):
             while True:  # the intervals served before the end, then the end
                 source.next_rows()
     finally:
         if source is not None:
             source.close()
-        feed.close()
+        feed.shutdown()
 
 
 def test_something_that_is_not_a_feed_is_refused(tmp_path: Path) -> None:
@@ -194,3 +232,16 @@ def test_something_that_is_not_a_feed_is_refused(tmp_path: Path) -> None:
                 connect_feed(path)
         finally:
             done.set()
+
+
+def test_a_routes_p99_samples_the_whole_interval_not_its_first_requests(
+        tmp_path: Path) -> None:
+    table = _table(tmp_path, http=True)
+    table.snapshot(now=0.0)
+    fast = [request_record(i, start_ns=T0, end_ns=T0 + 1 * MS) for i in range(1500)]
+    slow = [request_record(i, start_ns=T0, end_ns=T0 + 100 * MS) for i in range(1500, 3000)]
+    table.write_requests(10, [_Answered(r) for r in fast + slow], {})
+    (row,) = [r for r in table.snapshot(now=1.0) if r.pid == 10]
+    (route,) = row.routes
+    assert route.requests_per_s == 3000.0
+    assert route.p99_ms == 100.0  # half its requests were slow; the first 1,000 were not
