@@ -1,4 +1,4 @@
-"""`--timeline FILE`: the events as a Perfetto trace, written as they come (streamed).
+"""`--timeline FILE`: the events as a Perfetto trace (spooled as they come, written at close).
 
 Written with Perfetto's own Python builder and protos (`perfetto.trace_builder`): open it in
 https://ui.perfetto.dev or trace_processor. One track per process and per thread that made a
