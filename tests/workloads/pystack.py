@@ -8,18 +8,22 @@ it, innermost first: qualified names where the version has them) and waits: the 
 for stdin to close, the worker for an event the main thread sets then.
 """
 
+from __future__ import annotations
+
 import functools
 import json
 import sys
 import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 said = threading.Lock()
 done = threading.Event()
 
 
-def report(wait):
+def report(wait: Callable[[], object]) -> None:
     frames = []
-    frame = sys._getframe()
+    frame: Any = sys._getframe()
     while frame is not None:
         code = frame.f_code
         frames.append({"name": getattr(code, "co_qualname", code.co_name),
@@ -32,35 +36,35 @@ def report(wait):
     wait()
 
 
-def decorated(fn):
+def decorated(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
-    def wrapper(*args):
+    def wrapper(*args: Any) -> Any:
         return fn(*args)
     return wrapper
 
 
 @decorated
-def récursif(n, wait):  # noqa: PLC2401 (a name walks must decode: not ASCII)
+def récursif(n: int, wait: Callable[[], object]) -> Any:  # noqa: PLC2401 (a name walks must decode: not ASCII)
     if n:
         return récursif(n - 1, wait)
     return report(wait)
 
 
-def gen(wait):
+def gen(wait: Callable[[], object]) -> Iterator[None]:
     yield récursif(3, wait)
 
 
 class Model:
-    def forward(self, wait):
+    def forward(self, wait: Callable[[], object]) -> None:
         return next(gen(wait))
 
 
-def main_wait():
+def main_wait() -> None:
     sys.stdin.read()
     done.set()
 
 
-def run(wait):
+def run(wait: Callable[[], object]) -> None:
     Model().forward(wait)
 
 
