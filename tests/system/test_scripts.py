@@ -24,7 +24,7 @@ from tests.conftest import REPO, require
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv") or "setpriv"
 SETUP_HELPERS = ("setup-kafka", "setup-influxdb", "setup-nvml", "setup-libcuda",
-                 "setup-compose", "setup-frameworks", "setup-otlp")
+                 "setup-compose", "setup-frameworks", "setup-otlp", "setup-promlint")
 DEMO_NEEDS = {"setup-kafka", "setup-influxdb"}
 
 
