@@ -4,7 +4,9 @@ for scripts."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,10 @@ from gpuflight.producer.contract.errors import SetupError, UsageError
 from gpuflight.producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from gpuflight.commands.options import Subparsers
+    from gpuflight.producer.toptable import ProcessRow
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -46,12 +51,21 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuflight.commands.options import price_book
-    from gpuflight.producer.top import FEED_PATH, FeedEnded, open_source
-
     interactive = not (args.once or args.json)
     if interactive:
         check_terminal(instead="for scripts: --once or --json")
+        return _top(args, interactive)
+    _stop_on_signals()
+    try:
+        return _top(args, interactive)
+    except _Stopped as stopped:
+        return 128 + stopped.signum
+
+
+def _top(args: argparse.Namespace, interactive: bool) -> int:
+    from gpuflight.commands.options import price_book
+    from gpuflight.producer.top import FEED_PATH, FeedEnded, open_source
+
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
     source = open_source(settings, args.interval, price_book(args.prices),
                          feed=args.top_feed or FEED_PATH, feed_only=args.top_feed is not None)
@@ -63,27 +77,62 @@ def run(args: argparse.Namespace) -> int:
                 rows = source.next_rows()
             except FeedEnded:
                 return 0
-            if args.json:
-                from gpuflight.topcolumns import sorted_rows
-
-                shown = sorted_rows(rows, args.sort, args.filter)
-                sys.stdout.buffer.write(orjson.dumps(
-                    {"ts": time.time(), "interval_s": source.interval_s,
-                     "source": source.description,
-                     "rows": [r.as_dict() for r in shown]},
-                    option=orjson.OPT_APPEND_NEWLINE))
-                sys.stdout.flush()
-            else:
-                from rich.console import Console
-
-                from gpuflight.topcolumns import plain_table
-
-                Console(soft_wrap=False).print(plain_table(
-                    rows, args.sort, args.filter, title=f"gpuflight top — {source.description}"))
+            with _signals_held():  # a line is written whole, the stop comes after it
+                _print(rows, source.interval_s, source.description, args)
             if args.once:
                 return 0
     finally:
         source.close()
+
+
+class _Stopped(Exception):  # noqa: N818 (a stop asked for, not an error)
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_STOPPING = (signal.SIGTERM, signal.SIGINT)
+
+
+def _stop_on_signals() -> None:
+    """--once/--json: SIGTERM or SIGINT ends top (its probes released), even where it was
+    started with SIGINT ignored (a background job), as the node agent does; a second one is
+    ignored, so that nothing cuts the closing short."""
+    def stop(signum: int, _frame: object) -> None:
+        for sig in _STOPPING:
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Stopped(signum)
+
+    for sig in _STOPPING:
+        signal.signal(sig, stop)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _print(rows: list[ProcessRow], interval_s: float, description: str,
+           args: argparse.Namespace) -> None:
+    if args.json:
+        from gpuflight.topcolumns import sorted_rows
+
+        shown = sorted_rows(rows, args.sort, args.filter)
+        sys.stdout.buffer.write(orjson.dumps(
+            {"ts": time.time(), "interval_s": interval_s, "source": description,
+             "rows": [r.as_dict() for r in shown]}, option=orjson.OPT_APPEND_NEWLINE))
+        sys.stdout.flush()
+        return
+    from rich.console import Console
+
+    from gpuflight.topcolumns import plain_table
+
+    Console(soft_wrap=False).print(plain_table(rows, args.sort, args.filter,
+                                               title=f"gpuflight top — {description}"))
 
 
 def check_terminal(what: str = "top", instead: str = "--once or --json") -> None:

@@ -228,3 +228,30 @@ def test_trace_top_shows_the_command_live_then_its_summary(bindir: Path, tmp_pat
         assert out.read_text() == "the command started\n"
     finally:
         tmux.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_top_for_scripts_stops_on_a_signal_even_as_a_background_job(sig: int) -> None:
+    """A background job starts with SIGINT ignored (POSIX), and so did top under it: it kept
+    running after SIGINT. It now stops on SIGINT or SIGTERM, as the node agent does, after
+    a whole line."""
+    wait_for_probe_releases()
+
+    def background() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    top = subprocess.Popen([*GPUFLIGHT, "top", "--json", "--interval", "0.2"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=background)
+    try:
+        lines = _lines(top)
+        next(lines)  # capturing
+        top.send_signal(sig)
+        out, err = top.communicate(timeout=60)
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.communicate()
+    assert top.returncode == 128 + sig, err
+    assert b"Traceback" not in err and b"error" not in err, err
+    assert all(orjson.loads(line) for line in out.splitlines())  # whole lines only
