@@ -10,6 +10,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -237,12 +238,11 @@ def test_top_for_scripts_stops_on_a_signal_even_as_a_background_job(sig: int) ->
     a whole line."""
     wait_for_probe_releases()
 
-    def background() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    top = subprocess.Popen([*GPUFLIGHT, "top", "--json", "--interval", "0.2"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           preexec_fn=background)
+    # SIGINT ignored across the exec, as a shell starts a background job.
+    ignoring = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
+    top = subprocess.Popen([sys.executable, "-c", ignoring, *GPUFLIGHT, "top", "--json",
+                            "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         lines = _lines(top)
         next(lines)  # capturing
