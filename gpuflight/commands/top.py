@@ -94,6 +94,15 @@ class _Stopped(Exception):  # noqa: N818 (a stop asked for, not an error)
 _STOPPING = (signal.SIGTERM, signal.SIGINT)
 
 
+class _Stops:
+    """Whether a line is being written (a stop then waits for its end), and the stop asked
+    for meanwhile. (Blocking the signals would not do: CPython runs a handler in the main
+    thread whichever thread the kernel gave the signal to.)"""
+
+    writing = False
+    pending: int | None = None
+
+
 def _stop_on_signals() -> None:
     """--once/--json: SIGTERM or SIGINT ends top (its probes released), even where it was
     started with SIGINT ignored (a background job), as the node agent does; a second one is
@@ -101,19 +110,26 @@ def _stop_on_signals() -> None:
     def stop(signum: int, _frame: object) -> None:
         for sig in _STOPPING:
             signal.signal(sig, signal.SIG_IGN)
+        if _Stops.writing:
+            _Stops.pending = signum
+            return
         raise _Stopped(signum)
 
+    _Stops.writing, _Stops.pending = False, None
     for sig in _STOPPING:
         signal.signal(sig, stop)
 
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+    """A stop asked for while the block runs comes at its end."""
+    _Stops.writing = True
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        _Stops.writing = False
+        if _Stops.pending is not None:
+            raise _Stopped(_Stops.pending)
 
 
 def _print(rows: list[ProcessRow], interval_s: float, description: str,

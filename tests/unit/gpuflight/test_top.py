@@ -225,3 +225,29 @@ def test_names_are_shown_as_they_are_never_as_markup() -> None:
             await pilot.press("q")
 
     asyncio.run(scenario())
+
+
+def test_a_stop_while_a_line_is_written_comes_after_the_line() -> None:
+    import os
+    import signal
+
+    from gpuflight.commands import top
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # Another thread, as top's capture has: the kernel may give it the signal; CPython runs
+    # the handler in the main thread all the same, wherever that is.
+    idle = threading.Event()
+    other = threading.Thread(target=idle.wait, daemon=True)
+    other.start()
+    try:
+        top._stop_on_signals()
+        written = []
+        with pytest.raises(top._Stopped) as stopped, top._signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, in this thread
+            written.append("the rest of the line")
+        assert written == ["the rest of the line"] and stopped.value.signum == signal.SIGTERM
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # a second one is ignored
+    finally:
+        idle.set()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
