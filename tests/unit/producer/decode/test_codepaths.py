@@ -1,0 +1,69 @@
+"""Code paths out: folded stacks as flame-graph tools read them, and pprof's profile.proto
+parsed back (tests/system/test_pprof.py has `go tool pprof` read it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuflight.producer.decode.codepaths import (
+    VALUE_TYPES,
+    PathFrame,
+    PathSample,
+    folded_lines,
+    read_profile,
+    write_profile,
+)
+
+TRAIN = PathFrame("train", "/m/train.py", 10)
+FORWARD = PathFrame("Model.forward", "/m/model.py", 41)
+ATTENTION = PathFrame("Attention.forward", "/m/model.py", 88)
+GEMM = PathFrame("at::native::gemm", "libtorch_cuda.so", None)
+SAMPLES = [
+    PathSample((TRAIN, FORWARD, ATTENTION, GEMM),
+               {"launches": 30.6, "gpu_time": 5.8e9, "cost": 12.0}),
+    PathSample((TRAIN, FORWARD), {"launches": 59.0, "gpu_time": 4.2e9, "bytes": 1 << 20,
+                                  "blocked": 1e6, "cost": 8.0}),
+    PathSample((TRAIN, FORWARD, ATTENTION, GEMM),
+               {"launches": 10.4, "gpu_time": 0.2e9}),  # the same path again: summed
+]
+
+
+def test_folded_stacks_are_one_line_per_path_root_first_heaviest_first() -> None:
+    assert folded_lines(SAMPLES) == [
+        "train (/m/train.py:10);Model.forward (/m/model.py:41) 59",
+        "train (/m/train.py:10);Model.forward (/m/model.py:41);Attention.forward "
+        "(/m/model.py:88);at::native::gemm (libtorch_cuda.so) 41",
+    ]
+    assert folded_lines(SAMPLES, "gpu_ns")[0].endswith(" 6000000000")
+    assert folded_lines(SAMPLES, "bytes") == [
+        "train (/m/train.py:10);Model.forward (/m/model.py:41) 1048576"]
+    with pytest.raises(ValueError, match="--stacks-weight"):
+        folded_lines(SAMPLES, "watts")
+
+
+def test_a_frame_cannot_break_the_folded_format() -> None:
+    odd = PathSample((PathFrame("f;g", "/a b.py", 1),), {"launches": 1.0})
+    (line,) = folded_lines([odd])
+    frames, weight = line.rsplit(" ", 1)
+    assert weight == "1" and ";" not in frames
+
+
+def test_the_profile_parses_back_with_every_sample_and_value(tmp_path: Path) -> None:
+    path = tmp_path / "p.pb.gz"
+    write_profile(path, SAMPLES, duration_ns=10**9, comments=["gpuflight trace of train.py"])
+    got = read_profile(path)
+    strings = list(got.string_table)
+    assert [(strings[t.type], strings[t.unit]) for t in got.sample_type] == list(VALUE_TYPES)
+    functions = {f.id: strings[f.name] for f in got.function}
+    lines = {loc.id: (functions[loc.line[0].function_id], loc.line[0].line)
+             for loc in got.location}
+    samples = [([lines[i] for i in s.location_id], list(s.value)) for s in got.sample]
+    assert samples[0] == ([("at::native::gemm", 0), ("Attention.forward", 88),
+                           ("Model.forward", 41), ("train", 10)],
+                          [31, 5_800_000_000, 0, 0, 12])
+    assert samples[1][1] == [59, 4_200_000_000, 1 << 20, 1_000_000, 8]
+    assert len(got.location) == 4 and len(got.function) == 4  # each frame once
+    assert strings[got.default_sample_type] == "launches"
+    assert [strings[c] for c in got.comment] == ["gpuflight trace of train.py"]
