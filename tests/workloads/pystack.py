@@ -4,12 +4,14 @@
 Each of two threads (the main one and "worker") reaches a known depth through a plain
 function, a method, a generator, a decorated function, recursion and a non-ASCII name, then
 prints one JSON line (its native tid, its pthread id, and its stack as sys._getframe sees
-it, innermost first: qualified names where the version has them) and waits: the main thread
-for stdin to close, the worker for an event the main thread sets then.
+it, innermost first: qualified names where the version has them) and waits for stdin to
+close. With `--point LIB`, each calls LIB's gf_point() (through ctypes) once a line is read
+from stdin, before that wait.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import sys
@@ -19,6 +21,10 @@ from typing import Any
 
 said = threading.Lock()
 done = threading.Event()
+go = threading.Event()
+#: --point LIB: after saying its stack, each thread calls LIB's gf_point() once a line is
+#: read from stdin (tests/system/test_pywalk.py probes it and walks from there).
+point = ctypes.CDLL(sys.argv[2]).gf_point if sys.argv[1:2] == ["--point"] else None
 
 
 def report(wait: Callable[[], object]) -> None:
@@ -33,6 +39,9 @@ def report(wait: Callable[[], object]) -> None:
         sys.stdout.write(json.dumps({"tid": threading.get_native_id(),
                                      "ident": threading.get_ident(), "frames": frames}) + "\n")
         sys.stdout.flush()
+    if point is not None:
+        go.wait()
+        point()
     wait()
 
 
@@ -59,7 +68,11 @@ class Model:
         return next(gen(wait))
 
 
-def main_wait() -> None:
+def read_stdin() -> None:
+    """Go (--point) at the first line; the end at end of file."""
+    if point is not None:
+        sys.stdin.readline()
+        go.set()
     sys.stdin.read()
     done.set()
 
@@ -68,7 +81,8 @@ def run(wait: Callable[[], object]) -> None:
     Model().forward(wait)
 
 
+threading.Thread(target=read_stdin, name="stdin", daemon=True).start()
 worker = threading.Thread(target=run, args=(done.wait,), name="worker")
 worker.start()
-run(main_wait)
+run(done.wait)
 worker.join()

@@ -1,0 +1,131 @@
+/* gpuflight: the calling thread's Python stack, read in the kernel (issue 28: code paths).
+ *
+ * The walk of producer/decode/pystacks.py (its reference, which the tests hold it to), for
+ * CPython 3.11+ (`_PyInterpreterFrame`s): _PyRuntime → its first interpreter → the thread
+ * state whose native thread id is the caller's → its current frame → each frame's code
+ * object and instruction pointer → `previous`, at most GF_PY_MAX_DEPTH frames; shim frames
+ * (owned by the C stack) are left out. Every read is bpf_probe_read_user: a read that fails,
+ * or a frame seen twice in a row, ends the walk, flagged. Where the offsets come from, per
+ * process: producer/discover/pythons.py (`_Py_DebugOffsets`, or its table).
+ *
+ * Helpers only: no maps here (bcc rewrites map calls only in the file it compiles). The
+ * caller looks up the process's offsets and hands a per-CPU scratch record to fill.
+ */
+#ifndef GF_PYWALK_BPF_H
+#define GF_PYWALK_BPF_H
+
+#ifndef GF_PY_MAX_DEPTH
+#define GF_PY_MAX_DEPTH 64
+#endif
+#ifndef GF_PY_MAX_THREADS
+#define GF_PY_MAX_THREADS 64
+#endif
+/* Bytes of a frame read at once: every field the walk needs lies in its first 80. */
+#define GF_PY_FRAME_BYTES 80
+#define GF_PY_NONE 0xffff
+#define GF_PY_OWNED_BY_CSTACK 3
+
+/* Flags of a walk. */
+#define GF_PY_TRUNCATED 1 /* more frames than GF_PY_MAX_DEPTH, a failed read, or a cycle */
+#define GF_PY_NO_THREAD 2 /* no thread state of the caller (not a Python thread yet) */
+
+/* A process's layout (producer/discover/pythons.py PyLayout; GF_PY_NONE: not there). */
+struct gf_py_offsets {
+	u64 runtime; /* the address of _PyRuntime in the process */
+	u16 interpreters_head;
+	u16 threads_head;
+	u16 tstate_next;
+	u16 tstate_native_thread_id;
+	u16 tstate_cframe;
+	u16 cframe_current_frame;
+	u16 tstate_current_frame;
+	u16 frame_previous;
+	u16 frame_code;
+	u16 frame_instr;
+	u16 frame_owner;
+	u16 pad[5];
+};
+
+/* One walk: its frames innermost first (code object, instruction pointer). */
+struct gf_py_stack {
+	u64 ts_ns;
+	u32 pid;
+	u32 tid;
+	u64 tstate;
+	u32 depth;
+	u32 flags;
+	u64 code[GF_PY_MAX_DEPTH];
+	u64 instr[GF_PY_MAX_DEPTH];
+	u8 frame[GF_PY_FRAME_BYTES + 64]; /* scratch: the frame read last */
+};
+
+static __always_inline u64 gf_py_read(u64 address)
+{
+	u64 value = 0;
+	if (bpf_probe_read_user(&value, sizeof(value), (void *)address) < 0)
+		return 0;
+	return value;
+}
+
+/* The thread state of thread `tid`: `hint` (a cache's word) if it is still that thread's,
+ * else found in the interpreter's list; 0 if none. */
+static __always_inline u64 gf_py_thread_state(const struct gf_py_offsets *o, u32 tid, u64 hint)
+{
+	if (hint && gf_py_read(hint + o->tstate_native_thread_id) == tid)
+		return hint;
+	u64 interp = gf_py_read(o->runtime + o->interpreters_head);
+	if (!interp)
+		return 0;
+	u64 tstate = gf_py_read(interp + o->threads_head);
+	for (int i = 0; i < GF_PY_MAX_THREADS && tstate; i++) {
+		if (gf_py_read(tstate + o->tstate_native_thread_id) == tid)
+			return tstate;
+		tstate = gf_py_read(tstate + o->tstate_next);
+	}
+	return 0;
+}
+
+/* Fill `s` (its pid, tid and ts_ns set by the caller) with the frames of thread state
+ * `tstate`: frame i of the chain at index i, a shim frame (owned by the C stack) with code 0
+ * (user space skips those). One index for both keeps the verifier's work linear in the
+ * bound: a separate count of kept frames made its states grow with each step, and 64 steps
+ * were over its budget (bcc 0.26 cannot pass bpf_loop a callback). */
+static __always_inline void gf_py_walk(const struct gf_py_offsets *o, u64 tstate,
+				       struct gf_py_stack *s)
+{
+	s->tstate = tstate;
+	s->depth = 0;
+	s->flags = 0;
+	if (!tstate) {
+		s->flags = GF_PY_NO_THREAD;
+		return;
+	}
+	u64 frame;
+	if (o->tstate_cframe != GF_PY_NONE) {
+		u64 cframe = gf_py_read(tstate + o->tstate_cframe);
+		frame = cframe ? gf_py_read(cframe + o->cframe_current_frame) : 0;
+	} else {
+		frame = gf_py_read(tstate + o->tstate_current_frame);
+	}
+	u64 last = 0;
+	u32 i;
+	for (i = 0; i < GF_PY_MAX_DEPTH; i++) {
+		if (!frame)
+			break;
+		if (frame == last ||
+		    bpf_probe_read_user(s->frame, GF_PY_FRAME_BYTES, (void *)frame) < 0) {
+			s->flags |= GF_PY_TRUNCATED;
+			break;
+		}
+		last = frame;
+		u8 owner = s->frame[o->frame_owner & 0x7f];
+		s->code[i] = owner == GF_PY_OWNED_BY_CSTACK ? 0 : *(u64 *)&s->frame[o->frame_code & 0x3f];
+		s->instr[i] = *(u64 *)&s->frame[o->frame_instr & 0x3f];
+		frame = *(u64 *)&s->frame[o->frame_previous & 0x3f];
+	}
+	if (i == GF_PY_MAX_DEPTH && frame)
+		s->flags |= GF_PY_TRUNCATED;
+	s->depth = i;
+}
+
+#endif /* GF_PYWALK_BPF_H */
