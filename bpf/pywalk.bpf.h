@@ -28,6 +28,7 @@
 /* Flags of a walk. */
 #define GF_PY_TRUNCATED 1 /* more frames than GF_PY_MAX_DEPTH, a failed read, or a cycle */
 #define GF_PY_NO_THREAD 2 /* no thread state of the caller (not a Python thread yet) */
+#define GF_PY_NEW 4       /* the first sample of this stack: its frames follow the head */
 
 /* A process's layout (producer/discover/pythons.py PyLayout; GF_PY_NONE: not there). */
 struct gf_py_offsets {
@@ -46,7 +47,8 @@ struct gf_py_offsets {
 	u16 pad[5];
 };
 
-/* One walk: its frames innermost first (code object, instruction pointer). */
+/* One walk: its head (what every sample sends), then its frames innermost first (code
+ * object, instruction pointer; sent with a stack's first sample only, GF_PY_NEW). */
 struct gf_py_stack {
 	u64 ts_ns;
 	u32 pid;
@@ -54,6 +56,9 @@ struct gf_py_stack {
 	u64 tstate;
 	u32 depth;
 	u32 flags;
+	u64 stack_id; /* gf_py_hash: the same frames of the same process, the same id */
+	u32 weight;   /* 1/p: the calls this sample stands for */
+	u32 pad;
 	u64 code[GF_PY_MAX_DEPTH];
 	u64 instr[GF_PY_MAX_DEPTH];
 	u8 frame[GF_PY_FRAME_BYTES + 64]; /* scratch: the frame read last */
@@ -126,6 +131,38 @@ static __always_inline void gf_py_walk(const struct gf_py_offsets *o, u64 tstate
 	if (i == GF_PY_MAX_DEPTH && frame)
 		s->flags |= GF_PY_TRUNCATED;
 	s->depth = i;
+}
+
+/* The id of a walk's stack: FNV-1a over the process, the flags that change what it means,
+ * and each frame's code object and instruction. */
+static __always_inline u64 gf_py_hash(const struct gf_py_stack *s)
+{
+	u64 h = 0xcbf29ce484222325ULL;
+	h = (h ^ s->pid) * 0x100000001b3ULL;
+	h = (h ^ (s->flags & (GF_PY_TRUNCATED | GF_PY_NO_THREAD))) * 0x100000001b3ULL;
+	for (u32 i = 0; i < GF_PY_MAX_DEPTH; i++) {
+		if (i >= s->depth)
+			break;
+		h = (h ^ s->code[i]) * 0x100000001b3ULL;
+		h = (h ^ s->instr[i]) * 0x100000001b3ULL;
+	}
+	return h;
+}
+
+/* Sampling: each thread counts its probed calls down (`left`, its entry of a per-thread
+ * map); the call that reaches 0 is sampled, and the next gap drawn uniformly from
+ * [1, 2*period - 1] (mean `period`: the sample stands for `period` calls, an unbiased
+ * estimate). A period of 1 samples every call (exact). Returns the sample's weight, or 0. */
+static __always_inline u32 gf_py_sampled(u32 *left, u32 period)
+{
+	if (period <= 1)
+		return 1;
+	if (*left > 1) {
+		*left -= 1;
+		return 0;
+	}
+	*left = 1 + bpf_get_prandom_u32() % (2 * period - 1);
+	return period;
 }
 
 #endif /* GF_PYWALK_BPF_H */

@@ -1,12 +1,16 @@
-"""The in-kernel Python walk (bpf/pywalk.bpf.h) against the interpreter itself: a uprobe on
-a C function two threads call through ctypes walks each caller's stack; every frame (code
-object, instruction) symbolised in user space is what sys._getframe said, on every CPython
-3.11+ the machine has and Debian's static 3.11."""
+"""The in-kernel Python walk and sampler (bpf/pywalk.bpf.h) against the interpreter itself.
+
+A uprobe on a C function that Python calls through ctypes walks the caller's stack:
+- every frame (code object, instruction) symbolised in user space is what sys._getframe
+  said, for two threads, on every CPython 3.11+ the machine has and Debian's static 3.11;
+- sampling every call counts each call site exactly, its frames sent once per stack;
+- sampled at a period, each site's estimate is within the stated error bound."""
 
 from __future__ import annotations
 
 import ctypes
 import json
+import math
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpuflight.producer.decode.pystacks import Frame, ProcessMemory, Walk, code_info, locate
-from gpuflight.producer.discover.pythons import PyLayout, find_python
+from gpuflight.producer.decode.pystacks import ProcessMemory, code_info, locate
+from gpuflight.producer.discover.pythons import PyLayout, PythonRuntime, find_python
 from tests.conftest import require
 from tests.system.test_pystacks import WORKLOAD, _interpreter
 
@@ -24,10 +28,15 @@ pytestmark = pytest.mark.bpf
 REPO = Path(__file__).resolve().parents[2]
 MAX_DEPTH = 64
 NONE = 0xFFFF
-#: struct gf_py_stack as sent (without its scratch): bpf/pywalk.bpf.h.
-STACK_DTYPE = np.dtype([("ts_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("tstate", "<u8"),
-                        ("depth", "<u4"), ("flags", "<u4"), ("code", "<u8", MAX_DEPTH),
+#: struct gf_py_stack as sent (without its scratch): bpf/pywalk.bpf.h; its head alone for a
+#: stack seen before.
+HEAD_DTYPE = np.dtype([("ts_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("tstate", "<u8"),
+                       ("depth", "<u4"), ("flags", "<u4"), ("stack_id", "<u8"),
+                       ("weight", "<u4"), ("pad", "<u4")])
+STACK_DTYPE = np.dtype([*HEAD_DTYPE.descr, ("code", "<u8", MAX_DEPTH),
                         ("instr", "<u8", MAX_DEPTH)])
+NEW = 4  # GF_PY_NEW
+SAMPLE = REPO / "tests" / "workloads" / "pysample.py"
 
 
 def _point_library(tmp_path: Path) -> Path:
@@ -52,62 +61,154 @@ def _offsets(layout: PyLayout, runtime: int) -> bytes:
         u16(f).to_bytes(2, "little") for f in fields)
 
 
-@pytest.mark.parametrize("python", ["3.11", "3.12", "3.13", "/usr/bin/python3.11"])
-def test_the_kernels_walk_finds_every_frame_the_interpreter_has(python: str,
-                                                                 tmp_path: Path) -> None:
-    from bcc import BPF  # the one bcc import of the tests
+class _Probe:
+    """pywalk.bpf.c loaded, sampling every `period`-th call of gf_point in process `pid`,
+    its samples collected: (head, frames or None)."""
 
+    def __init__(self, library: Path, pid: int, runtime: PythonRuntime, period: int) -> None:
+        from bcc import BPF  # the one bcc import of the tests
+
+        self.samples: list[tuple[Any, Any]] = []
+        self.bpf = BPF(text=(REPO / "tests" / "workloads" / "pywalk.bpf.c").read_bytes(),
+                       cflags=[f"-I{REPO / 'bpf'}", f"-DGF_PY_MAX_DEPTH={MAX_DEPTH}"])
+        try:
+            config = self.bpf[b"py_config"]
+            config[ctypes.c_int(0)] = ctypes.c_uint32(period)
+            procs = self.bpf[b"py_procs"]
+            procs[ctypes.c_uint32(pid)] = procs.Leaf.from_buffer_copy(
+                _offsets(runtime.layout, runtime.runtime_address))
+            self.bpf[b"py_stacks"].open_ring_buffer(self._take)
+            self.bpf.attach_uprobe(name=str(library).encode(), sym=b"gf_point",
+                                   fn_name=b"on_point", pid=pid)
+        except BaseException:
+            self.bpf.cleanup()
+            raise
+
+    def _take(self, _ctx: object, data: int, size: int) -> None:
+        head = np.frombuffer(ctypes.string_at(data, HEAD_DTYPE.itemsize), HEAD_DTYPE)[0]
+        whole = None
+        if int(head["flags"]) & NEW:
+            assert size >= STACK_DTYPE.itemsize
+            whole = np.frombuffer(ctypes.string_at(data, STACK_DTYPE.itemsize),
+                                  STACK_DTYPE)[0]
+        else:
+            assert size == HEAD_DTYPE.itemsize
+        self.samples.append((head, whole))
+
+    def poll(self) -> None:
+        self.bpf.ring_buffer_poll(100)
+
+    def close(self) -> None:
+        self.bpf.cleanup()
+
+
+def _symbolised(memory: ProcessMemory, runtime: PythonRuntime,
+                whole: Any) -> list[dict[str, Any]]:
+    depth = int(whole["depth"])
+    frames = []
+    for code, instr in zip(whole["code"][:depth], whole["instr"][:depth], strict=True):
+        if not code:  # a shim frame (owned by the C stack)
+            continue
+        info = code_info(memory, runtime.layout, int(code))
+        where = locate(runtime.layout, int(code), info, int(instr))
+        frames.append({"name": where.function, "file": where.filename, "line": where.line})
+    return frames
+
+
+def _python(python: str) -> str:
     path = python if python.startswith("/") else _interpreter(python)
     require(None if path and Path(path).exists() else f"no CPython {python} here (pyenv)")
     assert path is not None
+    return path
+
+
+@pytest.mark.parametrize("python", ["3.11", "3.12", "3.13", "/usr/bin/python3.11"])
+def test_the_kernels_walk_finds_every_frame_the_interpreter_has(python: str,
+                                                                 tmp_path: Path) -> None:
     library = _point_library(tmp_path)
-    with subprocess.Popen([path, str(WORKLOAD), "--point", str(library)],
+    with subprocess.Popen([_python(python), str(WORKLOAD), "--point", str(library)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None and proc.stdin is not None
         said = {t["tid"]: t for t in (json.loads(proc.stdout.readline()) for _ in range(2))}
         runtime = find_python(Path("/proc"), proc.pid)
         assert runtime is not None
-        bpf = BPF(text=(REPO / "tests" / "workloads" / "pywalk.bpf.c").read_bytes(),
-                  cflags=[f"-I{REPO / 'bpf'}", f"-DGF_PY_MAX_DEPTH={MAX_DEPTH}"])
+        probe = _Probe(library, proc.pid, runtime, period=1)
         try:
-            table = bpf[b"py_procs"]
-            table[ctypes.c_uint32(proc.pid)] = table.Leaf.from_buffer_copy(
-                _offsets(runtime.layout, runtime.runtime_address))
-            got: list[Any] = []
-
-            def take(_ctx: object, data: int, size: int) -> None:
-                raw = ctypes.string_at(data, STACK_DTYPE.itemsize)
-                got.append(np.frombuffer(raw, dtype=STACK_DTYPE)[0])
-
-            bpf[b"py_stacks"].open_ring_buffer(take)
-            bpf.attach_uprobe(name=str(library).encode(), sym=b"gf_point",
-                              fn_name=b"on_point", pid=proc.pid)
             proc.stdin.write("go\n")
             proc.stdin.flush()
             for _ in range(100):  # each poll waits up to 100 ms for a record
-                if len(got) == 2:
+                if len(probe.samples) == 2:
                     break
-                bpf.ring_buffer_poll(100)
-            assert len(got) == 2, "the two calls were not seen"
+                probe.poll()
+            assert len(probe.samples) == 2, "the two calls were not seen"
             with ProcessMemory(proc.pid) as memory:
-                for record in got:
-                    thread = said[int(record["tid"])]
-                    assert int(record["flags"]) == 0
-                    depth = int(record["depth"])
-                    walk = Walk(tuple(Frame(int(c), int(i)) for c, i in
-                                      zip(record["code"][:depth], record["instr"][:depth],
-                                          strict=True) if c), truncated=False)  # 0: a shim
-                    frames = []
-                    for frame in walk.frames:
-                        info = code_info(memory, runtime.layout, frame.code)
-                        where = locate(runtime.layout, frame.code, info, frame.instr)
-                        frames.append({"name": where.function, "file": where.filename,
-                                       "line": where.line})
+                for head, whole in probe.samples:
+                    thread = said[int(head["tid"])]
+                    assert int(head["flags"]) == NEW and int(head["weight"]) == 1
+                    frames = _symbolised(memory, runtime, whole)
                     # The innermost frame is `report` at its point() call; below it, every
                     # frame as the interpreter said.
                     below = thread["frames"][1:]
                     assert frames[1:] == below
                     assert (frames[0]["name"], frames[0]["file"]) == ("report", str(WORKLOAD))
         finally:
-            bpf.cleanup()
+            probe.close()
             proc.stdin.close()
+
+
+def _sampled(python: str, tmp_path: Path, calls: int, period: int) -> tuple[
+        dict[str, float], dict[str, int], int]:
+    """Run pysample.py under the sampler: (estimated calls per site, samples per site, the
+    number of stacks sent whole)."""
+    library = _point_library(tmp_path)
+    with subprocess.Popen([_python(python), str(SAMPLE), str(library), str(calls)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline() == "ready\n"  # its interpreter and LIB mapped
+        runtime = find_python(Path("/proc"), proc.pid)
+        assert runtime is not None
+        probe = _Probe(library, proc.pid, runtime, period=period)
+        try:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == "done\n"
+            before = -1
+            while len(probe.samples) != before:  # the ring drained
+                before = len(probe.samples)
+                probe.poll()
+            sites: dict[int, str] = {}
+            with ProcessMemory(proc.pid) as memory:
+                for head, whole in probe.samples:
+                    if whole is not None:
+                        frames = _symbolised(memory, runtime, whole)
+                        sites[int(head["stack_id"])] = frames[0]["name"]
+            estimates: dict[str, float] = {}
+            counts: dict[str, int] = {}
+            for head, _ in probe.samples:
+                site = sites[int(head["stack_id"])]  # every id was sent whole first
+                estimates[site] = estimates.get(site, 0) + int(head["weight"])
+                counts[site] = counts.get(site, 0) + 1
+            return estimates, counts, len(sites)
+        finally:
+            probe.close()
+            proc.stdin.close()
+
+
+def test_sampling_every_call_counts_each_site_exactly_and_sends_each_stack_once(
+        tmp_path: Path) -> None:
+    estimates, _, whole = _sampled("3.12", tmp_path, calls=2000, period=1)
+    assert estimates == {"hot": 2000, "cold": 500}
+    assert whole == 2
+
+
+def test_a_sampled_estimate_is_within_its_error_bound(tmp_path: Path) -> None:
+    # Gaps uniform on [1, 2p-1]: mean p, variance ((2p-1)^2 - 1)/12. The number of samples
+    # in N calls has standard deviation ~sqrt(N var / p^3); the estimate is p times it. The
+    # test allows 6 standard deviations (a false failure ~1 in 500 million runs).
+    calls, period = 20_000, 20
+    estimates, counts, _ = _sampled("3.12", tmp_path, calls=calls, period=period)
+    variance = ((2 * period - 1) ** 2 - 1) / 12
+    for site, truth in (("hot", calls), ("cold", calls // 4)):
+        sd = period * math.sqrt(truth * variance / period**3)
+        assert abs(estimates[site] - truth) <= 6 * sd, (site, estimates[site], truth, sd)
+        assert counts[site] < truth / 4  # sampled, not every call

@@ -1,11 +1,18 @@
 /* Test glue for bpf/pywalk.bpf.h (tests/system/test_pywalk.py): a uprobe on a function a
- * Python workload calls through ctypes walks the caller's Python stack and sends it whole. */
+ * Python workload calls through ctypes samples its calls (py_config[0]: the period), walks
+ * the caller's Python stack on a sampled one, and sends the sample: its head, and its frames
+ * the first time its stack is seen. */
 #include <uapi/linux/ptrace.h>
 #include "pywalk.bpf.h"
 
 BPF_HASH(py_procs, u32, struct gf_py_offsets, 64);
+BPF_ARRAY(py_config, u32, 1);
+BPF_HASH(py_countdown, u64, u32, 1024);
+BPF_HASH(py_seen, u64, u8, 65536);
 BPF_PERCPU_ARRAY(py_scratch, struct gf_py_stack, 1);
-BPF_RINGBUF_OUTPUT(py_stacks, 64);
+BPF_RINGBUF_OUTPUT(py_stacks, 1024);
+
+#define GF_PY_HEAD_BYTES offsetof(struct gf_py_stack, code)
 
 int on_point(struct pt_regs *ctx)
 {
@@ -14,7 +21,14 @@ int on_point(struct pt_regs *ctx)
 	struct gf_py_offsets *o = py_procs.lookup(&pid);
 	if (!o)
 		return 0;
-	u32 zero = 0;
+	u32 zero = 0, start = 0;
+	u32 *period = py_config.lookup(&zero);
+	u32 *left = py_countdown.lookup_or_try_init(&id, &start);
+	if (!period || !left)
+		return 0;
+	u32 weight = gf_py_sampled(left, *period);
+	if (!weight)
+		return 0;
 	struct gf_py_stack *s = py_scratch.lookup(&zero);
 	if (!s)
 		return 0;
@@ -22,6 +36,15 @@ int on_point(struct pt_regs *ctx)
 	s->pid = pid;
 	s->tid = (u32)id;
 	gf_py_walk(o, gf_py_thread_state(o, (u32)id, 0), s);
+	s->weight = weight;
+	s->stack_id = gf_py_hash(s);
+	u8 one = 1;
+	if (py_seen.lookup(&s->stack_id)) {
+		py_stacks.ringbuf_output(s, GF_PY_HEAD_BYTES, 0);
+		return 0;
+	}
+	py_seen.update(&s->stack_id, &one);
+	s->flags |= GF_PY_NEW;
 	py_stacks.ringbuf_output(s, sizeof(*s) - sizeof(s->frame), 0);
 	return 0;
 }
