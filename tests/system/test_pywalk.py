@@ -95,8 +95,9 @@ class _Probe:
             assert size == HEAD_DTYPE.itemsize
         self.samples.append((head, whole))
 
-    def poll(self) -> None:
-        self.bpf.ring_buffer_poll(100)
+    def take(self) -> None:
+        """What the ring holds now (the samples wake no one: it is read when asked)."""
+        self.bpf.ring_buffer_consume()
 
     def close(self) -> None:
         self.bpf.cleanup()
@@ -136,10 +137,8 @@ def test_the_kernels_walk_finds_every_frame_the_interpreter_has(python: str,
         try:
             proc.stdin.write("go\n")
             proc.stdin.flush()
-            for _ in range(100):  # each poll waits up to 100 ms for a record
-                if len(probe.samples) == 2:
-                    break
-                probe.poll()
+            assert [proc.stdout.readline() for _ in range(2)] == ["called\n"] * 2
+            probe.take()
             assert len(probe.samples) == 2, "the two calls were not seen"
             with ProcessMemory(proc.pid) as memory:
                 for head, whole in probe.samples:
@@ -172,10 +171,7 @@ def _sampled(python: str, tmp_path: Path, calls: int, period: int) -> tuple[
             proc.stdin.write("go\n")
             proc.stdin.flush()
             assert proc.stdout.readline() == "done\n"
-            before = -1
-            while len(probe.samples) != before:  # the ring drained
-                before = len(probe.samples)
-                probe.poll()
+            probe.take()
             sites: dict[int, str] = {}
             with ProcessMemory(proc.pid) as memory:
                 for head, whole in probe.samples:

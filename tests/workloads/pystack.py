@@ -6,7 +6,7 @@ function, a method, a generator, a decorated function, recursion and a non-ASCII
 prints one JSON line (its native tid, its pthread id, and its stack as sys._getframe sees
 it, innermost first: qualified names where the version has them) and waits for stdin to
 close. With `--point LIB`, each calls LIB's gf_point() (through ctypes) once a line is read
-from stdin, before that wait.
+from stdin, and says "called", before that wait.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ def report(wait: Callable[[], object]) -> None:
     if point is not None:
         go.wait()
         point()
+        with said:
+            sys.stdout.write("called\n")
+            sys.stdout.flush()
     wait()
 
 

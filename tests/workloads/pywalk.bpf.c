@@ -1,7 +1,8 @@
 /* Test glue for bpf/pywalk.bpf.h (tests/system/test_pywalk.py): a uprobe on a function a
  * Python workload calls through ctypes samples its calls (py_config[0]: the period), walks
  * the caller's Python stack on a sampled one, and sends the sample: its head, and its frames
- * the first time its stack is seen. */
+ * the first time its stack is seen. No wake-up (a wake-up a sample cost ~5 us): the reader
+ * takes them when it looks. */
 #include <uapi/linux/ptrace.h>
 #include "pywalk.bpf.h"
 
@@ -40,11 +41,11 @@ int on_point(struct pt_regs *ctx)
 	s->stack_id = gf_py_hash(s);
 	u8 one = 1;
 	if (py_seen.lookup(&s->stack_id)) {
-		py_stacks.ringbuf_output(s, GF_PY_HEAD_BYTES, 0);
+		py_stacks.ringbuf_output(s, GF_PY_HEAD_BYTES, BPF_RB_NO_WAKEUP);
 		return 0;
 	}
 	py_seen.update(&s->stack_id, &one);
 	s->flags |= GF_PY_NEW;
-	py_stacks.ringbuf_output(s, sizeof(*s) - sizeof(s->frame), 0);
+	py_stacks.ringbuf_output(s, sizeof(*s) - sizeof(s->frame), BPF_RB_NO_WAKEUP);
 	return 0;
 }
