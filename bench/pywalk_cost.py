@@ -127,9 +127,8 @@ def main() -> int:
             for depth in (int(d) for d in args.depths.split(",")):
                 timings: dict[int | None, list[float]] = {p: [] for p in [None, *periods]}
                 for _ in range(args.rounds):
-                    for period in timings:
-                        timings[period].append(_one(args.python, library, depth,
-                                                    args.calls, period))
+                    for period, taken in timings.items():
+                        taken.append(_one(args.python, library, depth, args.calls, period))
                 medians = {p: statistics.median(t) for p, t in timings.items()}
                 rows.append([depth, f"{medians[None]:.0f}",
                              *(f"{medians[p]:.0f}" for p in periods)])

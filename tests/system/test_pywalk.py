@@ -12,12 +12,15 @@ import ctypes
 import json
 import math
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from gpuflight.producer.decode.codepaths import folded_lines
+from gpuflight.producer.decode.pysamples import StackSamples
 from gpuflight.producer.decode.pystacks import ProcessMemory, code_info, locate
 from gpuflight.producer.discover.pythons import PyLayout, PythonRuntime, find_python
 from tests.conftest import require
@@ -69,6 +72,7 @@ class _Probe:
         from bcc import BPF  # the one bcc import of the tests
 
         self.samples: list[tuple[Any, Any]] = []
+        self.raw: list[bytes] = []
         self.bpf = BPF(text=(REPO / "tests" / "workloads" / "pywalk.bpf.c").read_bytes(),
                        cflags=[f"-I{REPO / 'bpf'}", f"-DGF_PY_MAX_DEPTH={MAX_DEPTH}"])
         try:
@@ -85,6 +89,7 @@ class _Probe:
             raise
 
     def _take(self, _ctx: object, data: int, size: int) -> None:
+        self.raw.append(ctypes.string_at(data, size))
         head = np.frombuffer(ctypes.string_at(data, HEAD_DTYPE.itemsize), HEAD_DTYPE)[0]
         whole = None
         if int(head["flags"]) & NEW:
@@ -155,10 +160,11 @@ def test_the_kernels_walk_finds_every_frame_the_interpreter_has(python: str,
             proc.stdin.close()
 
 
-def _sampled(python: str, tmp_path: Path, calls: int, period: int) -> tuple[
+def _sampled(python: str, tmp_path: Path, calls: int, period: int,
+             then: Callable[[_Probe, int, PythonRuntime], None] | None = None) -> tuple[
         dict[str, float], dict[str, int], int]:
     """Run pysample.py under the sampler: (estimated calls per site, samples per site, the
-    number of stacks sent whole)."""
+    number of stacks sent whole); `then(probe, pid, runtime)` while the process still runs."""
     library = _point_library(tmp_path)
     with subprocess.Popen([_python(python), str(SAMPLE), str(library), str(calls)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
@@ -184,6 +190,8 @@ def _sampled(python: str, tmp_path: Path, calls: int, period: int) -> tuple[
                 site = sites[int(head["stack_id"])]  # every id was sent whole first
                 estimates[site] = estimates.get(site, 0) + int(head["weight"])
                 counts[site] = counts.get(site, 0) + 1
+            if then is not None:
+                then(probe, proc.pid, runtime)
             return estimates, counts, len(sites)
         finally:
             probe.close()
@@ -208,3 +216,26 @@ def test_a_sampled_estimate_is_within_its_error_bound(tmp_path: Path) -> None:
         sd = period * math.sqrt(truth * variance / period**3)
         assert abs(estimates[site] - truth) <= 6 * sd, (site, estimates[site], truth, sd)
         assert counts[site] < truth / 4  # sampled, not every call
+
+
+def test_samples_become_code_paths_named_and_counted(tmp_path: Path) -> None:
+    """The samples as `trace` will take them (producer/decode/pysamples.py): each stack
+    symbolised once, from its first sample, root first; folded with its count."""
+    folded: list[str] = []
+
+    def fold(probe: _Probe, pid: int, runtime: PythonRuntime) -> None:
+        with ProcessMemory(pid) as memory:
+            samples = StackSamples(MAX_DEPTH, lambda _pid: memory, lambda _pid: runtime.layout)
+            for raw in probe.raw:
+                samples.add(raw)
+            assert samples.unknown_stacks == 0
+            folded.extend(folded_lines(samples.samples()))
+
+    _sampled("3.13", tmp_path, calls=2000, period=1, then=fold)
+    site = str(SAMPLE)
+    hot_line, cold_line = [n for n, line in enumerate(SAMPLE.read_text().splitlines(), 1)
+                           if line.strip() == "point()"]
+    hot, cold = folded
+    assert hot.startswith(f"<module> ({site}:")
+    assert hot.endswith(f";hot ({site}:{hot_line}) 2000")
+    assert cold.endswith(f";cold ({site}:{cold_line}) 500")
