@@ -176,6 +176,98 @@ struct gf_ctx_key {
 };
 BPF_TABLE("lru_hash", struct gf_ctx_key, s32, ctx_device, 16384);
 
+/* ---- code paths (issue 28): the caller's Python stack, sampled ------------------------
+ *
+ * GF_PY_STACKS 1: a per-CPU countdown (gaps uniform on [1, 2p-1], p = py_config[0]: every
+ * call has the same chance, whatever its thread or stack, so a sample weighted p is an
+ * unbiased estimate) marks a recorded call; its program then ends in a tail call to
+ * gf_py_walker, which walks the caller's Python stack (bpf/pywalk.bpf.h; py_procs: the
+ * process's layout, from producer/discover/pythons.py) and sends the sample on `py_stacks`
+ * with the event's (pid, tid, ts_ns), the call's return address (its native caller) and
+ * its weight; a stack's frames go with its first sample only (py_seen). A process with no
+ * layout gets its native caller alone. A call not sampled pays one per-CPU lookup.
+ */
+#ifndef GF_PY_STACKS
+#define GF_PY_STACKS 0
+#endif
+#if GF_PY_STACKS
+#ifndef GF_PY_STACKS_PAGES
+#define GF_PY_STACKS_PAGES 1024
+#endif
+#include "pywalk.bpf.h"
+BPF_HASH(py_procs, u32, struct gf_py_offsets, 65536);
+BPF_ARRAY(py_config, u32, 1);
+BPF_PERCPU_ARRAY(py_countdown, u32, 1);
+BPF_PERCPU_ARRAY(py_scratch, struct gf_py_stack, 1);
+BPF_TABLE("lru_hash", u64, u8, py_seen, 65536);
+BPF_RINGBUF_OUTPUT(py_stacks, GF_PY_STACKS_PAGES);
+BPF_PROG_ARRAY(py_walker, 1);
+
+/* The call being recorded (`ts_ns`: its event's) is sampled or not; if it is, its key waits
+ * in the CPU's scratch for gf_py_follow, at the end of the program. */
+static __always_inline void gf_py_mark(u64 id, u64 ts_ns, u64 caller)
+{
+	u32 zero = 0;
+	u32 *left = py_countdown.lookup(&zero);
+	u32 *period = py_config.lookup(&zero);
+	if (!left || !period || !*period)
+		return;
+	u32 weight = gf_py_sampled(left, *period);
+	if (!weight)
+		return;
+	struct gf_py_stack *s = py_scratch.lookup(&zero);
+	if (!s)
+		return;
+	s->ts_ns = ts_ns;
+	s->pid = id >> 32;
+	s->tid = (u32)id;
+	s->caller = caller;
+	s->weight = weight;
+	s->pending = 1;
+}
+
+/* The last thing a probe does: a marked call's walk (a tail call: it does not return). */
+static __always_inline void gf_py_follow(struct pt_regs *ctx)
+{
+	u32 zero = 0;
+	struct gf_py_stack *s = py_scratch.lookup(&zero);
+	if (!s || !s->pending)
+		return;
+	s->pending = 0;
+	py_walker.call(ctx, 0);
+}
+
+int gf_py_walker(struct pt_regs *ctx)
+{
+	u32 zero = 0;
+	struct gf_py_stack *s = py_scratch.lookup(&zero);
+	if (!s)
+		return 0;
+	u32 pid = s->pid;
+	struct gf_py_offsets *o = py_procs.lookup(&pid);
+	if (o) {
+		gf_py_walk(o, gf_py_thread_state(o, s->tid, 0), s);
+	} else {
+		s->tstate = 0;
+		s->depth = 0;
+		s->flags = GF_PY_NO_PYTHON;
+	}
+	s->stack_id = gf_py_hash(s);
+	u8 one = 1;
+	if (py_seen.lookup(&s->stack_id)) {
+		py_stacks.ringbuf_output(s, offsetof(struct gf_py_stack, code), BPF_RB_NO_WAKEUP);
+		return 0;
+	}
+	py_seen.update(&s->stack_id, &one);
+	s->flags |= GF_PY_NEW;
+	py_stacks.ringbuf_output(s, offsetof(struct gf_py_stack, frame), BPF_RB_NO_WAKEUP);
+	return 0;
+}
+#else
+#define gf_py_mark(id, ts_ns, caller) do { } while (0)
+#define gf_py_follow(ctx) do { } while (0)
+#endif
+
 static __always_inline void gf_count_drop(u32 slot, u32 pid)
 {
 	u64 *n = drops.lookup(&slot);
@@ -450,6 +542,7 @@ static __always_inline struct gf_event *gf_start(struct pt_regs *ctx, int layer,
 		ev = spare;
 	}
 	gf_fill(ev, id, api, type, t);
+	gf_py_mark(id, ev->ts_ns, ret);
 	return ev;
 }
 
@@ -535,6 +628,7 @@ static __always_inline struct gf_inflight *gf_park_begin(struct pt_regs *ctx, in
 	v->ev.api = api;
 	v->ev.type = type;
 	v->ev.device = t ? t->device : 0;
+	gf_py_mark(id, v->ev.ts_ns, gf_caller(ctx, layer));
 	return v;
 }
 
@@ -1086,17 +1180,21 @@ static __always_inline void gf_count_stepped(struct pt_regs *ctx)
 	if (n)
 		*n += 1;
 }
+#define GF_STEPPED(ctx) gf_count_stepped(ctx)
+#else
+#define GF_STEPPED(ctx) do { } while (0)
+#endif
+/* A probe's program: its body, then a sampled call's walk (gf_py_follow, GF_PY_STACKS). */
 #define GF_ENTRY(name)                                                                 \
 	static __always_inline int name##_body(struct pt_regs *ctx);                   \
 	int name##_entry(struct pt_regs *ctx)                                          \
 	{                                                                              \
-		gf_count_stepped(ctx);                                                 \
-		return name##_body(ctx);                                               \
+		GF_STEPPED(ctx);                                                       \
+		int rc = name##_body(ctx);                                             \
+		gf_py_follow(ctx);                                                     \
+		return rc;                                                             \
 	}                                                                              \
 	static __always_inline int name##_body(struct pt_regs *ctx)
-#else
-#define GF_ENTRY(name) int name##_entry(struct pt_regs *ctx)
-#endif
 #define GF_RETURN(name) \
 	int name##_return(struct pt_regs *ctx) { return gf_finish(ctx, GF_API_OF(name)); }
 

@@ -29,6 +29,7 @@
 #define GF_PY_TRUNCATED 1 /* more frames than GF_PY_MAX_DEPTH, a failed read, or a cycle */
 #define GF_PY_NO_THREAD 2 /* no thread state of the caller (not a Python thread yet) */
 #define GF_PY_NEW 4       /* the first sample of this stack: its frames follow the head */
+#define GF_PY_NO_PYTHON 8 /* a process with no CPython known: its native caller alone */
 
 /* A process's layout (producer/discover/pythons.py PyLayout; GF_PY_NONE: not there). */
 struct gf_py_offsets {
@@ -57,8 +58,9 @@ struct gf_py_stack {
 	u32 depth;
 	u32 flags;
 	u64 stack_id; /* gf_py_hash: the same frames of the same process, the same id */
+	u64 caller;   /* the probed call's return address: its native caller */
 	u32 weight;   /* 1/p: the calls this sample stands for */
-	u32 pad;
+	u32 pending;  /* (the capture's scratch: a walk is to follow; 0 when sent) */
 	u64 code[GF_PY_MAX_DEPTH];
 	u64 instr[GF_PY_MAX_DEPTH];
 	u8 frame[GF_PY_FRAME_BYTES + 64]; /* scratch: the frame read last */
@@ -139,7 +141,9 @@ static __always_inline u64 gf_py_hash(const struct gf_py_stack *s)
 {
 	u64 h = 0xcbf29ce484222325ULL;
 	h = (h ^ s->pid) * 0x100000001b3ULL;
-	h = (h ^ (s->flags & (GF_PY_TRUNCATED | GF_PY_NO_THREAD))) * 0x100000001b3ULL;
+	h = (h ^ (s->flags & (GF_PY_TRUNCATED | GF_PY_NO_THREAD | GF_PY_NO_PYTHON))) *
+	    0x100000001b3ULL;
+	h = (h ^ s->caller) * 0x100000001b3ULL;
 	for (u32 i = 0; i < GF_PY_MAX_DEPTH; i++) {
 		if (i >= s->depth)
 			break;

@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 TRUNCATED: Final = 1
 NO_THREAD: Final = 2
 NEW: Final = 4
+NO_PYTHON: Final = 8
 #: The frame a truncated stack is rooted at, and the one of a thread not running Python.
 CUT: Final = PathFrame("[truncated]", "", None)
-NO_PYTHON: Final = PathFrame("[no Python frames]", "", None)
+NO_FRAMES: Final = PathFrame("[no Python frames]", "", None)
 UNKNOWN: Final = PathFrame("[unknown code]", "", None)
 
 
@@ -42,7 +43,7 @@ def head_dtype() -> np.dtype[np.void]:
     """struct gf_py_stack's head (what every sample sends)."""
     return np.dtype([("ts_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("tstate", "<u8"),
                      ("depth", "<u4"), ("flags", "<u4"), ("stack_id", "<u8"),
-                     ("weight", "<u4"), ("pad", "<u4")])
+                     ("caller", "<u8"), ("weight", "<u4"), ("pending", "<u4")])
 
 
 def stack_dtype(max_depth: int) -> np.dtype[np.void]:
@@ -96,8 +97,8 @@ class StackSamples:
 
     def _symbolise(self, whole: Any) -> tuple[PathFrame, ...]:
         pid, flags, depth = int(whole["pid"]), int(whole["flags"]), int(whole["depth"])
-        if flags & NO_THREAD:
-            return (NO_PYTHON,)
+        if flags & (NO_THREAD | NO_PYTHON):
+            return (NO_FRAMES,)
         layout = self._layout(pid)
         memory = self._memory(pid) if layout is not None else None
         frames: list[PathFrame] = []

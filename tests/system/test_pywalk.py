@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from gpuflight.producer.decode.codepaths import folded_lines
-from gpuflight.producer.decode.pysamples import StackSamples
+from gpuflight.producer.decode.pysamples import StackSamples, head_dtype, stack_dtype
 from gpuflight.producer.decode.pystacks import ProcessMemory, code_info, locate
 from gpuflight.producer.discover.pythons import PyLayout, PythonRuntime, find_python
 from tests.conftest import require
@@ -31,13 +31,8 @@ pytestmark = pytest.mark.bpf
 REPO = Path(__file__).resolve().parents[2]
 MAX_DEPTH = 64
 NONE = 0xFFFF
-#: struct gf_py_stack as sent (without its scratch): bpf/pywalk.bpf.h; its head alone for a
-#: stack seen before.
-HEAD_DTYPE = np.dtype([("ts_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("tstate", "<u8"),
-                       ("depth", "<u4"), ("flags", "<u4"), ("stack_id", "<u8"),
-                       ("weight", "<u4"), ("pad", "<u4")])
-STACK_DTYPE = np.dtype([*HEAD_DTYPE.descr, ("code", "<u8", MAX_DEPTH),
-                        ("instr", "<u8", MAX_DEPTH)])
+HEAD_DTYPE = head_dtype()
+STACK_DTYPE = stack_dtype(MAX_DEPTH)
 NEW = 4  # GF_PY_NEW
 SAMPLE = REPO / "tests" / "workloads" / "pysample.py"
 

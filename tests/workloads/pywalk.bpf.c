@@ -38,6 +38,8 @@ int on_point(struct pt_regs *ctx)
 	s->tid = (u32)id;
 	gf_py_walk(o, gf_py_thread_state(o, (u32)id, 0), s);
 	s->weight = weight;
+	s->caller = 0; /* (the capture's: the probed call's return address) */
+	s->pending = 0;
 	s->stack_id = gf_py_hash(s);
 	u8 one = 1;
 	if (py_seen.lookup(&s->stack_id)) {
