@@ -86,7 +86,8 @@ def _one(python: str, library: Path, depth: int, calls: int, period: int | None)
                 procs = bpf[b"py_procs"]
                 procs[ctypes.c_uint32(proc.pid)] = procs.Leaf.from_buffer_copy(
                     _offsets(runtime.layout, runtime.runtime_address))
-                bpf[b"py_stacks"].open_ring_buffer(lambda *_: None)
+                bpf[b"py_frames"].open_ring_buffer(lambda *_: None)
+                bpf[b"py_samples"].open_ring_buffer(lambda *_: None)
             bpf.attach_uprobe(name=str(library).encode(), sym=b"gf_point",
                               fn_name=b"on_point", pid=proc.pid)
             fd = bpf.funcs[b"on_point"].fd

@@ -182,9 +182,11 @@ BPF_TABLE("lru_hash", struct gf_ctx_key, s32, ctx_device, 16384);
  * call has the same chance, whatever its thread or stack, so a sample weighted p is an
  * unbiased estimate) marks a recorded call; its program then ends in a tail call to
  * gf_py_walker, which walks the caller's Python stack (bpf/pywalk.bpf.h; py_procs: the
- * process's layout, from producer/discover/pythons.py) and sends the sample on `py_stacks`
- * with the event's (pid, tid, ts_ns), the call's return address (its native caller) and
- * its weight; a stack's frames go with its first sample only (py_seen). A process with no
+ * process's layout, from producer/discover/pythons.py) and sends the sample's head on
+ * `py_samples` with the event's (pid, tid, ts_ns), the call's return address (its native
+ * caller), its weight and its stack's id; a stack's frames go on `py_frames` before its first
+ * sample's head, and only then (py_seen). Each ring's records are of one size, for the bulk
+ * reader (producer/probe/ringbuf.py). A process with no
  * layout gets its native caller alone. A call not sampled pays one per-CPU lookup.
  */
 #ifndef GF_PY_STACKS
@@ -200,7 +202,8 @@ BPF_ARRAY(py_config, u32, 1);
 BPF_PERCPU_ARRAY(py_countdown, u32, 1);
 BPF_PERCPU_ARRAY(py_scratch, struct gf_py_stack, 1);
 BPF_TABLE("lru_hash", u64, u8, py_seen, 65536);
-BPF_RINGBUF_OUTPUT(py_stacks, GF_PY_STACKS_PAGES);
+BPF_RINGBUF_OUTPUT(py_samples, GF_PY_STACKS_PAGES);
+BPF_RINGBUF_OUTPUT(py_frames, GF_PY_STACKS_PAGES);
 BPF_PROG_ARRAY(py_walker, 1);
 
 /* The call being recorded (`ts_ns`: its event's) is sampled or not; if it is, its key waits
@@ -254,13 +257,12 @@ int gf_py_walker(struct pt_regs *ctx)
 	}
 	s->stack_id = gf_py_hash(s);
 	u8 one = 1;
-	if (py_seen.lookup(&s->stack_id)) {
-		py_stacks.ringbuf_output(s, offsetof(struct gf_py_stack, code), BPF_RB_NO_WAKEUP);
-		return 0;
+	if (!py_seen.lookup(&s->stack_id)) {
+		py_seen.update(&s->stack_id, &one);
+		s->flags |= GF_PY_NEW;
+		py_frames.ringbuf_output(s, offsetof(struct gf_py_stack, frame), BPF_RB_NO_WAKEUP);
 	}
-	py_seen.update(&s->stack_id, &one);
-	s->flags |= GF_PY_NEW;
-	py_stacks.ringbuf_output(s, offsetof(struct gf_py_stack, frame), BPF_RB_NO_WAKEUP);
+	py_samples.ringbuf_output(s, offsetof(struct gf_py_stack, code), BPF_RB_NO_WAKEUP);
 	return 0;
 }
 #else

@@ -1,6 +1,8 @@
 """The in-kernel walk's samples (bpf/pywalk.bpf.h) → code paths: each stack symbolised once,
-when its first sample (which carries its frames) arrives — the process may be gone by the
-end of a trace — and each sample counted with its weight.
+when its frames arrive (ring `py_frames`, before its first sample's head) — the process may
+be gone by the end of a trace — and each sample's head (ring `py_samples`) counted with its
+weight. A head read before its stack's frames (the rings are read one after the other) waits
+for them, bounded.
 
 A code object is read once per (pid, address), and revalidated when a new stack holds that
 address again: its name, file and first line's pointers are read back (one read) and compared,
@@ -33,6 +35,8 @@ TRUNCATED: Final = 1
 NO_THREAD: Final = 2
 NEW: Final = 4
 NO_PYTHON: Final = 8
+#: Heads kept while their stack's frames are not read yet (more are counted unknown).
+MAX_WAITING: Final = 100_000
 #: The frame a truncated stack is rooted at, and the one of a thread not running Python.
 CUT: Final = PathFrame("[truncated]", "", None)
 NO_FRAMES: Final = PathFrame("[no Python frames]", "", None)
@@ -76,23 +80,48 @@ class StackSamples:
         self._layout = layout
         self._codes: dict[tuple[int, int], _Code] = {}
         self._stacks: dict[int, _Stack] = {}
-        #: Samples whose stack's frames never came (its first sample lost): counted here.
+        self._waiting: dict[int, list[float]] = {}
+        self._waiting_count = 0
+        #: Samples whose stack's frames never came (lost, or over MAX_WAITING): counted here.
         self.unknown_stacks = 0
 
+    def add_frames(self, records: Any) -> None:
+        """Records of `py_frames` (a stack's first sample, with its frames): symbolised now."""
+        for whole in np.atleast_1d(records):
+            stack_id = int(whole["stack_id"])
+            stack = self._stacks.get(stack_id)
+            if stack is None:
+                stack = self._stacks[stack_id] = _Stack(self._symbolise(whole))
+            for weight in self._waiting.pop(stack_id, ()):
+                self._waiting_count -= 1
+                stack.values["launches"] = stack.values.get("launches", 0.0) + weight
+
+    def add_samples(self, heads: Any) -> None:
+        """Records of `py_samples` (every sample's head)."""
+        for head in np.atleast_1d(heads):
+            stack_id, weight = int(head["stack_id"]), float(head["weight"])
+            stack = self._stacks.get(stack_id)
+            if stack is not None:
+                stack.values["launches"] = stack.values.get("launches", 0.0) + weight
+            elif self._waiting_count < MAX_WAITING:
+                self._waiting.setdefault(stack_id, []).append(weight)
+                self._waiting_count += 1
+            else:
+                self.unknown_stacks += 1
+
     def add(self, raw: bytes) -> None:
-        """One record of the ring: a head, or a stack's first sample with its frames."""
-        head = np.frombuffer(raw, self._head, count=1)[0]
-        stack_id = int(head["stack_id"])
-        if int(head["flags"]) & NEW and len(raw) >= self._whole.itemsize:
-            whole = np.frombuffer(raw, self._whole, count=1)[0]
-            self._stacks[stack_id] = _Stack(self._symbolise(whole))
-        stack = self._stacks.get(stack_id)
-        if stack is None:
-            self.unknown_stacks += 1
-            return
-        stack.values["launches"] = stack.values.get("launches", 0.0) + float(head["weight"])
+        """One record of either ring, told apart by its size."""
+        if len(raw) >= self._whole.itemsize:
+            self.add_frames(np.frombuffer(raw, self._whole, count=1))
+        else:
+            self.add_samples(np.frombuffer(raw, self._head, count=1))
 
     def samples(self) -> list[PathSample]:
+        """The code paths so far; heads still waiting for their frames are counted unknown
+        (call at the end, once both rings are read)."""
+        self.unknown_stacks += self._waiting_count
+        self._waiting.clear()
+        self._waiting_count = 0
         return [PathSample(s.frames, dict(s.values)) for s in self._stacks.values()]
 
     def _symbolise(self, whole: Any) -> tuple[PathFrame, ...]:

@@ -66,7 +66,9 @@ class _Probe:
     def __init__(self, library: Path, pid: int, runtime: PythonRuntime, period: int) -> None:
         from bcc import BPF  # the one bcc import of the tests
 
+        #: (head, its stack's frames if it is the stack's first sample, else None)
         self.samples: list[tuple[Any, Any]] = []
+        self.wholes: dict[int, Any] = {}
         self.raw: list[bytes] = []
         self.bpf = BPF(text=(REPO / "tests" / "workloads" / "pywalk.bpf.c").read_bytes(),
                        cflags=[f"-I{REPO / 'bpf'}", f"-DGF_PY_MAX_DEPTH={MAX_DEPTH}"])
@@ -76,24 +78,29 @@ class _Probe:
             procs = self.bpf[b"py_procs"]
             procs[ctypes.c_uint32(pid)] = procs.Leaf.from_buffer_copy(
                 _offsets(runtime.layout, runtime.runtime_address))
-            self.bpf[b"py_stacks"].open_ring_buffer(self._take)
+            # Frames first: a stack's frames are sent before its first head.
+            self.bpf[b"py_frames"].open_ring_buffer(self._take_frames)
+            self.bpf[b"py_samples"].open_ring_buffer(self._take)
             self.bpf.attach_uprobe(name=str(library).encode(), sym=b"gf_point",
                                    fn_name=b"on_point", pid=pid)
         except BaseException:
             self.bpf.cleanup()
             raise
 
+    def _take_frames(self, _ctx: object, data: int, size: int) -> None:
+        assert size == STACK_DTYPE.itemsize
+        raw = ctypes.string_at(data, size)
+        self.raw.append(raw)
+        whole = np.frombuffer(raw, STACK_DTYPE)[0]
+        self.wholes[int(whole["stack_id"])] = whole
+
     def _take(self, _ctx: object, data: int, size: int) -> None:
-        self.raw.append(ctypes.string_at(data, size))
-        head = np.frombuffer(ctypes.string_at(data, HEAD_DTYPE.itemsize), HEAD_DTYPE)[0]
-        whole = None
-        if int(head["flags"]) & NEW:
-            assert size >= STACK_DTYPE.itemsize
-            whole = np.frombuffer(ctypes.string_at(data, STACK_DTYPE.itemsize),
-                                  STACK_DTYPE)[0]
-        else:
-            assert size == HEAD_DTYPE.itemsize
-        self.samples.append((head, whole))
+        assert size == HEAD_DTYPE.itemsize
+        raw = ctypes.string_at(data, size)
+        self.raw.append(raw)
+        head = np.frombuffer(raw, HEAD_DTYPE)[0]
+        first = bool(int(head["flags"]) & NEW)
+        self.samples.append((head, self.wholes[int(head["stack_id"])] if first else None))
 
     def take(self) -> None:
         """What the ring holds now (the samples wake no one: it is read when asked)."""

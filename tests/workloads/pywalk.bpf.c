@@ -1,7 +1,7 @@
 /* Test glue for bpf/pywalk.bpf.h (tests/system/test_pywalk.py): a uprobe on a function a
  * Python workload calls through ctypes samples its calls (py_config[0]: the period), walks
- * the caller's Python stack on a sampled one, and sends the sample: its head, and its frames
- * the first time its stack is seen. No wake-up (a wake-up a sample cost ~5 us): the reader
+ * the caller's Python stack on a sampled one, and sends the sample: its head on py_samples,
+ * and its stack's frames on py_frames the first time the stack is seen. No wake-up (a wake-up a sample cost ~5 us): the reader
  * takes them when it looks. */
 #include <uapi/linux/ptrace.h>
 #include "pywalk.bpf.h"
@@ -11,7 +11,8 @@ BPF_ARRAY(py_config, u32, 1);
 BPF_HASH(py_countdown, u64, u32, 1024);
 BPF_HASH(py_seen, u64, u8, 65536);
 BPF_PERCPU_ARRAY(py_scratch, struct gf_py_stack, 1);
-BPF_RINGBUF_OUTPUT(py_stacks, 1024);
+BPF_RINGBUF_OUTPUT(py_samples, 1024);
+BPF_RINGBUF_OUTPUT(py_frames, 1024);
 
 #define GF_PY_HEAD_BYTES offsetof(struct gf_py_stack, code)
 
@@ -42,12 +43,11 @@ int on_point(struct pt_regs *ctx)
 	s->pending = 0;
 	s->stack_id = gf_py_hash(s);
 	u8 one = 1;
-	if (py_seen.lookup(&s->stack_id)) {
-		py_stacks.ringbuf_output(s, GF_PY_HEAD_BYTES, BPF_RB_NO_WAKEUP);
-		return 0;
+	if (!py_seen.lookup(&s->stack_id)) {
+		py_seen.update(&s->stack_id, &one);
+		s->flags |= GF_PY_NEW;
+		py_frames.ringbuf_output(s, sizeof(*s) - sizeof(s->frame), BPF_RB_NO_WAKEUP);
 	}
-	py_seen.update(&s->stack_id, &one);
-	s->flags |= GF_PY_NEW;
-	py_stacks.ringbuf_output(s, sizeof(*s) - sizeof(s->frame), BPF_RB_NO_WAKEUP);
+	py_samples.ringbuf_output(s, GF_PY_HEAD_BYTES, BPF_RB_NO_WAKEUP);
 	return 0;
 }
