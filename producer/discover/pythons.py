@@ -191,6 +191,25 @@ def debug_offsets(path: str, runtime_vaddr: int) -> PyLayout | None:
         unicode_state=words[uni + 1], unicode_ascii_data=words[uni + 3])
 
 
+def version_in(path: str) -> tuple[int, int] | None:
+    """CPython's version from the file itself: `Py_Version` (3.11+, PY_VERSION_HEX in
+    .rodata), for a file whose name does not say (a renamed or embedding executable)."""
+    vaddr = elfsyms.symbol_address(path, "Py_Version")
+    offset = elfsyms.vaddr_to_file_offset(path, vaddr) if vaddr is not None else None
+    if offset is None:
+        return None
+    try:
+        with open(path, "rb") as file:
+            file.seek(offset)
+            raw = file.read(4)
+    except OSError:
+        return None
+    if len(raw) != 4:
+        return None
+    hexversion = int.from_bytes(raw, "little")
+    return (hexversion >> 24 & 0xFF, hexversion >> 16 & 0xFF)
+
+
 def runtime_of(path: str) -> tuple[int, PyLayout, str] | None:
     """(`_PyRuntime`'s st_value, the layout, its source) of a file that defines
     `_PyRuntime`, or None: not a CPython, or a version neither the file nor the table
@@ -201,7 +220,7 @@ def runtime_of(path: str) -> tuple[int, PyLayout, str] | None:
     described = debug_offsets(path, vaddr)
     if described is not None:
         return vaddr, described, "_Py_DebugOffsets"
-    version = version_of(path)
+    version = version_of(path) or version_in(path)
     layout = LAYOUTS.get(version) if version is not None else None
     if layout is None:
         known = "of an unknown version" if version is None else f"{version[0]}.{version[1]}"
@@ -228,6 +247,7 @@ def find_python(proc_root: Path, pid: int) -> PythonRuntime | None:
             bases[path] = start
     candidates = [p for p in bases if _LIBPYTHON.search(Path(p).name)]
     exe = _exe(proc_root, pid)
+    # The executable whatever its name (a static CPython renamed, or one embedding it).
     candidates += [p for p in bases if p == exe or _EXECUTABLE.search(Path(p).name)]
     for path in dict.fromkeys(candidates):
         # Read through the process's root: the path is the one it sees.
