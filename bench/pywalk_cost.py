@@ -30,7 +30,6 @@ REPO = BENCH.parent
 sys.path[:0] = [str(REPO)]
 
 from gpuflight.producer.discover.pythons import find_python  # noqa: E402
-from tests.system.test_pywalk import _offsets  # noqa: E402  (the offsets record, one place)
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 EMPTY = b"int on_point(struct pt_regs *ctx) { return 0; }\n"
@@ -85,7 +84,7 @@ def _one(python: str, library: Path, depth: int, calls: int, period: int | None)
                 bpf[b"py_config"][ctypes.c_int(0)] = ctypes.c_uint32(period)
                 procs = bpf[b"py_procs"]
                 procs[ctypes.c_uint32(proc.pid)] = procs.Leaf.from_buffer_copy(
-                    _offsets(runtime.layout, runtime.runtime_address))
+                    runtime.offsets_record())
                 bpf[b"py_frames"].open_ring_buffer(lambda *_: None)
                 bpf[b"py_samples"].open_ring_buffer(lambda *_: None)
             bpf.attach_uprobe(name=str(library).encode(), sym=b"gf_point",

@@ -35,6 +35,7 @@ from gpuflight.producer.probe.probes import DropCounts, LoaderEvent, Probes
 from gpuflight.producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
+    from gpuflight.producer.decode.pycapture import PythonStacks
     from gpuflight.producer.http.requesttrack import RequestTracker
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,12 @@ class Capture:
         self._check_permitted()
         if settings.pids is not None:
             self.probes.add_to_scope(settings.pids)
+        #: Code paths: the Python stacks of sampled calls (settings.stack_period).
+        self.stacks: PythonStacks | None = None
+        if settings.stack_period is not None:
+            from gpuflight.producer.decode.pycapture import PythonStacks
+
+            self.stacks = PythonStacks(self.probes, settings.proc_root, settings.stack_depth)
         #: The HTTP capture and the attribution of events to requests (settings.http).
         self.http_probes: HttpProbes | None = None
         self.requests: RequestTracker | None = None
@@ -207,6 +214,8 @@ class Capture:
             self.probes.attach(library)
         attached = self.probes.attached
         for pid, keys in snapshot.libraries_by_pid.items():
+            if self.stacks is not None and pid not in self._scanned:
+                self.stacks.observe(pid)
             self._scanned.add(pid)
             self._known.add(pid)
             self._keys_by_pid[pid] = keys
@@ -323,6 +332,8 @@ class Capture:
         if not due:
             return
         self.enricher.forget(due)
+        if self.stacks is not None:
+            self.stacks.forget(due)
         for observer in self.exit_observers:
             observer(due)
         log.debug("forgot %d exited process(es)", len(due))
@@ -453,6 +464,8 @@ class Capture:
             if len(drained) == 0 or (len(drained) < BATCH_EVENTS and not until_empty):
                 break
         self._hand_on_aggregates(until_empty)
+        if self.stacks is not None:  # after the events: a sample's event is read first
+            self.stacks.drain()
         self.stats.events += total
         if requests is not None:
             requests.settle()
@@ -569,6 +582,8 @@ class Capture:
             self._close_http(self.http_probes)
         if self.settings.hold_on_load:  # after the last drain: no event of it is lost
             self._hold_no_more()
+        if self.stacks is not None:
+            self.stacks.close()
         try:
             self.probes.close()
         except Exception as exc:  # the kernel releases them when this process exits

@@ -111,6 +111,15 @@ class CaptureSettings:
     #: fills (bpf/cudart.bpf.c, GF_QUIET_LOADS). A PyTorch start-up makes ~70 dlopens, ~60
     #: of them of such files.
     quiet_loads: bool = True
+    #: Code paths (issue 28): the Python stack of one recorded call in `stack_period` on
+    #: average is walked in the kernel and sent with the call's weight (1: every call);
+    #: None: off (bpf/cudart.bpf.c GF_PY_STACKS).
+    stack_period: int | None = None
+    #: The deepest Python stack walked, in frames (a power of two; deeper ones are cut there,
+    #: and flagged).
+    stack_depth: int = 64
+    #: The rings of the samples and of the stacks' frames, in pages (powers of two).
+    stack_ring_pages: int = 1024
 
     @property
     def ringbuf_bytes(self) -> int:
@@ -152,4 +161,7 @@ class CaptureSettings:
             f"-DGF_QUIET_LOADS={int(self.quiet_loads_on)}",
             *(["-DGF_TALLY_DIR_SET=1", f'-DGF_TALLY_DIR="{self.tally_dir}"',
                f"-DGF_TALLY_PIDS={TALLY_PIDS}"] if self.tally_dir is not None else []),
+            *(["-DGF_PY_STACKS=1", f"-DGF_PY_MAX_DEPTH={self.stack_depth}",
+               f"-DGF_PY_STACKS_PAGES={self.stack_ring_pages}"]
+              if self.stack_period is not None else []),
         ]

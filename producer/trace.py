@@ -73,6 +73,15 @@ class TraceResult:
 
 
 @dataclass(frozen=True)
+class StackOptions:
+    """Code paths (issue 28): where they go, and one call in how many is walked."""
+
+    folded: Path | None = None
+    profile: Path | None = None
+    period: int = 100
+
+
+@dataclass(frozen=True)
 class RequestOptions:
     """What trace does with requests: price them, export them."""
 
@@ -241,6 +250,35 @@ def _utilization(
     return gpu, None
 
 
+def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float) -> list[str]:
+    """Write --stacks and --profile; the summary's lines on code paths. A file that cannot
+    be written is said in one line (the trace's other outputs are kept)."""
+    from gpuflight.producer.decode.codepaths import folded_lines, write_profile
+
+    assert capture.stacks is not None
+    paths = capture.stacks.paths()
+    try:
+        if stacks.folded is not None:
+            lines = folded_lines(paths)
+            stacks.folded.write_text("".join(f"{line}\n" for line in lines))
+        if stacks.profile is not None:
+            write_profile(stacks.profile, paths, duration_ns=int(wall_s * 1e9),
+                          comments=[f"gpuflight trace, 1 call in {stacks.period} walked"])
+    except OSError as exc:
+        log.error("code paths not written: %s", exc.strerror or exc)
+    total = sum(p.values.get("launches", 0.0) for p in paths)
+    out = [f"  code paths: {len(paths)} stack(s), 1 call in {stacks.period} walked"
+           + (f", {capture.stacks.samples.unknown_stacks} sample(s) of unknown stacks"
+              if capture.stacks.samples.unknown_stacks else "")]
+    ranked = sorted(paths, key=lambda p: -p.values.get("launches", 0.0))[:5]
+    for path in ranked:
+        share = path.values.get("launches", 0.0) / total if total else 0.0
+        leaf = path.frames[-1] if path.frames else None
+        where = "-" if leaf is None else leaf.folded()
+        out.append(f"    {100 * share:5.1f}%  {where}")
+    return out
+
+
 def _exit_code(status: int) -> int:
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
@@ -280,6 +318,7 @@ def run(
     watchers: Callable[[KernelNames], Sequence[EventSink]] | None = None,
     command_stdio: tuple[int, int, int] | None = None,
     on_end: Callable[[int], None] | None = None,
+    stacks: StackOptions | None = None,
 ) -> TraceResult:
     """Run argv under capture. `watchers`: the sinks of a live view (`trace --top`'s feed),
     given the capture's kernel names;
@@ -292,7 +331,8 @@ def run(
         raise UsageError(f"command not found: {argv[0]}")
     check_can_probe(capabilities=TRACE_CAPABILITIES)
     base = settings or CaptureSettings()
-    settings = replace(base, pids=frozenset(), follow_forks=True, hold_on_load=True)
+    settings = replace(base, pids=frozenset(), follow_forks=True, hold_on_load=True,
+                       stack_period=stacks.period if stacks is not None else None)
     summary_sink = SummarySink()
     sinks: list[EventSink] = [summary_sink]
     enricher = Enricher(proc_root=settings.proc_root)
@@ -397,6 +437,9 @@ def run(
     exit_code = _exit_code(status)
     if on_end is not None:
         on_end(exit_code)
+    path_lines: list[str] = []
+    if stacks is not None and capture.stacks is not None:
+        path_lines = _write_code_paths(capture, stacks, wall_s)
     failed = capture.failed_sinks()
     for sink in failed:
         log.error("%s is incomplete: %s (%d events not written)", sink.name, sink.failure,
@@ -445,6 +488,7 @@ def run(
             render(result.summary, title, wall_s, drops.events, probed=result.probed,
                    stepped_calls=result.stepped_calls),
             *attach_lines,
+            *path_lines,
         ])
         print("\n" + text + "\n", file=sys.stderr)
         table = render_routes(routes, gpu) if routes is not None else ""

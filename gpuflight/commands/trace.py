@@ -31,6 +31,16 @@ def add_parser(sub: Subparsers) -> None:
     parser.add_argument("--command-output", type=Path, metavar="FILE",
                         help="with --top: write the command's stdout and stderr to FILE "
                         "(default: a new file in $TMPDIR, named at the end)")
+    parser.add_argument("--stacks", type=Path, metavar="FILE",
+                        help="write the code paths that made the calls as folded stacks "
+                        "(flamegraph.pl, speedscope, inferno): Python frames root first, "
+                        "then the weight (launches)")
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="write the code paths as a pprof profile (go tool pprof, "
+                        "speedscope, Pyroscope)")
+    parser.add_argument("--stack-sampling", type=int, default=100, metavar="N",
+                        help="walk the Python stack of one call in N on average, each "
+                        "sample weighted N (default %(default)s; 1: every call, exact)")
     add_capture_options(parser)
     parser.add_argument("--otlp", metavar="URL", default=None,
                         help="export each HTTP request as an OTLP span (with its GPU work) to "
@@ -66,11 +76,17 @@ def run(args: argparse.Namespace) -> int:
     if args.top and args.output is not None and str(args.output) == "-":
         raise UsageError("--output - writes to the terminal, which --top's screen owns: give "
                          "it a file")
+    if args.stack_sampling < 1:
+        raise UsageError("--stack-sampling is a whole number of calls, 1 or more")
+    check_target(args.stacks, "--stacks")
+    check_target(args.profile, "--profile")
+    stacks = (trace.StackOptions(args.stacks, args.profile, args.stack_sampling)
+              if args.stacks is not None or args.profile is not None else None)
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
     requests = request_options(args)
     if not args.top:
         return trace.run(argv, output=args.output, settings=settings, requests=requests,
-                         timeline=args.timeline).exit_code
+                         timeline=args.timeline, stacks=stacks).exit_code
     from gpuflight.commands.top import check_terminal
     from gpuflight.traceview import LiveTop
 
@@ -81,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = trace.run(argv, output=args.output, settings=settings, requests=requests,
                            timeline=args.timeline, watchers=live.watchers,
-                           command_stdio=live.command_stdio, on_end=live.end)
+                           command_stdio=live.command_stdio, on_end=live.end,
+                           stacks=stacks)
     finally:
         live.close()
     print(live.output_note(), file=sys.stderr)

@@ -424,3 +424,26 @@ STEPPED: Final = DropSlot.STEPPED
 #: GF_COOKIE_STEPPED: in a probe's attach cookie, the probe is at an instruction the kernel
 #: single-steps (producer/discover/entrypoint.py); the program counts its calls in DropSlot.STEPPED.
 COOKIE_STEPPED: Final = 1 << 63
+
+
+# -- code paths (bpf/pywalk.bpf.h struct gf_py_stack) -------------------------------------------
+
+#: Flags of a sampled stack.
+PY_TRUNCATED: Final = 1
+PY_NO_THREAD: Final = 2
+PY_NEW: Final = 4
+PY_NO_PYTHON: Final = 8
+
+
+def py_head_dtype() -> np.dtype[np.void]:
+    """struct gf_py_stack's head: what every sample sends (ring `py_samples`)."""
+    return np.dtype([("ts_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("tstate", "<u8"),
+                     ("depth", "<u4"), ("flags", "<u4"), ("stack_id", "<u8"),
+                     ("caller", "<u8"), ("weight", "<u4"), ("pending", "<u4")])
+
+
+def py_stack_dtype(max_depth: int) -> np.dtype[np.void]:
+    """struct gf_py_stack with its frames (GF_PY_MAX_DEPTH of them), its scratch left out:
+    a stack's first sample (ring `py_frames`)."""
+    return np.dtype([*py_head_dtype().descr, ("code", "<u8", max_depth),
+                     ("instr", "<u8", max_depth)])

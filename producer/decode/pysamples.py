@@ -18,6 +18,14 @@ from typing import Any, Final
 
 import numpy as np
 
+from gpuflight.producer.contract.abi import (
+    PY_NEW,
+    PY_NO_PYTHON,
+    PY_NO_THREAD,
+    PY_TRUNCATED,
+    py_head_dtype,
+    py_stack_dtype,
+)
 from gpuflight.producer.decode.codepaths import PathFrame, PathSample
 from gpuflight.producer.decode.pystacks import (
     CodeInfo,
@@ -31,10 +39,10 @@ from gpuflight.producer.discover.pythons import PyLayout
 log = logging.getLogger(__name__)
 
 #: Flags of a sample (bpf/pywalk.bpf.h).
-TRUNCATED: Final = 1
-NO_THREAD: Final = 2
-NEW: Final = 4
-NO_PYTHON: Final = 8
+TRUNCATED: Final = PY_TRUNCATED
+NO_THREAD: Final = PY_NO_THREAD
+NEW: Final = PY_NEW
+NO_PYTHON: Final = PY_NO_PYTHON
 #: Heads kept while their stack's frames are not read yet (more are counted unknown).
 MAX_WAITING: Final = 100_000
 #: The frame a truncated stack is rooted at, and the one of a thread not running Python.
@@ -44,16 +52,11 @@ UNKNOWN: Final = PathFrame("[unknown code]", "", None)
 
 
 def head_dtype() -> np.dtype[np.void]:
-    """struct gf_py_stack's head (what every sample sends)."""
-    return np.dtype([("ts_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("tstate", "<u8"),
-                     ("depth", "<u4"), ("flags", "<u4"), ("stack_id", "<u8"),
-                     ("caller", "<u8"), ("weight", "<u4"), ("pending", "<u4")])
+    return py_head_dtype()
 
 
 def stack_dtype(max_depth: int) -> np.dtype[np.void]:
-    """struct gf_py_stack as a stack's first sample sends it (its scratch left out)."""
-    return np.dtype([*head_dtype().descr, ("code", "<u8", max_depth),
-                     ("instr", "<u8", max_depth)])
+    return py_stack_dtype(max_depth)
 
 
 @dataclass

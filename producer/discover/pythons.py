@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: The cookie `_Py_DebugOffsets` begins with (3.13+).
 DEBUG_COOKIE: Final = b"xdebugpy"
+#: An offset a version does not have, in struct gf_py_offsets (GF_PY_NONE).
+NONE: Final = 0xFFFF
 
 _LIBPYTHON = re.compile(r"libpython3\.(\d+)[a-z]*\.so")
 _EXECUTABLE = re.compile(r"python3\.(\d+)[a-z]*$")
@@ -131,6 +133,22 @@ class PythonRuntime:
     layout: PyLayout
     #: Where the layout came from: "_Py_DebugOffsets" or "table".
     source: str
+
+    @property
+    def walkable(self) -> bool:
+        """Whether the kernel can walk it: 3.11+ (`_PyInterpreterFrame`s, threads by native
+        id); 3.9/3.10 need the thread pointer, not read yet."""
+        return self.layout.frames == "interpreter" and self.layout.tstate_native_thread_id >= 0
+
+    def offsets_record(self) -> bytes:
+        """struct gf_py_offsets (bpf/pywalk.bpf.h): what the kernel's walk reads by."""
+        o = self.layout
+        fields = [o.runtime_interpreters_head, o.interp_threads_head, o.tstate_next,
+                  o.tstate_native_thread_id, o.tstate_cframe, o.cframe_current_frame,
+                  o.tstate_current_frame, o.frame_previous, o.frame_code, o.frame_instr,
+                  o.frame_owner, 0, 0, 0, 0, 0]
+        return struct.pack("<Q16H", self.runtime_address,
+                           *(NONE if f < 0 else f for f in fields))
 
 
 def version_of(path: str) -> tuple[int, int] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import mmap
 import os
 import select
 import struct
@@ -46,6 +47,8 @@ from gpuflight.producer.contract.abi import (
     STEPPED,
     TEXT_RANGES_DTYPE,
     Probe,
+    py_head_dtype,
+    py_stack_dtype,
 )
 from gpuflight.producer.contract.errors import AttachError, SetupError
 from gpuflight.producer.discover import attachplan
@@ -188,6 +191,9 @@ class Probes:
         self._agg_state = np.zeros(1, dtype=AGG_STATE_DTYPE)
         self._agg_counted = 0
         self._agg_unread = False
+        #: The code paths' rings (start_stacks), when stacks are sampled.
+        self._py_frames: RingBufferReader | None = None
+        self._py_samples: RingBufferReader | None = None
 
     def drain_events(self, max_events: int | None = None) -> npt.NDArray[np.void]:
         """The events committed so far (EVENT_DTYPE, up to `max_events`), oldest first. None
@@ -262,6 +268,46 @@ class Probes:
             events = self._bpf.map("events")
             self._events_ring = RingBufferReader(events.fd, self._settings.ringbuf_bytes)
         return self._events_ring
+
+    # -- code paths (issue 28, settings.stack_period) -------------------------------------
+
+    def start_stacks(self) -> None:
+        """Put the walker in its program array and set the period: from then on one recorded
+        call in `stack_period` ends in a walk of its caller's Python stack (bpf/cudart.bpf.c).
+        SetupError if the kernel refuses the walker (the capture cannot sample then)."""
+        period = self._settings.stack_period
+        if period is None:
+            return
+        try:
+            fd = self._bpf.program("gf_py_walker", self._program_type,
+                                   self._uprobes.attach_type)
+            self._bpf.map("py_walker").update(_U32.pack(0), _U32.pack(fd))
+        except OSError as exc:
+            raise SetupError(f"the Python stack walker did not load: {exc}") from exc
+        self._bpf.map("py_config").update(_U32.pack(0), _U32.pack(max(1, period)))
+        depth = self._settings.stack_depth
+        ring_bytes = self._settings.stack_ring_pages * mmap.PAGESIZE
+        self._py_frames = RingBufferReader(self._bpf.map("py_frames").fd, ring_bytes,
+                                           py_stack_dtype(depth))
+        self._py_samples = RingBufferReader(self._bpf.map("py_samples").fd, ring_bytes,
+                                            py_head_dtype())
+
+    def set_python(self, pid: int, offsets: bytes) -> None:
+        """Process `pid`'s CPython layout (struct gf_py_offsets): its calls' stacks are
+        walked from now on; a process without one gets its native caller alone."""
+        self._bpf.map("py_procs").update(_U32.pack(pid), offsets)
+
+    def forget_python(self, pid: int) -> None:
+        if self._settings.stack_period is not None:
+            self._bpf.map("py_procs").delete(_U32.pack(pid))
+
+    def drain_stacks(self) -> tuple[npt.NDArray[np.void], npt.NDArray[np.void]]:
+        """(new stacks' frames, every sample's head) committed so far: the frames first, so
+        that a head's stack is known when the head is read (one read after the other: a
+        head may still come before its frames; producer/decode/pysamples.py waits)."""
+        if self._py_frames is None or self._py_samples is None:
+            return np.zeros(0, py_stack_dtype(1)), np.zeros(0, py_head_dtype())
+        return self._py_frames.drain(None), self._py_samples.drain(None)
 
     def take_ring_fill_max(self) -> float:
         """The fullest (0..1) a drain found the events ring since the last call; 0 before

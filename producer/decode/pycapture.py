@@ -1,0 +1,96 @@
+"""Code paths during a capture (issue 28, settings.stack_period): each process's CPython is
+found when it is first scanned and its layout handed to the kernel's walk; the samples and
+stacks the kernel sends are taken each turn and symbolised at once, while the process is
+alive (producer/decode/pysamples.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpuflight.producer.decode.codepaths import PathSample
+from gpuflight.producer.decode.pysamples import StackSamples
+from gpuflight.producer.decode.pystacks import ProcessMemory
+from gpuflight.producer.discover.pythons import PyLayout, PythonRuntime, find_python
+from gpuflight.producer.probe.probes import Probes
+
+log = logging.getLogger(__name__)
+
+
+class PythonStacks:
+    """The capture's side of code paths."""
+
+    def __init__(self, probes: Probes, proc_root: Path, max_depth: int) -> None:
+        self._probes = probes
+        self._proc_root = proc_root
+        self._runtimes: dict[int, PythonRuntime] = {}
+        self._memories: dict[int, ProcessMemory] = {}
+        #: Processes whose CPython was found but the kernel cannot walk (said once each).
+        self.unwalkable: dict[int, str] = {}
+        self.samples = StackSamples(max_depth, self._memory, self._layout)
+        probes.start_stacks()
+
+    def observe(self, pid: int) -> None:
+        """A process seen for the first time: its CPython, if it runs one, is walked from
+        now on (else its calls get their native caller alone)."""
+        if pid in self._runtimes or pid in self.unwalkable:
+            return
+        try:
+            runtime = find_python(self._proc_root, pid)
+        except Exception as exc:  # a file that cannot be read: native callers only
+            log.debug("finding CPython in %d: %s", pid, exc)
+            return
+        if runtime is None:
+            return
+        if not runtime.walkable:
+            version = ".".join(map(str, runtime.layout.version))
+            self.unwalkable[pid] = version
+            log.info("process %d runs CPython %s: its code paths are its native callers "
+                     "(stacks are walked on 3.11+)", pid, version)
+            return
+        self._runtimes[pid] = runtime
+        self._probes.set_python(pid, runtime.offsets_record())
+
+    def drain(self) -> None:
+        """What the kernel sent since the last turn: new stacks symbolised now."""
+        frames, heads = self._probes.drain_stacks()
+        if len(frames):
+            self.samples.add_frames(frames)
+        if len(heads):
+            self.samples.add_samples(heads)
+
+    def forget(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            self._runtimes.pop(pid, None)
+            self.unwalkable.pop(pid, None)
+            memory = self._memories.pop(pid, None)
+            if memory is not None:
+                memory.close()
+            self.samples.forget(pid)
+            with contextlib.suppress(OSError):
+                self._probes.forget_python(pid)
+
+    def paths(self) -> list[PathSample]:
+        """The code paths of the capture (at its end)."""
+        return self.samples.samples()
+
+    def close(self) -> None:
+        for memory in self._memories.values():
+            memory.close()
+        self._memories.clear()
+
+    def _layout(self, pid: int) -> PyLayout | None:
+        runtime = self._runtimes.get(pid)
+        return runtime.layout if runtime is not None else None
+
+    def _memory(self, pid: int) -> ProcessMemory | None:
+        memory = self._memories.get(pid)
+        if memory is None:
+            try:
+                memory = self._memories[pid] = ProcessMemory(pid, str(self._proc_root))
+            except OSError:
+                return None
+        return memory
