@@ -250,22 +250,31 @@ def _utilization(
     return gpu, None
 
 
-def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float) -> list[str]:
-    """Write --stacks and --profile; the summary's lines on code paths. A file that cannot
-    be written is said in one line (the trace's other outputs are kept)."""
-    from gpuflight.producer.decode.codepaths import folded_lines, write_profile
+def _write_code_paths(capture: Capture, stacks: StackOptions,
+                      wall_s: float) -> tuple[list[str], bool]:
+    """Write --stacks and --profile (never through a symlink: files/open_output); the
+    summary's lines on code paths, and whether every file was written. A file that cannot
+    be is said in one line; the trace's other outputs are kept."""
+    from gpuflight.producer.decode.codepaths import write_folded, write_profile
 
     assert capture.stacks is not None
     paths = capture.stacks.paths()
-    try:
-        if stacks.folded is not None:
-            lines = folded_lines(paths)
-            stacks.folded.write_text("".join(f"{line}\n" for line in lines))
-        if stacks.profile is not None:
-            write_profile(stacks.profile, paths, duration_ns=int(wall_s * 1e9),
-                          comments=[f"gpuflight trace, 1 call in {stacks.period} walked"])
-    except OSError as exc:
-        log.error("code paths not written: %s", exc.strerror or exc)
+    written = True
+    outputs: list[tuple[Path | None, str, Callable[[Path], None]]] = [
+        (stacks.folded, "--stacks", lambda target: write_folded(target, paths)),
+        (stacks.profile, "--profile", lambda target: write_profile(
+            target, paths, duration_ns=int(wall_s * 1e9),
+            comments=[f"gpuflight trace, 1 call in {stacks.period} walked"])),
+    ]
+    for target, what, write in outputs:
+        if target is None:
+            continue
+        try:
+            write(target)
+        except (OSError, UsageError) as exc:
+            log.error("%s %s not written: %s", what, target,
+                      exc.strerror if isinstance(exc, OSError) else exc)
+            written = False
     total = sum(p.values.get("launches", 0.0) for p in paths)
     out = [f"  code paths: {len(paths)} stack(s), 1 call in {stacks.period} walked"
            + (f", {capture.stacks.samples.unknown_stacks} sample(s) of unknown stacks"
@@ -276,7 +285,7 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float) -> 
         leaf = path.frames[-1] if path.frames else None
         where = "-" if leaf is None else leaf.folded()
         out.append(f"    {100 * share:5.1f}%  {where}")
-    return out
+    return out, written
 
 
 def _exit_code(status: int) -> int:
@@ -438,13 +447,14 @@ def run(
     if on_end is not None:
         on_end(exit_code)
     path_lines: list[str] = []
+    paths_written = True
     if stacks is not None and capture.stacks is not None:
-        path_lines = _write_code_paths(capture, stacks, wall_s)
+        path_lines, paths_written = _write_code_paths(capture, stacks, wall_s)
     failed = capture.failed_sinks()
     for sink in failed:
         log.error("%s is incomplete: %s (%d events not written)", sink.name, sink.failure,
                   sink.lost)
-    if failed and exit_code == 0:
+    if (failed or not paths_written) and exit_code == 0:
         exit_code = EXIT_OUTPUT_INCOMPLETE
     attach_lines, nothing_traced = attach_report(capture.probes)
     if nothing_traced:

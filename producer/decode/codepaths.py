@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from gpuflight.producer.contract.files import open_output
+
 #: What a sample carries, in pprof's (type, unit) terms, in this order.
 VALUE_TYPES: Final = (
     ("launches", "count"),
@@ -187,8 +189,17 @@ def profile(samples: Sequence[PathSample], *, time_ns: int = 0, duration_ns: int
 
 
 def write_profile(path: Path, samples: Sequence[PathSample], **kw: Any) -> None:
-    """`--profile FILE`: the profile, gzipped, as pprof reads it."""
-    path.write_bytes(gzip.compress(profile(samples, **kw).SerializeToString()))
+    """`--profile FILE`: the profile, gzipped, as pprof reads it (never through a symlink:
+    contract/files.open_output)."""
+    with open(open_output(path, "--profile"), "wb") as file:
+        file.write(gzip.compress(profile(samples, **kw).SerializeToString()))
+
+
+def write_folded(path: Path, samples: Iterable[PathSample], weight: str = "launches") -> None:
+    """`--stacks FILE`: the folded stacks, a line each."""
+    lines = folded_lines(samples, weight)
+    with open(open_output(path, "--stacks"), "wb") as file:
+        file.write("".join(f"{line}\n" for line in lines).encode())
 
 
 def read_profile(path: Path) -> Any:

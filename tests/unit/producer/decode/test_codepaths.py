@@ -67,3 +67,18 @@ def test_the_profile_parses_back_with_every_sample_and_value(tmp_path: Path) -> 
     assert len(got.location) == 4 and len(got.function) == 4  # each frame once
     assert strings[got.default_sample_type] == "launches"
     assert [strings[c] for c in got.comment] == ["gpuflight trace of train.py"]
+
+
+def test_the_files_are_never_written_through_a_symlink(tmp_path: Path) -> None:
+    from gpuflight.producer.contract.errors import UsageError
+    from gpuflight.producer.decode.codepaths import write_folded
+
+    victim = tmp_path / "root-owned"
+    victim.write_text("keep")
+    planted = tmp_path / "paths.folded"
+    planted.symlink_to(victim)
+    with pytest.raises(UsageError):
+        write_folded(planted, SAMPLES)
+    with pytest.raises(UsageError):
+        write_profile(planted, SAMPLES)
+    assert victim.read_text() == "keep"
