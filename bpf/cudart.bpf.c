@@ -176,6 +176,19 @@ struct gf_ctx_key {
 };
 BPF_TABLE("lru_hash", struct gf_ctx_key, s32, ctx_device, 16384);
 
+static __always_inline void gf_count_drop(u32 slot, u32 pid)
+{
+	u64 *n = drops.lookup(&slot);
+	if (n)
+		*n += 1;
+	if (slot == GF_DROP_EVENTS) {
+		u64 zero = 0;
+		u64 *p = drops_by_pid.lookup_or_try_init(&pid, &zero);
+		if (p)
+			__sync_fetch_and_add(p, 1);
+	}
+}
+
 /* ---- code paths (issue 28): the caller's Python stack, sampled ------------------------
  *
  * GF_PY_STACKS 1: a per-CPU countdown (gaps uniform on [1, 2p-1], p = py_config[0]: every
@@ -258,30 +271,21 @@ int gf_py_walker(struct pt_regs *ctx)
 	s->stack_id = gf_py_hash(s);
 	u8 one = 1;
 	if (!py_seen.lookup(&s->stack_id)) {
-		py_seen.update(&s->stack_id, &one);
 		s->flags |= GF_PY_NEW;
-		py_frames.ringbuf_output(s, offsetof(struct gf_py_stack, frame), BPF_RB_NO_WAKEUP);
+		if (py_frames.ringbuf_output(s, offsetof(struct gf_py_stack, frame),
+					     BPF_RB_NO_WAKEUP) == 0)
+			py_seen.update(&s->stack_id, &one); /* else sent again with the next */
+		else
+			gf_count_drop(GF_DROP_PY_SAMPLES, pid);
 	}
-	py_samples.ringbuf_output(s, offsetof(struct gf_py_stack, code), BPF_RB_NO_WAKEUP);
+	if (py_samples.ringbuf_output(s, offsetof(struct gf_py_stack, code), BPF_RB_NO_WAKEUP))
+		gf_count_drop(GF_DROP_PY_SAMPLES, pid);
 	return 0;
 }
 #else
 #define gf_py_mark(id, ts_ns, caller) do { } while (0)
 #define gf_py_follow(ctx) do { } while (0)
 #endif
-
-static __always_inline void gf_count_drop(u32 slot, u32 pid)
-{
-	u64 *n = drops.lookup(&slot);
-	if (n)
-		*n += 1;
-	if (slot == GF_DROP_EVENTS) {
-		u64 zero = 0;
-		u64 *p = drops_by_pid.lookup_or_try_init(&pid, &zero);
-		if (p)
-			__sync_fetch_and_add(p, 1);
-	}
-}
 
 static __always_inline int gf_in_scope(u32 pid)
 {

@@ -256,7 +256,9 @@ enum gf_drop_slot {
 				   in the ring (under pressure over their process's share, or full) */
 	GF_DROP_STEPPED = 7,   /* not a loss: calls in scope whose probe the kernel single-steps
 				  (attached with GF_COOKIE_STEPPED) */
-	GF_DROP_SLOTS = 8,
+	GF_DROP_PY_SAMPLES = 8, /* code paths: samples (or a new stack's frames) lost, their
+				   ring (`py_samples`, `py_frames`) full */
+	GF_DROP_SLOTS = 9,
 };
 
 /* In a probe's attach cookie (above the api id and argument: records.Probe.cookie): the probe

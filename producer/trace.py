@@ -250,8 +250,8 @@ def _utilization(
     return gpu, None
 
 
-def _write_code_paths(capture: Capture, stacks: StackOptions,
-                      wall_s: float) -> tuple[list[str], bool]:
+def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
+                      lost: int) -> tuple[list[str], bool]:
     """Write --stacks and --profile (never through a symlink: files/open_output); the
     summary's lines on code paths, and whether every file was written. A file that cannot
     be is said in one line; the trace's other outputs are kept."""
@@ -278,7 +278,8 @@ def _write_code_paths(capture: Capture, stacks: StackOptions,
     total = sum(p.values.get("launches", 0.0) for p in paths)
     out = [f"  code paths: {len(paths)} stack(s), 1 call in {stacks.period} walked"
            + (f", {capture.stacks.samples.unknown_stacks} sample(s) of unknown stacks"
-              if capture.stacks.samples.unknown_stacks else "")]
+              if capture.stacks.samples.unknown_stacks else "")
+           + (f", {lost} sample(s) lost (their ring was full)" if lost else "")]
     ranked = sorted(paths, key=lambda p: -p.values.get("launches", 0.0))[:5]
     for path in ranked:
         share = path.values.get("launches", 0.0) / total if total else 0.0
@@ -449,7 +450,8 @@ def run(
     path_lines: list[str] = []
     paths_written = True
     if stacks is not None and capture.stacks is not None:
-        path_lines, paths_written = _write_code_paths(capture, stacks, wall_s)
+        path_lines, paths_written = _write_code_paths(capture, stacks, wall_s,
+                                                      drops.py_samples)
     failed = capture.failed_sinks()
     for sink in failed:
         log.error("%s is incomplete: %s (%d events not written)", sink.name, sink.failure,

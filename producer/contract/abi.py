@@ -409,6 +409,8 @@ class DropSlot(IntEnum):
     AGGREGATED = 6
     #: Not a loss: calls in scope whose probe the kernel single-steps (COOKIE_STEPPED).
     STEPPED = 7
+    #: Code paths: samples, or a new stack's frames, lost: their ring was full.
+    PY_SAMPLES = 8
 
 
 #: Slots in the `drops` array (GF_DROP_SLOTS).
@@ -416,6 +418,7 @@ DROP_SLOTS: Final = len(DropSlot)
 DROP_EVENTS: Final = DropSlot.EVENTS
 DROP_LOADER: Final = DropSlot.LOADER
 DROP_NAMES: Final = DropSlot.NAMES
+DROP_PY_SAMPLES: Final = DropSlot.PY_SAMPLES
 FORWARDED: Final = DropSlot.FORWARDED
 QUIET_LOADS: Final = DropSlot.QUIET_LOADS
 AGGREGATED: Final = DropSlot.AGGREGATED

@@ -34,6 +34,7 @@ from gpuflight.producer.contract.abi import (
     DROP_EVENTS,
     DROP_LOADER,
     DROP_NAMES,
+    DROP_PY_SAMPLES,
     DROP_SLOTS,
     EVENT_DTYPE,
     FILE_ID_DTYPE,
@@ -89,6 +90,8 @@ class DropCounts:
     #: Not lost: calls in scope whose probe the kernel single-stepped (AttachedFile.stepped;
     #: counted only where the kernel has attach cookies, Linux 5.15+).
     stepped: int = 0
+    #: Code paths: samples (or new stacks' frames) lost, their ring full.
+    py_samples: int = 0
 
 
 # What each kind of library file is probed for: its API functions and name functions.
@@ -736,6 +739,7 @@ class Probes:
             quiet_loads=totals[QUIET_LOADS],
             aggregated=totals[AGGREGATED],
             stepped=totals[STEPPED],
+            py_samples=totals[DROP_PY_SAMPLES],
         )
 
     # -- the tally (producer/publish/deadagents.py): node agent with Kafka only
