@@ -30,6 +30,7 @@ REPO = BENCH.parent
 sys.path[:0] = [str(REPO)]
 
 from gpuflight.producer.discover.pythons import find_python  # noqa: E402
+from tests.workloads.build import build_point  # noqa: E402
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 EMPTY = b"int on_point(struct pt_regs *ctx) { return 0; }\n"
@@ -53,15 +54,6 @@ def _stats(fd: int) -> tuple[int, int]:
     fields = dict(line.split(":", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text()
                   .splitlines() if ":" in line)
     return int(fields["run_time_ns"]), int(fields["run_cnt"])
-
-
-def _library(tmp: Path) -> Path:
-    source = tmp / "point.c"
-    source.write_text("void gf_point(void) { __asm__ volatile(\"\" ::: \"memory\"); }\n")
-    library = tmp / "libgfpoint.so"
-    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(library), str(source)],
-                   check=True)
-    return library
 
 
 def _one(python: str, library: Path, depth: int, calls: int, period: int | None) -> float:
@@ -123,7 +115,7 @@ def main() -> int:
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            library = _library(Path(tmp))
+            library = build_point(Path(tmp))
             for depth in (int(d) for d in args.depths.split(",")):
                 timings: dict[int | None, list[float]] = {p: [] for p in [None, *periods]}
                 for _ in range(args.rounds):

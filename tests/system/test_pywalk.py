@@ -25,6 +25,7 @@ from gpuflight.producer.decode.pystacks import ProcessMemory, code_info, locate
 from gpuflight.producer.discover.pythons import PythonRuntime, find_python
 from tests.conftest import require
 from tests.system.test_pystacks import WORKLOAD, _interpreter
+from tests.workloads.build import build_point
 
 pytestmark = pytest.mark.bpf
 
@@ -34,15 +35,6 @@ HEAD_DTYPE = head_dtype()
 STACK_DTYPE = stack_dtype(MAX_DEPTH)
 NEW = 4  # GF_PY_NEW
 SAMPLE = REPO / "tests" / "workloads" / "pysample.py"
-
-
-def _point_library(tmp_path: Path) -> Path:
-    source = tmp_path / "point.c"
-    source.write_text("void gf_point(void) { __asm__ volatile(\"\" ::: \"memory\"); }\n")
-    library = tmp_path / "libgfpoint.so"
-    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(library), str(source)],
-                   check=True)
-    return library
 
 
 class _Probe:
@@ -119,7 +111,7 @@ def _python(python: str) -> str:
 @pytest.mark.parametrize("python", ["3.11", "3.12", "3.13", "/usr/bin/python3.11"])
 def test_the_kernels_walk_finds_every_frame_the_interpreter_has(python: str,
                                                                  tmp_path: Path) -> None:
-    library = _point_library(tmp_path)
+    library = build_point(tmp_path)
     with subprocess.Popen([_python(python), str(WORKLOAD), "--point", str(library)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None and proc.stdin is not None
@@ -153,7 +145,7 @@ def _sampled(python: str, tmp_path: Path, calls: int, period: int,
         dict[str, float], dict[str, int], int]:
     """Run pysample.py under the sampler: (estimated calls per site, samples per site, the
     number of stacks sent whole); `then(probe, pid, runtime)` while the process still runs."""
-    library = _point_library(tmp_path)
+    library = build_point(tmp_path)
     with subprocess.Popen([_python(python), str(SAMPLE), str(library), str(calls)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None and proc.stdin is not None

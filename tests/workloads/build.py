@@ -185,6 +185,15 @@ def build_dlopen(outdir: Path) -> Path:
     return compile_c(Path(outdir) / "dlopen", [DLOPEN_SOURCE], ["-ldl"])
 
 
+POINT_SOURCE = WORKLOADS_DIR / "point.c"
+
+
+def build_point(outdir: Path) -> Path:
+    """Build outdir/libgfpoint.so, whose gf_point() Python calls through ctypes; return it."""
+    return compile_c(Path(outdir) / "libgfpoint.so", [POINT_SOURCE],
+                     ["-O1", "-shared", "-fPIC"])
+
+
 SWAPRACE_SOURCE = WORKLOADS_DIR / "swaprace.c"
 
 
