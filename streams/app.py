@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from typing import Any, Final
 
@@ -157,7 +159,13 @@ def build_app(settings: StreamSettings, partitions: int,
                                       **settings.kafka_config})
             reader.start()
             self._reader = reader
-            await worker.sink.start()
+            # A writer that died would leave every point waiting, silently: the worker ends
+            # instead (its supervisor restarts it; the points are recomputed from Kafka).
+            await worker.sink.start(on_failure=self._writer_failed)
+
+        def _writer_failed(self, exc: BaseException) -> None:
+            worker.sink_failure = exc
+            os.kill(os.getpid(), signal.SIGTERM)  # a graceful stop, as its supervisor's
 
         async def on_stop(self) -> None:
             await worker.sink.stop()
@@ -189,10 +197,16 @@ def _run(settings: StreamSettings, loglevel: str, collector: WorkerCollector | N
     import faust
 
     partitions = prepare_topics(settings)
-    app, _ = build_app(settings, partitions, collector)
+    app, stream_worker = build_app(settings, partitions, collector)
     log.info("stream worker %s: %d partitions, window %g s, grace %g s, InfluxDB %s",
              settings.worker, partitions, settings.windows.window_s, settings.windows.grace_s,
              settings.influx.url)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     worker.spinner = None  # a terminal spinner: escape codes in every log file
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    finally:
+        if stream_worker.sink_failure is not None:
+            failure = stream_worker.sink_failure
+            raise RuntimeError(f"the InfluxDB writer stopped on {type(failure).__name__}:"
+                               f" {failure}") from failure

@@ -86,7 +86,9 @@ class InfluxSink:
         #: HTTP statuses of the failures already logged (cleared by a write that succeeds).
         self._said: set[int] = set()
 
-    async def start(self) -> None:
+    async def start(self, on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """Start writing; `on_failure` is told if the writer ever ends on an error it does not
+        retry (a defect): the points would wait for ever, so the worker must not go on."""
         from influxdb_client.client.influxdb_client_async import InfluxDBClientAsync
 
         self._client = InfluxDBClientAsync(
@@ -94,6 +96,18 @@ class InfluxSink:
             timeout=round(self.settings.timeout_s * 1000), ssl_ca_cert=self.settings.ca_file,
         )
         self._task = asyncio.get_running_loop().create_task(self._run(), name="influx-sink")
+        self._task.add_done_callback(lambda task: self._ended(task, on_failure))
+
+    def _ended(self, task: asyncio.Task[None],
+               on_failure: Callable[[BaseException], None] | None) -> None:
+        if task.cancelled() or task.exception() is None:
+            return  # stopped
+        exc = task.exception()
+        assert exc is not None
+        log.error("InfluxDB sink stopped on %s: %s (%d points unwritten)",
+                  type(exc).__name__, exc, self.stats.pending_points)
+        if on_failure is not None:
+            on_failure(exc)
 
     async def stop(self, drain_s: float = 10.0) -> None:
         """Write what waits (for up to `drain_s`), then close the client."""
@@ -103,7 +117,7 @@ class InfluxSink:
         if self._queue:
             log.warning("InfluxDB sink stopped with %d points unwritten (they are recomputed"
                         " from Kafka on restart)", self.stats.pending_points)
-        if self._task:
+        if self._task and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task

@@ -213,6 +213,8 @@ class Worker:
         self.gpu = GpuUtilization()
         self.price = gpu_price(settings, self.gpu)
         self.sink = InfluxSink(settings.influx, on_written=self._written)
+        #: What ended the sink's writer, if a defect did (the worker then stops).
+        self.sink_failure: BaseException | None = None
         self._states: dict[bytes, JobState] = {}
         self._by_partition: dict[int, set[bytes]] = defaultdict(set)
         self._indexed: set[int] = set()

@@ -63,6 +63,9 @@ def add_parser(sub: Subparsers) -> None:
                         "(default %(default)s)")
     add_price_options(parser)
     add_metrics_options(parser, "the worker")
+    parser.add_argument("--log-level", choices=("warning", "info", "debug"), default="warning",
+                        help="what Faust and its Kafka client log: info adds the group's "
+                        "joins, assignments and table recovery (default %(default)s; -v: debug)")
     parser.add_argument("--gpu-model", default=None, metavar="NAME",
                         help="the GPU model of hosts whose NVML names none (e.g. H100), "
                         "for the cost of requests and jobs")
@@ -100,5 +103,5 @@ def run(args: argparse.Namespace) -> int:
     if args.data_dir:
         stream_settings = replace(stream_settings, data_dir=args.data_dir)
     check_kafka(args.kafka, kafka_config, required=False)
-    stream_app.run(stream_settings, loglevel="DEBUG" if args.verbose else "WARNING")
+    stream_app.run(stream_settings, loglevel="DEBUG" if args.verbose else args.log_level.upper())
     return 0

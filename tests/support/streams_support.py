@@ -203,6 +203,8 @@ class StreamWorker:
             "--bucket", "gpuflight/autogen", "--window", str(self.window_s),
             "--grace", str(self.grace_s), "--app-id", self.app_id, "--worker", name,
             "--data-dir", str(self.data_dir / name), "--identity-wait", "2", "--tick", "0.5",
+            # Faust's joins, assignments and recoveries: what a worker that never wrote did.
+            "--log-level", "info",
             *self.extra,
         ]
         env = {**os.environ, "GPUFLIGHT_INFLUX_TOKEN": "", **self.env}

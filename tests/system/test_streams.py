@@ -24,6 +24,7 @@ from gpuflight.producer.decode.summary import Summary
 from gpuflight.streams import aggregate
 from gpuflight.streams import measurements as m
 from gpuflight.streams.windows import JobState, WindowSettings
+from tests.conftest import REPO
 from tests.support.counting import SYNTHETIC_KERNEL_LAUNCHES, SYNTHETIC_PIDS, synthetic_events
 from tests.support.streams_support import (
     Feed,
@@ -746,6 +747,37 @@ def test_influxdb_away_then_back_loses_nothing(kafka_bootstrap: str, names: str,
     finally:
         worker.stop()
         stack.influx_down(tmp_path / "influx")
+
+
+@pytest.mark.kafka
+def test_a_writer_that_dies_on_a_defect_ends_the_worker_in_one_line(
+        kafka_bootstrap: str, influx_url: str, names: str, tmp_path: Path) -> None:
+    """A defect in the InfluxDB writer (an error it does not retry) ended its task and nothing
+    else: the worker went on taking messages whose points waited for ever. It now stops, as a
+    supervisor would stop it, and says why in one line."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "from gpuflight.streams import sink\n"
+        "async def _write(self, write_api, lines):\n"
+        "    raise RuntimeError('injected writer defect')\n"
+        "sink.InfluxSink._write = _write\n")
+    worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
+                          extra=("--metrics-interval", "0.5"),
+                          env={"PYTHONPATH": f"{inject}{os.pathsep}{REPO}"})
+    worker.start()
+    try:
+        assert worker.process is not None
+        code = worker.process.wait(120)
+    finally:
+        worker.stop()
+    output = worker.output()
+    assert code == 70, output[-3000:]
+    assert "InfluxDB sink stopped on RuntimeError: injected writer defect" in output, output
+    assert output.rstrip().splitlines()[-1] == (
+        "gpuflight: internal error: RuntimeError: the InfluxDB writer stopped on RuntimeError:"
+        " injected writer defect (rerun with -v)"), output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
 
 
 @pytest.mark.kafka
