@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO)]
 
 from gpuflight.producer.contract.abi import EVENT_DTYPE, F_ASYNC, F_HAS_RESULT, EventType  # noqa: E402
-from gpuflight.producer.http.attribution import RequestTable, attribute, event_costs, rollup  # noqa: E402
+from gpuflight.producer.contract.costs import event_costs  # noqa: E402
+from gpuflight.producer.http.attribution import RequestTable, attribute, rollup  # noqa: E402
 from gpuflight.producer.http.parser import HttpParser  # noqa: E402
 from tests.support.httpsim import Wire, response  # noqa: E402
 

@@ -135,7 +135,8 @@ class Capture:
         if settings.stack_period is not None:
             from gpuflight.producer.decode.pycapture import PythonStacks
 
-            self.stacks = PythonStacks(self.probes, settings.proc_root, settings.stack_depth)
+            self.stacks = PythonStacks(self.probes, settings.proc_root, settings.stack_depth,
+                                       self.enricher.clock_offset_ns)
         #: The HTTP capture and the attribution of events to requests (settings.http).
         self.http_probes: HttpProbes | None = None
         self.requests: RequestTracker | None = None
@@ -454,6 +455,8 @@ class Capture:
             if len(drained) == 0 and len(self._held) == 0:
                 break
             self.enricher.enrich(drained)
+            if self.stacks is not None:
+                self.stacks.add_events(drained)
             events = self._hold_back(drained, cut) if requests is not None else drained
             if len(events):
                 attribution = requests.attribute(events) if requests is not None else None
@@ -464,7 +467,7 @@ class Capture:
             if len(drained) == 0 or (len(drained) < BATCH_EVENTS and not until_empty):
                 break
         self._hand_on_aggregates(until_empty)
-        if self.stacks is not None:  # after the events: a sample's event is read first
+        if self.stacks is not None:  # after the events: the walks of the calls just read
             self.stacks.drain()
         self.stats.events += total
         if requests is not None:

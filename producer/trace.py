@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from gpuflight.producer.capture import Capture
 from gpuflight.producer.contract.errors import SetupError, UsageError
 from gpuflight.producer.contract.pricing import PriceBook
+from gpuflight.producer.decode.codepaths import PathSample
 from gpuflight.producer.decode.enrich import Enricher
 from gpuflight.producer.decode.sinks import EventSink, JsonLinesSink, SummarySink
 from gpuflight.producer.decode.summary import ProbedFile, Summary, render
@@ -79,6 +80,8 @@ class StackOptions:
     folded: Path | None = None
     profile: Path | None = None
     period: int = 100
+    #: What --stacks folds by (codepaths.FOLDED_WEIGHTS).
+    weight: str = "launches"
 
 
 @dataclass(frozen=True)
@@ -251,17 +254,17 @@ def _utilization(
 
 
 def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
-                      lost: int) -> tuple[list[str], bool]:
+                      lost: int, usd_per_gpu_hour: float | None) -> tuple[list[str], bool]:
     """Write --stacks and --profile (never through a symlink: files/open_output); the
     summary's lines on code paths, and whether every file was written. A file that cannot
     be is said in one line; the trace's other outputs are kept."""
     from gpuflight.producer.decode.codepaths import write_folded, write_profile
 
     assert capture.stacks is not None
-    paths = capture.stacks.paths()
+    paths = capture.stacks.paths(usd_per_gpu_hour)
     written = True
     outputs: list[tuple[Path | None, str, Callable[[Path], None]]] = [
-        (stacks.folded, "--stacks", lambda target: write_folded(target, paths)),
+        (stacks.folded, "--stacks", lambda target: write_folded(target, paths, stacks.weight)),
         (stacks.profile, "--profile", lambda target: write_profile(
             target, paths, duration_ns=int(wall_s * 1e9),
             comments=[f"gpuflight trace, 1 call in {stacks.period} walked"])),
@@ -275,18 +278,33 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
             log.error("%s %s not written: %s", what, target,
                       exc.strerror if isinstance(exc, OSError) else exc)
             written = False
-    total = sum(p.values.get("launches", 0.0) for p in paths)
+    samples = capture.stacks.samples
     out = [f"  code paths: {len(paths)} stack(s), 1 call in {stacks.period} walked"
-           + (f", {capture.stacks.samples.unknown_stacks} sample(s) of unknown stacks"
-              if capture.stacks.samples.unknown_stacks else "")
+           + (f", {samples.unknown_stacks} sample(s) of unknown stacks"
+              if samples.unknown_stacks else "")
+           + (f", {samples.unjoined} sample(s) whose call was not recorded"
+              if samples.unjoined else "")
            + (f", {lost} sample(s) lost (their ring was full)" if lost else "")]
-    ranked = sorted(paths, key=lambda p: -p.values.get("launches", 0.0))[:5]
-    for path in ranked:
-        share = path.values.get("launches", 0.0) / total if total else 0.0
-        leaf = path.frames[-1] if path.frames else None
-        where = "-" if leaf is None else leaf.folded()
-        out.append(f"    {100 * share:5.1f}%  {where}")
+    out.extend(_top_paths(paths, "launches", "of launches", lambda v: f"{v:,.0f}"))
+    out.extend(_top_paths(paths, "gpu_ns", "of GPU time", lambda v: f"{v / 1e6:,.3f} ms"))
     return out, written
+
+
+def _top_paths(paths: Sequence[PathSample], value: str, what: str,
+               shown: Callable[[float], str]) -> list[str]:
+    """The summary's five heaviest code paths by `value`, each by its leaf and the leaf's
+    caller (none if no path has any)."""
+    total = sum(p.values.get(value, 0.0) for p in paths)
+    if not total:
+        return []
+    out = [f"    top code paths {what}:"]
+    for path in sorted(paths, key=lambda p: -p.values.get(value, 0.0))[:5]:
+        share = path.values.get(value, 0.0) / total
+        if not share:
+            break
+        where = " ← ".join(frame.folded() for frame in reversed(path.frames[-2:])) or "-"
+        out.append(f"    {100 * share:5.1f}% {shown(path.values.get(value, 0.0)):>14}  {where}")
+    return out
 
 
 def _exit_code(status: int) -> int:
@@ -450,8 +468,10 @@ def run(
     path_lines: list[str] = []
     paths_written = True
     if stacks is not None and capture.stacks is not None:
+        model = gpu or gpu_name(None)
+        per_hour = options.prices.per_hour(model) if options.prices and model else None
         path_lines, paths_written = _write_code_paths(capture, stacks, wall_s,
-                                                      drops.py_samples)
+                                                      drops.py_samples, per_hour)
     failed = capture.failed_sinks()
     for sink in failed:
         log.error("%s is incomplete: %s (%d events not written)", sink.name, sink.failure,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from gpuflight.commands.options import add_capture_options, add_price_options, price_book
 from gpuflight.producer.contract.errors import UsageError
 from gpuflight.producer.contract.files import check_target
+from gpuflight.producer.decode.codepaths import FOLDED_WEIGHTS
 from gpuflight.producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
@@ -34,10 +35,15 @@ def add_parser(sub: Subparsers) -> None:
     parser.add_argument("--stacks", type=Path, metavar="FILE",
                         help="write the code paths that made the calls as folded stacks "
                         "(flamegraph.pl, speedscope, inferno): Python frames root first, "
-                        "then the weight (launches)")
+                        "then the weight (--stacks-weight)")
+    parser.add_argument("--stacks-weight", default="launches", choices=FOLDED_WEIGHTS,
+                        help="what --stacks weighs each path by: kernel launches, GPU time, "
+                        "bytes copied, CPU time blocked on the GPU, or probed calls "
+                        "(default %(default)s)")
     parser.add_argument("--profile", type=Path, metavar="FILE",
                         help="write the code paths as a pprof profile (go tool pprof, "
-                        "speedscope, Pyroscope)")
+                        "speedscope, Pyroscope): launches, GPU time, bytes, time blocked, "
+                        "cost and calls per path")
     parser.add_argument("--stack-sampling", type=int, default=100, metavar="N",
                         help="walk the Python stack of one call in N on average, each "
                         "sample weighted N (default %(default)s; 1: every call, exact)")
@@ -80,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--stack-sampling is a whole number of calls, 1 or more")
     check_target(args.stacks, "--stacks")
     check_target(args.profile, "--profile")
-    stacks = (trace.StackOptions(args.stacks, args.profile, args.stack_sampling)
+    stacks = (trace.StackOptions(args.stacks, args.profile, args.stack_sampling,
+                                 args.stacks_weight)
               if args.stacks is not None or args.profile is not None else None)
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
     requests = request_options(args)

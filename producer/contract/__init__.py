@@ -4,6 +4,7 @@ worker (gpuflight.streams) may import of the producer. Its modules import nothin
     abi        the mirror of bpf/events.h: enums, record layouts, the probe table
     wire       the Kafka topics' records (typed, versioned)
     counting   the one counting core (trace summary and stream windows)
+    costs      what each call cost (requests and code paths are priced by it)
     pricing    GPU-seconds into money; prices.toml, the default price list
     errors     the errors people see, one line each, with their exit codes
     kafkaconf  Kafka client settings for every command that talks to Kafka

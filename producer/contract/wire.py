@@ -79,7 +79,7 @@ process (producer/http/parser.py), with what its CUDA calls cost:
    "gpu_source": str|null}       # gpu_ns from "nvml" (per-process utilisation), "queued"
                                  # (time its process had work queued), "mixed"; null: none
 
-COST names are REQUEST_COST_FIELDS (producer/http/attribution.py's COST_FIELDS): launches, weight
+COST names are REQUEST_COST_FIELDS (producer/contract/costs.py's COST_FIELDS): launches, weight
 (blocks x threads), graph_launches, kernels, h2d_bytes, d2h_bytes, d2d_bytes,
 other_copy_bytes, memset_bytes, allocs, alloc_bytes, syncs, blocked_ns (CPU time blocked in
 syncs and synchronous copies), gpu_ns (GPU time); a cost that is zero may be left out. Over a
@@ -195,7 +195,7 @@ COLUMNS: Final[tuple[str, ...]] = (
 #: Added within v1: each event's request (exact) or shared set of requests (1 + its index).
 ATTRIBUTION_COLUMNS: Final[tuple[str, ...]] = ("request_id", "request_set")
 #: The costs a request carries, and the unattributed cost of a message: those of
-#: producer/http/attribution.py (COST_FIELDS; tests/unit/producer/contract/test_wire.py checks they
+#: producer/contract/costs.py (COST_FIELDS; tests/unit/producer/contract/test_wire.py checks they
 #: are the same).
 REQUEST_COST_FIELDS: Final[tuple[str, ...]] = (
     "launches", "weight", "graph_launches", "kernels", "h2d_bytes", "d2h_bytes", "d2d_bytes",

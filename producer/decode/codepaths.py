@@ -4,8 +4,9 @@ and inferno read) and pprof (`--profile FILE`, profile.proto gzipped: what `go t
 speedscope and Pyroscope read), from the same samples.
 
 A sample is a stack (its frames symbolised, producer/decode/pystacks.py) with what the calls
-it stands for did: launches, GPU time, bytes copied, CPU time blocked, cost — each already
-weighted by 1/p where the stack was sampled (so the sums are unbiased estimates).
+it stands for did (producer/contract/costs.py, as requests are priced): kernel launches, GPU
+time, bytes copied, CPU time blocked, cost, calls — each already weighted by 1/p where the
+stack was sampled (so the sums are unbiased estimates).
 
 profile.proto's messages are made at run time from their definition below (the protobuf
 runtime, no generated code): the schema is pprof's own, field for field
@@ -22,17 +23,18 @@ from typing import Any, Final
 
 from gpuflight.producer.contract.files import open_output
 
-#: What a sample carries, in pprof's (type, unit) terms, in this order.
+#: What a sample carries, in pprof's (type, unit) terms, in this order (launches first: the
+#: default). `calls`: every probed call the walks stand for, whatever it did.
 VALUE_TYPES: Final = (
     ("launches", "count"),
-    ("gpu_time", "nanoseconds"),
+    ("gpu_ns", "nanoseconds"),
     ("bytes", "bytes"),
-    ("blocked", "nanoseconds"),
+    ("blocked_ns", "nanoseconds"),
     ("cost", "microdollars"),
+    ("calls", "count"),
 )
-#: `--stacks-weight` → the value folded stacks carry.
-FOLDED_WEIGHTS: Final = {"launches": "launches", "gpu_ns": "gpu_time", "bytes": "bytes",
-                         "blocked_ns": "blocked"}
+#: What `--stacks-weight` may fold stacks by.
+FOLDED_WEIGHTS: Final = ("launches", "gpu_ns", "bytes", "blocked_ns", "calls")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +63,12 @@ class PathSample:
 def folded_lines(samples: Iterable[PathSample], weight: str = "launches") -> list[str]:
     """The folded stacks of `samples`, one line per distinct path (weights summed, rounded
     to whole units; paths that round to 0 are left out), heaviest first."""
-    value = FOLDED_WEIGHTS.get(weight)
-    if value is None:
+    if weight not in FOLDED_WEIGHTS:
         raise ValueError(f"--stacks-weight is one of {', '.join(FOLDED_WEIGHTS)}")
     totals: dict[str, float] = {}
     for sample in samples:
         key = ";".join(frame.folded() for frame in sample.frames) or "[no frames]"
-        totals[key] = totals.get(key, 0.0) + sample.values.get(value, 0.0)
+        totals[key] = totals.get(key, 0.0) + sample.values.get(weight, 0.0)
     lines = [(round(total), key) for key, total in totals.items() if round(total) > 0]
     lines.sort(key=lambda item: (-item[0], item[1]))
     return [f"{key} {total}" for total, key in lines]

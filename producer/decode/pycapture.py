@@ -1,7 +1,8 @@
 """Code paths during a capture (issue 28, settings.stack_period): each process's CPython is
 found when it is first scanned and its layout handed to the kernel's walk; the samples and
-stacks the kernel sends are taken each turn and symbolised at once, while the process is
-alive (producer/decode/pysamples.py).
+stacks the kernel sends are taken each turn, after the turn's events, and symbolised at once,
+while the process is alive; each sample is joined to its call's event
+(producer/decode/pysamples.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
 
 from gpuflight.producer.decode.codepaths import PathSample
 from gpuflight.producer.decode.pysamples import StackSamples
@@ -23,14 +27,15 @@ log = logging.getLogger(__name__)
 class PythonStacks:
     """The capture's side of code paths."""
 
-    def __init__(self, probes: Probes, proc_root: Path, max_depth: int) -> None:
+    def __init__(self, probes: Probes, proc_root: Path, max_depth: int,
+                 clock_offset_ns: int) -> None:
         self._probes = probes
         self._proc_root = proc_root
         self._runtimes: dict[int, PythonRuntime] = {}
         self._memories: dict[int, ProcessMemory] = {}
         #: Processes whose CPython was found but the kernel cannot walk (said once each).
         self.unwalkable: dict[int, str] = {}
-        self.samples = StackSamples(max_depth, self._memory, self._layout)
+        self.samples = StackSamples(max_depth, self._memory, self._layout, clock_offset_ns)
         probes.start_stacks()
 
     def observe(self, pid: int) -> None:
@@ -55,12 +60,18 @@ class PythonStacks:
         self._probes.set_python(pid, runtime.offsets_record())
 
     def drain(self) -> None:
-        """What the kernel sent since the last turn: new stacks symbolised now."""
+        """What the kernel sent since the last turn: new stacks symbolised now, samples
+        waiting for their events (`add_events`)."""
         frames, heads = self._probes.drain_stacks()
         if len(frames):
             self.samples.add_frames(frames)
         if len(heads):
             self.samples.add_samples(heads)
+        self.samples.end_turn()
+
+    def add_events(self, events: npt.NDArray[np.void]) -> None:
+        """A drained batch, enriched: what the sampled calls among it cost."""
+        self.samples.add_events(events)
 
     def forget(self, pids: Iterable[int]) -> None:
         for pid in pids:
@@ -73,9 +84,9 @@ class PythonStacks:
             with contextlib.suppress(OSError):
                 self._probes.forget_python(pid)
 
-    def paths(self) -> list[PathSample]:
-        """The code paths of the capture (at its end)."""
-        return self.samples.samples()
+    def paths(self, usd_per_gpu_hour: float | None = None) -> list[PathSample]:
+        """The code paths of the capture (at its end), priced where a price is known."""
+        return self.samples.samples(usd_per_gpu_hour)
 
     def close(self) -> None:
         for memory in self._memories.values():

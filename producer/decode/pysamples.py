@@ -1,22 +1,32 @@
 """The in-kernel walk's samples (bpf/pywalk.bpf.h) → code paths: each stack symbolised once,
 when its frames arrive (ring `py_frames`, before its first sample's head) — the process may
-be gone by the end of a trace — and each sample's head (ring `py_samples`) counted with its
-weight. A head read before its stack's frames (the rings are read one after the other) waits
-for them, bounded.
+be gone by the end of a trace — and each sample's head (ring `py_samples`) joined to the event
+of the call it sampled, which the head names exactly (pid, tid and the event's time). A path
+gets what its sampled calls cost (producer/contract/costs.py, the model that prices requests),
+each weighted by the calls the sample stands for: kernel launches, GPU time, bytes copied, CPU
+time blocked, calls. A call's event may come before its head (launches: the walk runs after
+the event is sent, in the same program) or after it (a sync's event is sent when it returns):
+a head read finds its event among the events read in this turn and the last, or waits for it,
+bounded; a head whose event never comes (the events ring was full) counts as calls alone, and
+is counted.
 
 A code object is read once per (pid, address), and revalidated when a new stack holds that
 address again: its name, file and first line's pointers are read back (one read) and compared,
 so that an address a freed code object left and a new one took is not given the old name.
+
+GPU time per call is the busy-span model of costs.busy_gpu_ns, taken over each batch of a
+process's events: a busy span cut by a batch's end is split there.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuflight.producer.contract.abi import (
     PY_NEW,
@@ -26,6 +36,7 @@ from gpuflight.producer.contract.abi import (
     py_head_dtype,
     py_stack_dtype,
 )
+from gpuflight.producer.contract.costs import COST_FIELDS, FIELD, event_costs
 from gpuflight.producer.decode.codepaths import PathFrame, PathSample
 from gpuflight.producer.decode.pystacks import (
     CodeInfo,
@@ -43,12 +54,16 @@ TRUNCATED: Final = PY_TRUNCATED
 NO_THREAD: Final = PY_NO_THREAD
 NEW: Final = PY_NEW
 NO_PYTHON: Final = PY_NO_PYTHON
-#: Heads kept while their stack's frames are not read yet (more are counted unknown).
-MAX_WAITING: Final = 100_000
+#: Sampled calls kept while their events are not read yet (beyond, the oldest count as calls
+#: alone: `unjoined`).
+MAX_UNJOINED: Final = 100_000
 #: The frame a truncated stack is rooted at, and the one of a thread not running Python.
 CUT: Final = PathFrame("[truncated]", "", None)
 NO_FRAMES: Final = PathFrame("[no Python frames]", "", None)
 UNKNOWN: Final = PathFrame("[unknown code]", "", None)
+#: A path's values: COST_FIELDS, then the calls its samples stand for.
+_CALLS: Final = len(COST_FIELDS)
+_COPIES: Final = [FIELD[f] for f in ("h2d_bytes", "d2h_bytes", "d2d_bytes", "other_copy_bytes")]
 
 
 def head_dtype() -> np.dtype[np.void]:
@@ -65,52 +80,93 @@ class _Code:
     info: CodeInfo
 
 
-@dataclass
-class _Stack:
-    frames: tuple[PathFrame, ...]
-    values: dict[str, float] = field(default_factory=dict)
-
-
 class StackSamples:
     """Samples in, code paths out. `memory(pid)` opens a process's memory (None: gone);
-    `layout(pid)` is the process's layout (what its offsets in the kernel came from)."""
+    `layout(pid)` is the process's layout (what its offsets in the kernel came from);
+    `clock_offset_ns` turns a head's time into its (enriched) event's."""
 
     def __init__(self, max_depth: int, memory: Callable[[int], Memory | None],
-                 layout: Callable[[int], PyLayout | None]) -> None:
+                 layout: Callable[[int], PyLayout | None], clock_offset_ns: int = 0) -> None:
         self._head = head_dtype()
         self._whole = stack_dtype(max_depth)
         self._memory = memory
         self._layout = layout
+        self._offset = clock_offset_ns
         self._codes: dict[tuple[int, int], _Code] = {}
-        self._stacks: dict[int, _Stack] = {}
-        self._waiting: dict[int, list[float]] = {}
-        self._waiting_count = 0
-        #: Samples whose stack's frames never came (lost, or over MAX_WAITING): counted here.
+        #: Each stack's frames, root first (once they came).
+        self._frames: dict[int, tuple[PathFrame, ...]] = {}
+        #: Each stack's values (COST_FIELDS, calls) and its heads.
+        self._values: dict[int, npt.NDArray[np.float64]] = {}
+        self._heads: dict[int, int] = {}
+        #: (pid, tid, event time) → (stack, weight): sampled calls whose event is not read yet.
+        self._pending: dict[tuple[int, int, int], tuple[int, float]] = {}
+        #: The batches of events read in this turn and the turn before, for heads read later.
+        self._recent: list[npt.NDArray[np.void]] = []
+        self._earlier: list[npt.NDArray[np.void]] = []
+        #: Samples of stacks whose frames never came (lost to a full ring): counted here.
         self.unknown_stacks = 0
+        #: Sampled calls whose event never came: counted as calls alone.
+        self.unjoined = 0
 
     def add_frames(self, records: Any) -> None:
         """Records of `py_frames` (a stack's first sample, with its frames): symbolised now."""
         for whole in np.atleast_1d(records):
             stack_id = int(whole["stack_id"])
-            stack = self._stacks.get(stack_id)
-            if stack is None:
-                stack = self._stacks[stack_id] = _Stack(self._symbolise(whole))
-            for weight in self._waiting.pop(stack_id, ()):
-                self._waiting_count -= 1
-                stack.values["launches"] = stack.values.get("launches", 0.0) + weight
+            if stack_id not in self._frames:
+                self._frames[stack_id] = self._symbolise(whole)
 
     def add_samples(self, heads: Any) -> None:
-        """Records of `py_samples` (every sample's head)."""
+        """Records of `py_samples` (every sample's head): each finds its call's event among
+        those read in this turn and the last, or waits for it."""
+        keys: dict[tuple[int, int, int], tuple[int, float]] = {}
         for head in np.atleast_1d(heads):
             stack_id, weight = int(head["stack_id"]), float(head["weight"])
-            stack = self._stacks.get(stack_id)
-            if stack is not None:
-                stack.values["launches"] = stack.values.get("launches", 0.0) + weight
-            elif self._waiting_count < MAX_WAITING:
-                self._waiting.setdefault(stack_id, []).append(weight)
-                self._waiting_count += 1
-            else:
-                self.unknown_stacks += 1
+            self._heads[stack_id] = self._heads.get(stack_id, 0) + 1
+            keys[int(head["pid"]), int(head["tid"]), int(head["ts_ns"]) + self._offset] = (
+                stack_id, weight)
+        for batch in (*self._earlier, *self._recent):
+            if not keys:
+                break
+            self._join(batch, keys)
+        self._pending.update(keys)
+        while len(self._pending) > MAX_UNJOINED:
+            oldest = next(iter(self._pending))
+            self._unjoined(*self._pending.pop(oldest))
+
+    def add_events(self, events: npt.NDArray[np.void]) -> None:
+        """A batch of enriched events (records.EVENT_DTYPE): the sampled calls among them
+        give their paths what they cost; the batch is kept for the heads still to be read
+        (`end_turn`)."""
+        if len(events) == 0:
+            return
+        if self._pending:
+            self._join(events, self._pending)
+        self._recent.append(events)
+
+    def end_turn(self) -> None:
+        """A turn's events and heads are read: events of the turn before are kept no longer
+        (a call's head is sent right after its event, in the same program)."""
+        self._earlier, self._recent = self._recent, []
+
+    def _join(self, events: npt.NDArray[np.void],
+              waiting: dict[tuple[int, int, int], tuple[int, float]]) -> None:
+        """The events of `waiting`'s calls among `events` (found ones leave `waiting`)."""
+        ts = events["ts_ns"]
+        times = np.fromiter((key[2] for key in waiting), dtype=np.uint64, count=len(waiting))
+        found: dict[int, list[tuple[int, int, float]]] = {}
+        for i in np.flatnonzero(np.isin(ts, times)).tolist():
+            pid = int(events["pid"][i])
+            hit = waiting.pop((pid, int(events["tid"][i]), int(ts[i])), None)
+            if hit is not None:
+                found.setdefault(pid, []).append((i, *hit))
+        for pid, hits in found.items():
+            mine = np.flatnonzero(events["pid"] == pid)
+            costs = event_costs(events.take(mine))  # GPU time: this process's busy spans
+            rows = np.searchsorted(mine, [i for i, _, _ in hits])
+            for (_, stack_id, weight), r in zip(hits, rows.tolist(), strict=True):
+                values = self._stack_values(stack_id)
+                values[:_CALLS] += weight * costs[r]
+                values[_CALLS] += weight
 
     def add(self, raw: bytes) -> None:
         """One record of either ring, told apart by its size."""
@@ -119,13 +175,39 @@ class StackSamples:
         else:
             self.add_samples(np.frombuffer(raw, self._head, count=1))
 
-    def samples(self) -> list[PathSample]:
-        """The code paths so far; heads still waiting for their frames are counted unknown
-        (call at the end, once both rings are read)."""
-        self.unknown_stacks += self._waiting_count
-        self._waiting.clear()
-        self._waiting_count = 0
-        return [PathSample(s.frames, dict(s.values)) for s in self._stacks.values()]
+    def samples(self, usd_per_gpu_hour: float | None = None) -> list[PathSample]:
+        """The code paths so far, priced at `usd_per_gpu_hour` where given (cost in
+        microdollars); sampled calls whose event never came count as calls alone (call at the
+        end, once every ring is read)."""
+        for stack_id, weight in self._pending.values():
+            self._unjoined(stack_id, weight)
+        self._pending.clear()
+        self.unknown_stacks = sum(n for stack_id, n in self._heads.items()
+                                  if stack_id not in self._frames)
+        out = []
+        for stack_id, values in self._values.items():
+            frames = self._frames.get(stack_id)
+            if frames is None:
+                continue
+            named = {"launches": float(values[FIELD["launches"]]),
+                     "gpu_ns": float(values[FIELD["gpu_ns"]]),
+                     "bytes": float(values[_COPIES].sum()),
+                     "blocked_ns": float(values[FIELD["blocked_ns"]]),
+                     "calls": float(values[_CALLS])}
+            if usd_per_gpu_hour is not None:
+                named["cost"] = named["gpu_ns"] / 1e9 / 3600 * usd_per_gpu_hour * 1e6
+            out.append(PathSample(frames, named))
+        return out
+
+    def _stack_values(self, stack_id: int) -> npt.NDArray[np.float64]:
+        values = self._values.get(stack_id)
+        if values is None:
+            values = self._values[stack_id] = np.zeros(_CALLS + 1)
+        return values
+
+    def _unjoined(self, stack_id: int, weight: float) -> None:
+        self._stack_values(stack_id)[_CALLS] += weight
+        self.unjoined += 1
 
     def _symbolise(self, whole: Any) -> tuple[PathFrame, ...]:
         pid, flags, depth = int(whole["pid"]), int(whole["flags"]), int(whole["depth"])

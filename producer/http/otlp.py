@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 Protocol = Literal["http/protobuf", "grpc"]
 SCOPE: Final = "gpuflight"
-#: Cost fields (attribution.COST_FIELDS) exported as span attributes, under gpuflight.gpu.*.
+#: Cost fields (contract/costs.COST_FIELDS) exported as span attributes, under gpuflight.gpu.*.
 EXPORTED_COSTS: Final = (
     "launches", "kernels", "weight", "graph_launches", "h2d_bytes", "d2h_bytes", "d2d_bytes",
     "other_copy_bytes", "memset_bytes", "allocs", "alloc_bytes", "syncs", "blocked_ns",
@@ -40,7 +40,7 @@ class RequestSpan:
     """What one span says: the request, its costs, and how they were attributed."""
 
     request: Request
-    #: Cost fields of attribution.COST_FIELDS (Rollup.of(request_id)); gpu_ns becomes seconds.
+    #: Cost fields of costs.COST_FIELDS (Rollup.of(request_id)); gpu_ns becomes seconds.
     costs: Mapping[str, float] = field(default_factory=dict)
     #: (kernel name, launches) of its most launched kernels.
     top_kernels: Sequence[tuple[str, float]] = ()

@@ -11,8 +11,8 @@ Times: the HTTP records are CLOCK_MONOTONIC, enriched events wall clock; request
 to wall clock with the enricher's offset, once.
 
 GPU time, per process, comes from NVML's per-process utilisation where NVML has it
-(attribution.nvml_gpu_ns: each sample period's SM time spread over the busy spans it overlaps),
-else from the time the process had work queued (attribution.busy_gpu_ns). Busy spans are kept
+(contract/costs.nvml_gpu_ns: each sample period's SM time spread over the busy spans it overlaps),
+else from the time the process had work queued (costs.busy_gpu_ns). Busy spans are kept
 whole: a batch's GPU time is given (`settle`) up to the process's last drain (sync, synchronous
 copy) in it, and the events after it wait for the next drain (at most GPU_WAIT_S); the requests
 they may belong to wait too. With NVML on (`feed_utilization`), GPU time also waits until NVML
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from gpuflight.producer.contract import costs as call_costs
 from gpuflight.producer.contract.wire import EventAttribution, GpuSource, RequestRecord
 from gpuflight.producer.http import attribution as attr
 from gpuflight.producer.http.abi import HttpRecord
@@ -40,8 +41,8 @@ from gpuflight.producer.nvml import UtilWindow
 
 log = logging.getLogger(__name__)
 
-_N: int = len(attr.COST_FIELDS)
-_GPU: int = attr.FIELD["gpu_ns"]
+_N: int = len(call_costs.COST_FIELDS)
+_GPU: int = call_costs.FIELD["gpu_ns"]
 #: How long a batch's GPU time waits for the drain that closes its busy spans (and NVML to
 #: report past it) before it is counted as it is (a span cut at its end; queued time).
 GPU_WAIT_S: float = 5.0
@@ -178,12 +179,12 @@ class RequestTracker:
             a = attr.attribute(table, part)
             # Everything now; GPU time once the batch's busy spans are closed (and NVML, when
             # on, has reported past them): `settle`.
-            costs = attr.event_costs(part, _no_gpu(len(part)))
+            costs = call_costs.event_costs(part, _no_gpu(len(part)))
             ends = part["ts_ns"].astype(np.int64) + part["duration_ns"].astype(np.int64)
             self._first_ns.setdefault(pid, int(part["ts_ns"].min()))
             self._pending.setdefault(pid, []).append(_Pending(
                 part, a, int(part["ts_ns"].min()), int(ends.max()), time.monotonic(),
-                bool(attr.drains(part).any())))
+                bool(call_costs.drains(part).any())))
             roll = attr.rollup(a, costs)
             self._account(pid, a, roll, part)
             request_id[index] = a.request_ids()
@@ -284,7 +285,7 @@ class RequestTracker:
         events = np.concatenate([p.events for p in ready])
         keep = np.ones(len(events), dtype=bool)
         if not whole:
-            drain = attr.drains(events)
+            drain = call_costs.drains(events)
             keep = events["ts_ns"] <= events["ts_ns"][drain].max()
         done = events[keep]
         end = int((done["ts_ns"].astype(np.int64) + done["duration_ns"].astype(np.int64)).max())
@@ -295,13 +296,14 @@ class RequestTracker:
         used = [w for w in windows if w.start_ns < end]
         if used and end <= self._covered_ns:
             self._windows[pid] = [w for w in windows if w.start_ns >= end]
-            gpu = attr.nvml_gpu_ns(done, [w.end_ns for w in used], [w.sm_util_pct for w in used],
-                                   sample_start_ns=[w.start_ns for w in used])
+            gpu = call_costs.nvml_gpu_ns(done, [w.end_ns for w in used],
+                                         [w.sm_util_pct for w in used],
+                                         sample_start_ns=[w.start_ns for w in used])
             source = "nvml"
             self.gpu_sources.nvml_batches += 1
             self.gpu_sources.nvml_unexplained_ns += gpu.residual_ns
         else:
-            gpu = attr.busy_gpu_ns(done)
+            gpu = call_costs.busy_gpu_ns(done)
             source = "queued"
             self.gpu_sources.queued_batches += 1
         left: list[_Pending] = []
@@ -395,11 +397,11 @@ def _gpu_rollup(a: attr.Attribution, gpu_ns: npt.NDArray[np.float64],
     return attr.Rollup(one.request_ids, wide(one.exact), wide(one.shared), unattributed, total)
 
 
-def _no_gpu(n: int) -> attr.GpuTime:
+def _no_gpu(n: int) -> call_costs.GpuTime:
     """No GPU time for n events (`settle` gives it)."""
-    return attr.GpuTime(np.zeros(n), 0.0, np.zeros((0, 2), dtype=np.int64))
+    return call_costs.GpuTime(np.zeros(n), 0.0, np.zeros((0, 2), dtype=np.int64))
 
 
 def _costs(values: npt.NDArray[np.float64]) -> dict[str, float]:
-    return {name: float(v) for name, v in zip(attr.COST_FIELDS, values.tolist(), strict=True)
+    return {name: float(v) for name, v in zip(call_costs.COST_FIELDS, values.tolist(), strict=True)
             if v}

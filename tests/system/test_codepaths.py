@@ -22,14 +22,15 @@ pytestmark = pytest.mark.bpf
 WORKLOAD = REPO / "tests" / "workloads" / "pylaunch.py"
 
 
-def _trace(tmp_path: Path, period: int, calls: int) -> tuple[list[str], str, Path]:
+def _trace(tmp_path: Path, period: int, calls: int,
+           *extra: str) -> tuple[list[str], str, Path]:
     runtime = build_simgpu(tmp_path / "gpu") / "libcudart.so.12"
     folded, profile = tmp_path / "paths.folded", tmp_path / "paths.pb.gz"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [*GPUFLIGHT, "trace", "--stacks", str(folded), "--profile", str(profile),
-         "--stack-sampling", str(period), "--", sys.executable, "-m", "tests.workloads.pylaunch",
-         str(runtime), str(calls)],
+         "--stack-sampling", str(period), *extra, "--", sys.executable, "-m",
+         "tests.workloads.pylaunch", str(runtime), str(calls)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return folded.read_text().splitlines(), done.stderr, profile
@@ -57,7 +58,54 @@ def test_every_call_walked_names_each_launch_by_its_function_exactly(tmp_path: P
                        f"cold ({WORKLOAD}:{_lines_of('cold')})": 500}
     assert "code paths:" in summary
     got = read_profile(profile)
-    assert sum(s.value[0] for s in got.sample) >= 2500  # launches and the copy's call
+    assert sum(s.value[0] for s in got.sample) == 2500  # launches: not the copies' calls
+
+
+def _by_function(profile: Path) -> dict[str, dict[str, int]]:
+    """Each sample type's total per workload function on the path (pprof, parsed back)."""
+    got = read_profile(profile)
+    strings = list(got.string_table)
+    kinds = [strings[t.type] for t in got.sample_type]
+    names = {f.id: strings[f.name] for f in got.function}
+    where = {loc.id: names[loc.line[0].function_id] for loc in got.location}
+    out: dict[str, dict[str, int]] = {}
+    for sample in got.sample:
+        functions = [where[i] for i in sample.location_id]
+        mine = next((f for f in functions if f in ("hot", "cold", "upload", "wait")), "<module>")
+        totals = out.setdefault(mine, dict.fromkeys(kinds, 0))
+        for kind, value in zip(kinds, sample.value, strict=True):
+            totals[kind] += value
+    return out
+
+
+def test_every_call_walked_gives_each_function_what_its_calls_cost(tmp_path: Path) -> None:
+    """Each sampled call is joined to its event: the bytes each function copied, the time it
+    waited, its launches and calls, exactly as the events say (--output of the same trace)."""
+    from tests.support.capture import read_events
+    from tests.workloads.pylaunch import UPLOAD
+
+    calls = 1000
+    events_file = tmp_path / "events.jsonl"
+    lines, summary, profile = _trace(tmp_path, 1, calls, "--stacks-weight", "bytes",
+                                     "--output", str(events_file))
+    events = [e for e in read_events(events_file) if e.get("type") != "aggregate"]
+    got = _by_function(profile)
+    uploads = calls // 10
+    assert got["upload"]["bytes"] == uploads * UPLOAD and got["upload"]["calls"] == uploads
+    assert got["<module>"]["bytes"] == 4096
+    assert got["hot"]["launches"] == calls and got["cold"]["launches"] == calls // 4
+    assert got["hot"]["bytes"] == got["wait"]["bytes"] == got["wait"]["launches"] == 0
+    # CPU time blocked: the syncs' and the synchronous copies' durations, to the nanosecond
+    # (each path's sum rounded once).
+    syncs = sum(e["duration_ns"] for e in events if e["api"] == "cudaStreamSynchronize")
+    copies = sum(e["duration_ns"] for e in events if e["api"] == "cudaMemcpy")
+    assert abs(got["wait"]["blocked_ns"] - syncs) <= 1 and syncs > 0
+    assert abs(got["upload"]["blocked_ns"] + got["<module>"]["blocked_ns"] - copies) <= 2
+    assert sum(f["calls"] for f in got.values()) == len(events)  # every call, once
+    assert sum(f["gpu_ns"] for f in got.values()) > 0
+    # --stacks folded by bytes: the uploads' path, and the last copy's.
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in lines) == uploads * UPLOAD + 4096
+    assert "of GPU time:" in summary and "whose call was not recorded" not in summary
 
 
 def test_sampled_estimates_are_within_their_bound(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ def test_go_tool_pprof_reads_it(tmp_path: Path) -> None:
     assert go is not None
     path = tmp_path / "p.pb.gz"
     write_profile(path, SAMPLES, duration_ns=10**9)
-    shown = subprocess.run([go, "tool", "pprof", "-top", "-sample_index=gpu_time", str(path)],
+    shown = subprocess.run([go, "tool", "pprof", "-top", "-sample_index=gpu_ns", str(path)],
                            capture_output=True, text=True, timeout=300, check=True).stdout
     rows = {line.split()[-1]: line.split()[0] for line in shown.splitlines()
             if line.strip().endswith(("gemm", "Model.forward", "train"))}

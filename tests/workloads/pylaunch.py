@@ -2,7 +2,8 @@
 GPU's, by ctypes), for `trace --stacks` (tests/system/test_codepaths.py).
 
 `python -m tests.workloads.pylaunch RUNTIME N`: N launches from `hot()`, N // 4 from
-`cold()`, interleaved, then a copy."""
+`cold()`, N // 10 synchronous copies of UPLOAD bytes from `upload()` and as many syncs from
+`wait()`, interleaved, then a copy of 4096 bytes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import sys
 
 from gpuflight.demo.serve import H2D, Gpu
 
-gpu = Gpu(sys.argv[1])
-n = int(sys.argv[2])
+UPLOAD = 65536
 
 
 def hot() -> None:
@@ -22,8 +22,21 @@ def cold() -> None:
     gpu.launch(8, 32)
 
 
-for i in range(n):
-    hot()
-    if i % 4 == 3:
-        cold()
-gpu.copy(4096, H2D)
+def upload() -> None:
+    gpu.copy(UPLOAD, H2D)
+
+
+def wait() -> None:
+    gpu.sync()
+
+
+if __name__ == "__main__":
+    gpu = Gpu(sys.argv[1])
+    for i in range(int(sys.argv[2])):
+        hot()
+        if i % 4 == 3:
+            cold()
+        if i % 10 == 9:
+            upload()
+            wait()
+    gpu.copy(4096, H2D)

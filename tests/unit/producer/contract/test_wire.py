@@ -305,7 +305,7 @@ def test_malformed_requests_are_refused_in_one_line(change: object) -> None:
 
 
 def test_request_costs_are_the_attribution_costs() -> None:
-    from gpuflight.producer.http.attribution import COST_FIELDS
+    from gpuflight.producer.contract.costs import COST_FIELDS
 
     assert wire.REQUEST_COST_FIELDS == COST_FIELDS
 

@@ -22,11 +22,11 @@ ATTENTION = PathFrame("Attention.forward", "/m/model.py", 88)
 GEMM = PathFrame("at::native::gemm", "libtorch_cuda.so", None)
 SAMPLES = [
     PathSample((TRAIN, FORWARD, ATTENTION, GEMM),
-               {"launches": 30.6, "gpu_time": 5.8e9, "cost": 12.0}),
-    PathSample((TRAIN, FORWARD), {"launches": 59.0, "gpu_time": 4.2e9, "bytes": 1 << 20,
-                                  "blocked": 1e6, "cost": 8.0}),
+               {"launches": 30.6, "gpu_ns": 5.8e9, "cost": 12.0}),
+    PathSample((TRAIN, FORWARD), {"launches": 59.0, "gpu_ns": 4.2e9, "bytes": 1 << 20,
+                                  "blocked_ns": 1e6, "cost": 8.0}),
     PathSample((TRAIN, FORWARD, ATTENTION, GEMM),
-               {"launches": 10.4, "gpu_time": 0.2e9}),  # the same path again: summed
+               {"launches": 10.4, "gpu_ns": 0.2e9}),  # the same path again: summed
 ]
 
 
@@ -62,8 +62,8 @@ def test_the_profile_parses_back_with_every_sample_and_value(tmp_path: Path) -> 
     samples = [([lines[i] for i in s.location_id], list(s.value)) for s in got.sample]
     assert samples[0] == ([("at::native::gemm", 0), ("Attention.forward", 88),
                            ("Model.forward", 41), ("train", 10)],
-                          [31, 5_800_000_000, 0, 0, 12])
-    assert samples[1][1] == [59, 4_200_000_000, 1 << 20, 1_000_000, 8]
+                          [31, 5_800_000_000, 0, 0, 12, 0])
+    assert samples[1][1] == [59, 4_200_000_000, 1 << 20, 1_000_000, 8, 0]
     assert len(got.location) == 4 and len(got.function) == 4  # each frame once
     assert strings[got.default_sample_type] == "launches"
     assert [strings[c] for c in got.comment] == ["gpuflight trace of train.py"]

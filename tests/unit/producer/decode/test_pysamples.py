@@ -1,11 +1,18 @@
-"""Samples to code paths: a head read before its stack's frames waits for them; one whose
-frames never come is counted unknown, not lost silently; a process with no CPython is one
-frame that says so."""
+"""Samples to code paths: each sample's head is joined to the event of the call it sampled,
+whichever ring is read first, and its path gets what that call cost, times the calls the sample
+stands for; a head whose frames never come is counted unknown, one whose event never comes
+counts as calls alone and is counted — nothing is lost silently; a process with no CPython is
+one frame that says so."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
+import numpy as np
+import pytest
+
+from gpuflight.producer.contract.abi import F_ASYNC, F_HAS_RESULT, EventType
+from gpuflight.producer.decode import pysamples
 from gpuflight.producer.decode.pysamples import (
     NEW,
     NO_FRAMES,
@@ -15,39 +22,128 @@ from gpuflight.producer.decode.pysamples import (
     head_dtype,
     stack_dtype,
 )
+from tests.support.builders import build_events, call
 
 DEPTH = 8
+#: The enricher's monotonic → wall offset: events are enriched, heads are not.
+OFFSET = 50
+PID = 9
 
 
-def _heads(*stacks: tuple[int, int]) -> np.ndarray:
-    heads = np.zeros(len(stacks), head_dtype())
-    for i, (stack_id, weight) in enumerate(stacks):
-        heads[i]["pid"], heads[i]["stack_id"], heads[i]["weight"] = 7, stack_id, weight
+def _heads(*samples: tuple[int, int, int] | tuple[int, int, int, int]) -> np.ndarray:
+    """(stack, weight, event time on the wall clock[, tid]) each."""
+    heads = np.zeros(len(samples), head_dtype())
+    for i, (stack_id, weight, ts, *tid) in enumerate(samples):
+        heads[i]["pid"], heads[i]["stack_id"], heads[i]["weight"] = PID, stack_id, weight
+        heads[i]["ts_ns"], heads[i]["tid"] = ts - OFFSET, tid[0] if tid else 1
     return heads
 
 
 def _frames(stack_id: int, flags: int = NEW, depth: int = 2) -> np.ndarray:
     whole = np.zeros(1, stack_dtype(DEPTH))
-    whole[0]["pid"], whole[0]["stack_id"], whole[0]["flags"] = 7, stack_id, flags
+    whole[0]["pid"], whole[0]["stack_id"], whole[0]["flags"] = PID, stack_id, flags
     whole[0]["depth"] = depth
     whole[0]["code"][:depth] = [0x1000 + i for i in range(depth)]
     return whole
 
 
-def test_heads_wait_for_their_frames_and_the_rest_are_counted_unknown() -> None:
-    samples = StackSamples(DEPTH, lambda pid: None, lambda pid: None)
-    samples.add_samples(_heads((1, 10), (1, 10), (2, 5)))  # read before the frames
+def _samples() -> StackSamples:
+    return StackSamples(DEPTH, lambda pid: None, lambda pid: None, clock_offset_ns=OFFSET)
+
+
+def _values(samples: StackSamples, **price: Any) -> dict[tuple[Any, ...], dict[str, float]]:
+    return {p.frames: dict(p.values) for p in samples.samples(**price)}
+
+
+def test_a_launch_read_before_its_head_and_a_sync_read_after_it_are_both_joined() -> None:
+    samples = _samples()
     samples.add_frames(_frames(1))
-    samples.add_samples(_heads((1, 10)))
+    # The launch's event is sent before its walk: read in the same turn, before the head.
+    samples.add_events(build_events([call(5_000, dim=[4, 1, 1, 32, 1, 1])]))
+    samples.add_samples(_heads((1, 10, 5_000), (1, 10, 9_000)))  # the sync's: waits
+    samples.end_turn()
+    # The sync returns later: its event comes in a later turn, after its head.
+    samples.add_events(build_events([call(9_000, type_=EventType.SYNC, duration_ns=700)]))
+    samples.end_turn()
+    (values,) = _values(samples).values()
+    assert values == {"launches": 10.0, "gpu_ns": 0.0, "bytes": 0.0, "blocked_ns": 7000.0,
+                      "calls": 20.0}
+    assert samples.unjoined == 0 and samples.unknown_stacks == 0
+
+
+def test_each_path_gets_its_own_calls_costs_weighted_and_priced() -> None:
+    samples = _samples()
+    samples.add_frames(_frames(1))
+    samples.add_frames(_frames(2, depth=3))
+    events = build_events([
+        call(100),                                                       # launch, stack 1
+        call(200, type_=EventType.MEMCPY, bytes=4096, dim=[1, 0, 0, 0, 0, 0],
+             flags=F_ASYNC),                                             # H2D, stack 2
+        call(300, type_=EventType.MEMCPY, bytes=1000, dim=[2, 0, 0, 0, 0, 0],
+             flags=F_HAS_RESULT, duration_ns=50),                        # sync D2H: drains
+        call(400, tid=2),                                                # not sampled
+    ])
+    samples.add_events(events)
+    samples.add_samples(_heads((1, 3, 100), (2, 2, 200), (2, 1, 300)))
+    got = _values(samples, usd_per_gpu_hour=3600.0)  # $1 a GPU-second: 1 µ$ a GPU-µs
+    one, two = got[(UNKNOWN, UNKNOWN)], got[(UNKNOWN, UNKNOWN, UNKNOWN)]
+    # GPU time: the busy span [100, 350] (launch to the sync copy's return), split equally
+    # over the three pieces of work in it (250 / 3 ns each), as requests are priced.
+    assert one["launches"] == 3 and one["calls"] == 3 and one["bytes"] == 0
+    assert one["gpu_ns"] == pytest.approx(3 * 250 / 3)
+    assert two == pytest.approx({"launches": 0.0, "gpu_ns": 3 * 250 / 3,
+                                 "bytes": 2 * 4096 + 1000.0, "blocked_ns": 50.0,
+                                 "calls": 3.0, "cost": 3 * 250 / 3 / 1000})
+
+
+def test_heads_match_only_their_own_thread_and_process() -> None:
+    samples = _samples()
+    samples.add_frames(_frames(1))
+    samples.add_events(build_events([call(100, tid=2), {**call(100), "pid": PID + 1}]))
+    samples.add_samples(_heads((1, 5, 100)))  # tid 1 of PID: neither event is its call
+    (values,) = _values(samples).values()
+    assert values["calls"] == 5 and values["launches"] == 0
+    assert samples.unjoined == 1
+
+
+def test_a_head_finds_events_of_the_last_turn_not_older_ones() -> None:
+    samples = _samples()
+    samples.add_frames(_frames(1))
+    samples.add_events(build_events([call(100)]))
+    samples.end_turn()
+    samples.add_events(build_events([call(200)]))
+    samples.end_turn()
+    samples.add_samples(_heads((1, 1, 200), (1, 1, 100)))  # 100's turn is gone
+    (values,) = _values(samples).values()
+    assert values["launches"] == 1 and values["calls"] == 2 and samples.unjoined == 1
+
+
+def test_heads_waiting_for_events_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pysamples, "MAX_UNJOINED", 2)
+    samples = _samples()
+    samples.add_frames(_frames(1))
+    samples.add_samples(_heads((1, 1, 100), (1, 1, 200), (1, 1, 300)))
+    assert samples.unjoined == 1  # the oldest, at once
+    samples.add_events(build_events([call(100), call(200), call(300)]))
+    (values,) = _values(samples).values()
+    assert values["launches"] == 2 and values["calls"] == 3
+
+
+def test_heads_wait_for_their_frames_and_the_rest_are_counted_unknown() -> None:
+    samples = _samples()
+    samples.add_events(build_events([call(100), call(200), call(300)]))
+    samples.add_samples(_heads((1, 10, 100), (1, 10, 200), (2, 5, 300)))  # before the frames
+    samples.add_frames(_frames(1))
     (path,) = samples.samples()
-    assert path.values == {"launches": 30.0}
+    assert path.values["launches"] == 20.0 and path.values["calls"] == 20.0
     assert path.frames == (UNKNOWN, UNKNOWN)  # no layout known: named as unknown code
     assert samples.unknown_stacks == 1  # stack 2's frames never came
 
 
 def test_a_process_with_no_cpython_is_one_frame_that_says_so() -> None:
-    samples = StackSamples(DEPTH, lambda pid: None, lambda pid: None)
+    samples = _samples()
     samples.add_frames(_frames(3, flags=NEW | NO_PYTHON, depth=0))
-    samples.add_samples(_heads((3, 1)))
+    samples.add_events(build_events([call(100)]))
+    samples.add_samples(_heads((3, 1, 100)))
     (path,) = samples.samples()
-    assert path.frames == (NO_FRAMES,) and path.values == {"launches": 1.0}
+    assert path.frames == (NO_FRAMES,) and path.values["launches"] == 1.0

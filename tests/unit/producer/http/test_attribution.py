@@ -16,17 +16,14 @@ from gpuflight.producer.contract.abi import (
     F_HAS_RESULT,
     EventType,
 )
+from gpuflight.producer.contract.costs import COST_FIELDS, busy_gpu_ns, event_costs, nvml_gpu_ns
 from gpuflight.producer.http.attribution import (
-    COST_FIELDS,
     EXACT,
     OPEN_END,
     SHARED,
     UNATTRIBUTED,
     RequestTable,
     attribute,
-    busy_gpu_ns,
-    event_costs,
-    nvml_gpu_ns,
     rollup,
     top_kernels,
 )
