@@ -220,8 +220,10 @@ BPF_RINGBUF_OUTPUT(py_frames, GF_PY_STACKS_PAGES);
 BPF_PROG_ARRAY(py_walker, 1);
 
 /* The call being recorded (`ts_ns`: its event's) is sampled or not; if it is, its key waits
- * in the CPU's scratch for gf_py_follow, at the end of the program. */
-static __always_inline void gf_py_mark(u64 id, u64 ts_ns, u64 caller)
+ * in the CPU's scratch for gf_py_follow, at the end of the program. `caller`: the call's
+ * return address where the probe read it already, else 0: read here, for sampled calls only
+ * (the probe fires where %rsp is the entry's: it points at the return address). */
+static __always_inline void gf_py_mark(struct pt_regs *ctx, u64 id, u64 ts_ns, u64 caller)
 {
 	u32 zero = 0;
 	u32 *left = py_countdown.lookup(&zero);
@@ -234,6 +236,8 @@ static __always_inline void gf_py_mark(u64 id, u64 ts_ns, u64 caller)
 	struct gf_py_stack *s = py_scratch.lookup(&zero);
 	if (!s)
 		return;
+	if (!caller)
+		bpf_probe_read_user(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx));
 	s->ts_ns = ts_ns;
 	s->pid = id >> 32;
 	s->tid = (u32)id;
@@ -283,7 +287,7 @@ int gf_py_walker(struct pt_regs *ctx)
 	return 0;
 }
 #else
-#define gf_py_mark(id, ts_ns, caller) do { } while (0)
+#define gf_py_mark(ctx, id, ts_ns, caller) do { } while (0)
 #define gf_py_follow(ctx) do { } while (0)
 #endif
 
@@ -548,7 +552,7 @@ static __always_inline struct gf_event *gf_start(struct pt_regs *ctx, int layer,
 		ev = spare;
 	}
 	gf_fill(ev, id, api, type, t);
-	gf_py_mark(id, ev->ts_ns, ret);
+	gf_py_mark(ctx, id, ev->ts_ns, ret);
 	return ev;
 }
 
@@ -634,7 +638,7 @@ static __always_inline struct gf_inflight *gf_park_begin(struct pt_regs *ctx, in
 	v->ev.api = api;
 	v->ev.type = type;
 	v->ev.device = t ? t->device : 0;
-	gf_py_mark(id, v->ev.ts_ns, gf_caller(ctx, layer));
+	gf_py_mark(ctx, id, v->ev.ts_ns, gf_caller(ctx, layer));
 	return v;
 }
 

@@ -136,7 +136,7 @@ class Capture:
             from gpuflight.producer.decode.pycapture import PythonStacks
 
             self.stacks = PythonStacks(self.probes, settings.proc_root, settings.stack_depth,
-                                       self.enricher.clock_offset_ns)
+                                       self.enricher.clock_offset_ns, self.enricher.kernels)
         #: The HTTP capture and the attribution of events to requests (settings.http).
         self.http_probes: HttpProbes | None = None
         self.requests: RequestTracker | None = None

@@ -292,8 +292,8 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
 
 def _top_paths(paths: Sequence[PathSample], value: str, what: str,
                shown: Callable[[float], str]) -> list[str]:
-    """The summary's five heaviest code paths by `value`, each by its leaf and the leaf's
-    caller (none if no path has any)."""
+    """The summary's five heaviest code paths by `value`, each by its innermost two Python
+    frames and its native caller (none if no path has any)."""
     total = sum(p.values.get(value, 0.0) for p in paths)
     if not total:
         return []
@@ -302,7 +302,11 @@ def _top_paths(paths: Sequence[PathSample], value: str, what: str,
         share = path.values.get(value, 0.0) / total
         if not share:
             break
-        where = " ← ".join(frame.folded() for frame in reversed(path.frames[-2:])) or "-"
+        frames = path.frames
+        native = frames[-1:] if frames and frames[-1].line is None and not (
+            frames[-1].function.startswith("[")) else ()  # not [truncated], [unknown code]…
+        where = " → ".join(f.folded() for f in (*frames[:len(frames) - len(native)][-2:],
+                                                 *native)) or "-"
         out.append(f"    {100 * share:5.1f}% {shown(path.values.get(value, 0.0)):>14}  {where}")
     return out
 

@@ -572,6 +572,15 @@ class KernelNames:
         state.resolved[handle] = name
         return name
 
+    def code_at(self, pid: int, address: int) -> tuple[KernelName, str]:
+        """The function of `pid` whose code holds `address` (a call's return address: its
+        native caller), by the same lookup that names launches no record named, and the file
+        that holds it ("" where no file does)."""
+        mapping = self._mapping_of(pid, address) if self._proc_root is not None else None
+        name = self._by_address(pid, address)
+        return name, (mapping.path if mapping is not None and mapping.path.startswith("/")
+                      else "")
+
     def for_launches(self, pid: int, events: npt.NDArray[np.void]) -> dict[int, KernelName]:
         """handle → name for every launch among one process's `events`."""
         launches = events["handle"][events["type"] == EventType.LAUNCH]

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuflight.producer.decode.codepaths import PathSample
+from gpuflight.producer.decode.codepaths import PathFrame, PathSample
+from gpuflight.producer.decode.kernels import KernelNames
 from gpuflight.producer.decode.pysamples import StackSamples
 from gpuflight.producer.decode.pystacks import ProcessMemory
 from gpuflight.producer.discover.pythons import PyLayout, PythonRuntime, find_python
@@ -28,14 +30,16 @@ class PythonStacks:
     """The capture's side of code paths."""
 
     def __init__(self, probes: Probes, proc_root: Path, max_depth: int,
-                 clock_offset_ns: int) -> None:
+                 clock_offset_ns: int, kernels: KernelNames | None = None) -> None:
         self._probes = probes
         self._proc_root = proc_root
         self._runtimes: dict[int, PythonRuntime] = {}
         self._memories: dict[int, ProcessMemory] = {}
         #: Processes whose CPython was found but the kernel cannot walk (said once each).
         self.unwalkable: dict[int, str] = {}
-        self.samples = StackSamples(max_depth, self._memory, self._layout, clock_offset_ns)
+        self._kernels = kernels
+        self.samples = StackSamples(max_depth, self._memory, self._layout, clock_offset_ns,
+                                    self._native if kernels is not None else None)
         probes.start_stacks()
 
     def observe(self, pid: int) -> None:
@@ -92,6 +96,15 @@ class PythonStacks:
         for memory in self._memories.values():
             memory.close()
         self._memories.clear()
+
+    def _native(self, pid: int, address: int) -> PathFrame:
+        """A call's native caller as a frame: its function (short name) in its library."""
+        assert self._kernels is not None
+        name, file = self._kernels.code_at(pid, address)
+        library = os.path.basename(file) if file else ""
+        # No symbol covers it: named by address in its library ("+0x6f7a (libffi.so.8)").
+        function = name.short.removeprefix(library) if library else name.short
+        return PathFrame(function, library, None)
 
     def _layout(self, pid: int) -> PyLayout | None:
         runtime = self._runtimes.get(pid)

@@ -86,7 +86,9 @@ class StackSamples:
     `clock_offset_ns` turns a head's time into its (enriched) event's."""
 
     def __init__(self, max_depth: int, memory: Callable[[int], Memory | None],
-                 layout: Callable[[int], PyLayout | None], clock_offset_ns: int = 0) -> None:
+                 layout: Callable[[int], PyLayout | None], clock_offset_ns: int = 0,
+                 native: Callable[[int, int], PathFrame | None] | None = None) -> None:
+        self._native = native
         self._head = head_dtype()
         self._whole = stack_dtype(max_depth)
         self._memory = memory
@@ -210,12 +212,19 @@ class StackSamples:
         self.unjoined += 1
 
     def _symbolise(self, whole: Any) -> tuple[PathFrame, ...]:
+        """The stack's frames, root first: its Python frames, then the call's native caller
+        (the code the probed call returns to: `libtorch_cuda.so!at::native::…`, libffi's for
+        ctypes) where `native` names it."""
         pid, flags, depth = int(whole["pid"]), int(whole["flags"]), int(whole["depth"])
+        caller = int(whole["caller"])
+        native = self._native(pid, caller) if self._native is not None and caller else None
+        if flags & NO_PYTHON and native is not None:
+            return (native,)
         if flags & (NO_THREAD | NO_PYTHON):
-            return (NO_FRAMES,)
+            return (NO_FRAMES,) if native is None else (NO_FRAMES, native)
         layout = self._layout(pid)
         memory = self._memory(pid) if layout is not None else None
-        frames: list[PathFrame] = []
+        frames: list[PathFrame] = [] if native is None else [native]
         for code, instr in zip(whole["code"][:depth], whole["instr"][:depth], strict=True):
             if not code:  # a shim frame (owned by the C stack)
                 continue
@@ -234,15 +243,17 @@ class StackSamples:
 
     def _code(self, memory: Memory, layout: PyLayout, pid: int, code: int) -> CodeInfo | None:
         """The code object at `code`: from the cache if its fingerprint still matches."""
+        known = self._codes.get((pid, code))
         try:
             fingerprint = _fingerprint(memory, layout, code)
-            known = self._codes.get((pid, code))
             if known is not None and known.fingerprint == fingerprint:
                 return known.info
             info = code_info(memory, layout, code)
         except MemoryReadError as exc:
             log.debug("code object %#x of %d: %s", code, pid, exc)
-            return None
+            # Gone (a stack first walked just before the process exited): the code object
+            # read there while it lived, if any (no address can be reused after the exit).
+            return known.info if known is not None else None
         self._codes[pid, code] = _Code(fingerprint, info)
         return info
 

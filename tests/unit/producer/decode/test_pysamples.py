@@ -13,6 +13,7 @@ import pytest
 
 from gpuflight.producer.contract.abi import F_ASYNC, F_HAS_RESULT, EventType
 from gpuflight.producer.decode import pysamples
+from gpuflight.producer.decode.codepaths import PathFrame
 from gpuflight.producer.decode.pysamples import (
     NEW,
     NO_FRAMES,
@@ -147,3 +148,25 @@ def test_a_process_with_no_cpython_is_one_frame_that_says_so() -> None:
     samples.add_samples(_heads((3, 1, 100)))
     (path,) = samples.samples()
     assert path.frames == (NO_FRAMES,) and path.values["launches"] == 1.0
+
+
+def test_the_native_caller_is_each_paths_leaf() -> None:
+    gemm = PathFrame("at::native::gemm", "libtorch_cuda.so", None)
+    asked: list[tuple[int, int]] = []
+
+    def native(pid: int, address: int) -> PathFrame:
+        asked.append((pid, address))
+        return gemm
+
+    samples = StackSamples(DEPTH, lambda pid: None, lambda pid: None, clock_offset_ns=OFFSET,
+                           native=native)
+    python, no_python, no_caller = _frames(1), _frames(2, flags=NEW | NO_PYTHON, depth=0), \
+        _frames(3)
+    python[0]["caller"] = no_python[0]["caller"] = 0x7F00_1234
+    for frames in (python, no_python, no_caller):
+        samples.add_frames(frames)
+    samples.add_events(build_events([call(100), call(200), call(300)]))
+    samples.add_samples(_heads((1, 1, 100), (2, 1, 200), (3, 1, 300)))
+    got = {p.frames for p in samples.samples()}
+    assert got == {(UNKNOWN, UNKNOWN, gemm), (gemm,), (UNKNOWN, UNKNOWN)}
+    assert asked == [(PID, 0x7F00_1234)] * 2  # a stack with no caller read asks nothing
