@@ -724,8 +724,61 @@ def requests_board() -> dict[str, Any]:
                      "explains.", panels, [host_var, job_var, route_var, trace_var])
 
 
+CODE_PATHS_TITLE: Final = "Functions ranked by GPU cost"
+
+
+def code_paths_board() -> dict[str, Any]:
+    """What each user function's code paths cost (`producer --stack-sampling N`). No flame
+    graph: InfluxDB keeps one level of each path (its user function, bounded per window), and
+    Grafana's flame graph panel needs whole stacks: `trace --profile` writes those."""
+    lay = Layout()
+    f = where(HOST, JOB)
+    cp = m.CODE_PATHS
+    by_function = f"{EVERY}{tags(Tags.JOB, Tags.FUNCTION)} fill(0)"
+    panels = [
+        table(lay, CODE_PATHS_TITLE, [target(
+            "A", f'SELECT sum("{Fields.COST_USD}") AS "cost_usd", sum("{Fields.GPU_NS}") / '
+                 f'1000000000 AS "gpu_seconds", sum("{Fields.LAUNCHES}") AS "launches", '
+                 f'sum("{Fields.BYTES}") AS "bytes_copied", sum("{Fields.BLOCKED_NS}") / '
+                 f'1000000000 AS "blocked_seconds", sum("{Fields.CALLS}") AS "calls" '
+                 f'FROM "{cp.name}" {f} GROUP BY "{Tags.JOB}", "{Tags.FUNCTION}"', table=True)],
+            unit(cp, Fields.COST_USD), "cost_usd", width=24,
+            overrides=[("gpu_seconds", "s"), ("launches", "short"), ("bytes_copied", "bytes"),
+                       ("blocked_seconds", "s"), ("calls", "short")],
+            transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True}}}],
+            description="Each user function's GPU cost over the time range: the GPU time of "
+                        "the calls its code paths made (sampled, each sample weighted by 1/p), "
+                        "at the price of the job's GPU model. A function is a path's innermost "
+                        "Python frame outside site-packages and the standard library; each "
+                        "window keeps the 10 costliest apart and sums the rest as [other]."),
+        timeseries(lay, "GPU time/s by function", [target(
+            "A", f'SELECT sum("{Fields.GPU_NS}") / 1000000000 / $__interval_ms * 1000 AS '
+                 f'"gpu_seconds_per_s" FROM "{cp.name}" {f} {by_function}',
+            alias="$tag_function ($tag_job)")], "short",
+            description="GPU-seconds per second of each function's calls."),
+        timeseries(lay, "Kernel launches/s by function", [target(
+            "A", f'SELECT {per_second(Fields.LAUNCHES)} AS "launches" FROM "{cp.name}" {f} '
+                 f'{by_function}', alias="$tag_function ($tag_job)")], GRAFANA_UNITS["1/s"]),
+        timeseries(lay, f"{BLOCKED_TERM} by function", [target(
+            "A", f'SELECT sum("{Fields.BLOCKED_NS}") / 1000000000 / $__interval_ms * 1000 AS '
+                 f'"blocked_share" FROM "{cp.name}" {f} {by_function}',
+            alias="$tag_function ($tag_job)")], GRAFANA_UNITS["share"],
+            description="Seconds per second each function's threads waited in syncs and "
+                        "synchronous copies (two threads waiting at once count twice)."),
+        timeseries(lay, "Bytes copied/s by function", [target(
+            "A", f'SELECT {per_second(Fields.BYTES)} AS "bytes" FROM "{cp.name}" {f} '
+                 f'{by_function}', alias="$tag_function ($tag_job)")], GRAFANA_UNITS["bytes/s"]),
+    ]
+    job_var = variable("job", "Job", tag_values(cp, Tags.JOB, HOST))
+    host_var = variable("host", "Host", tag_values(cp, Tags.HOST))
+    return dashboard("gpuflight-code-paths", "gpuflight: Code paths",
+                     "Which functions made the GPU work and what it cost: the code paths of "
+                     "sampled CUDA calls, folded to the user function that led to them.",
+                     panels, [host_var, job_var])
+
+
 DASHBOARDS: Final = {"fleet": fleet, "job": job, "transfers": transfers, "fusion": fusion,
-                     "requests": requests_board}
+                     "requests": requests_board, "paths": code_paths_board}
 
 
 # -- alert rules -----------------------------------------------------------------------------

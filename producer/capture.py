@@ -137,6 +137,8 @@ class Capture:
 
             self.stacks = PythonStacks(self.probes, settings.proc_root, settings.stack_depth,
                                        self.enricher.clock_offset_ns, self.enricher.kernels)
+            if any(sink.takes_paths() for sink in self.sinks):
+                self.stacks.samples.publish()
         #: The HTTP capture and the attribution of events to requests (settings.http).
         self.http_probes: HttpProbes | None = None
         self.requests: RequestTracker | None = None
@@ -469,6 +471,9 @@ class Capture:
         self._hand_on_aggregates(until_empty)
         if self.stacks is not None:  # after the events: the walks of the calls just read
             self.stacks.drain()
+            for pid, paths in self.stacks.take_paths().items():
+                for sink in self.sinks:
+                    sink.write_paths(pid, paths)
         self.stats.events += total
         if requests is not None:
             requests.settle()

@@ -149,7 +149,8 @@ def replay(
             requests = tuple(r for r in batch.requests if from_ns <= r.end_ns < to_ns)
             first = batch.aggregates["ts_ns"]
             aggregates = batch.aggregates[(first >= from_ns) & (first < to_ns)]
-            if len(events) == 0 and not requests and not len(aggregates):
+            paths = tuple(p for p in batch.paths if from_ns <= p.ts_ns < to_ns)
+            if len(events) == 0 and not requests and not len(aggregates) and not paths:
                 continue
             stats.events += len(events)
             stats.requests += len(requests)
@@ -168,7 +169,7 @@ def replay(
                     attribution=attribution, requests=requests,
                     # the unattributed cost is the message's: kept only with all its events
                     unattributed=batch.unattributed if whole else {},
-                    aggregates=aggregates,
+                    aggregates=aggregates, paths=paths,
                 )
                 republisher.produce_batch(to_topic, kept)
     finally:

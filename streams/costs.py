@@ -1,6 +1,6 @@
-"""`gpuflight report --by route|job|namespace|team` and `gpuflight cost`: what requests and jobs
-cost on the GPU over a time range, from the stream app's `routes` and `job_cost` points in
-InfluxDB (InfluxQL, as the dashboards read them).
+"""`gpuflight report --by route|job|namespace|team|function` and `gpuflight cost`: what requests,
+jobs and code paths cost on the GPU over a time range, from the stream app's `routes`,
+`job_cost` and `code_paths` points in InfluxDB (InfluxQL, as the dashboards read them).
 
 Every figure is a sum of window points, so it is exact over any range of whole windows:
 requests, GPU-seconds, kernel launches, bytes copied, USD. Per request: those sums / requests.
@@ -9,7 +9,8 @@ the windows' medians, and p99 the worst window's (percentiles of windows do not 
 
 By route, the GPU time is the requests' (exact and their shares). By job, namespace or team it
 is the jobs' whole GPU time: their requests' and what no request explains (idle or background
-work), shown apart as "no request".
+work), shown apart as "no request". By function, each user function's sampled calls
+(estimates; "[other]" holds what each window did not keep apart).
 """
 
 from __future__ import annotations
@@ -204,4 +205,76 @@ def render_json(table: CostTable) -> str:
 
     return orjson.dumps({"by": table.by, "since_ns": table.since_ns, "until_ns": table.until_ns,
                          "rows": [one(r) for r in table.rows], "total": one(table.total)},
+                        option=orjson.OPT_INDENT_2).decode()
+
+
+# -- by function (code paths) ---------------------------------------------------------------
+
+
+@dataclass
+class FunctionRow:
+    function: str
+    launches: float = 0.0
+    gpu_seconds: float = 0.0
+    bytes_copied: float = 0.0
+    blocked_seconds: float = 0.0
+    calls: float = 0.0
+    cost_usd: float = 0.0
+    cost_per_hour_usd: float = 0.0
+
+
+@dataclass
+class FunctionTable:
+    since_ns: int
+    until_ns: int
+    rows: list[FunctionRow]
+
+
+def function_table(settings: InfluxSettings, since_ns: int, until_ns: int, *,
+                   host: str | None = None, job: str | None = None) -> FunctionTable:
+    """What each user function's code paths cost in [since, until) (`code_paths`)."""
+    if until_ns <= since_ns:
+        raise UsageError("the time range is empty")
+    db = InfluxQL.from_settings(settings, timeout_s=QUERY_TIMEOUT_S)
+    where = f"WHERE time >= {since_ns} AND time < {until_ns}"
+    if host:
+        where += f" AND {Tags.HOST} = {quote_string(host)}"
+    if job:
+        where += f" AND {Tags.JOB} = {quote_string(job)}"
+    hours = (until_ns - since_ns) / 3.6e12
+    rows = []
+    for r in db.rows(
+            f"SELECT sum({Fields.LAUNCHES}) AS launches, sum({Fields.GPU_NS}) AS gpu_ns,"
+            f" sum({Fields.BYTES}) AS bytes, sum({Fields.BLOCKED_NS}) AS blocked,"
+            f" sum({Fields.CALLS}) AS calls, sum({Fields.COST_USD}) AS cost"
+            f" FROM {m.CODE_PATHS.name} {where} GROUP BY {Tags.FUNCTION}"):
+        cost = r.number("cost") or 0.0
+        rows.append(FunctionRow(
+            r.text(Tags.FUNCTION) or m.NO_LABEL, r.number("launches") or 0.0,
+            (r.number("gpu_ns") or 0.0) / 1e9, r.number("bytes") or 0.0,
+            (r.number("blocked") or 0.0) / 1e9, r.number("calls") or 0.0, cost, cost / hours))
+    rows.sort(key=lambda r: (-r.gpu_seconds, -r.calls, r.function))
+    return FunctionTable(since_ns, until_ns, rows)
+
+
+def render_functions(table: FunctionTable) -> str:
+    """The functions, costliest first, each with its share of the GPU time."""
+    total_gpu = sum(r.gpu_seconds for r in table.rows)
+    headers = ["function", "launches", "GPU-s", "GPU share", "copied", "blocked s", "calls",
+               "$", "$/hour"]
+    lines = [[r.function, _num(r.launches, 0), _num(r.gpu_seconds, 3),
+              _num(100 * r.gpu_seconds / total_gpu if total_gpu else None) + "%",
+              _num(r.bytes_copied, 0), _num(r.blocked_seconds, 3), _num(r.calls, 0),
+              _usd(r.cost_usd), _usd(r.cost_per_hour_usd)] for r in table.rows]
+    out = tabulate(lines, headers=headers, tablefmt="simple",
+                   colalign=("left", *["right"] * (len(headers) - 1)))
+    if not table.rows:
+        out += ("\nno code paths in that time range (the producer samples them with"
+                " --stack-sampling N)")
+    return out
+
+
+def render_functions_json(table: FunctionTable) -> str:
+    return orjson.dumps({"by": Tags.FUNCTION, "since_ns": table.since_ns,
+                         "until_ns": table.until_ns, "rows": [asdict(r) for r in table.rows]},
                         option=orjson.OPT_INDENT_2).decode()

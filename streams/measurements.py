@@ -68,6 +68,8 @@ class Tags:
     #: The CUDA device of the calling thread, its ordinal in the process (as the process's
     #: CUDA_VISIBLE_DEVICES numbers them) — not NVML's index, which `gpu` is.
     DEVICE: Final = "device"
+    #: A code path folded to its user function (streams/paths.py): bounded per window.
+    FUNCTION: Final = "function"
 
 
 class Fields:
@@ -153,6 +155,8 @@ class Fields:
     BYTES_IN: Final = "bytes_in"
     BYTES_OUT: Final = "bytes_out"
     GPU_NS: Final = "gpu_ns"
+    BLOCKED_NS: Final = "blocked_ns"
+    CALLS: Final = "calls"
     LAUNCHES_PER_REQUEST: Final = "launches_per_request"
     GPU_SECONDS_PER_REQUEST: Final = "gpu_seconds_per_request"
     BYTES_PER_REQUEST: Final = "bytes_per_request"
@@ -519,6 +523,24 @@ ROUTES: Final = Measurement(
     ),
 )
 
+#: What each code path of a (window, job) cost (`gpuflight producer --stack-sampling N`),
+#: folded to its user function: the innermost Python frame outside site-packages and the
+#: standard library (streams/paths.py), "function (file)". Bounded: the TOP_FUNCTIONS costliest
+#: by GPU time, and the rest as "[other]". Estimates (each sample weighted by 1/p).
+CODE_PATHS: Final = Measurement(
+    "code_paths",
+    (Tags.HOST, Tags.JOB, Tags.NAMESPACE, Tags.TEAM, Tags.FUNCTION),
+    (
+        _float(Fields.LAUNCHES),
+        _float(Fields.GPU_NS, "ns"),
+        _float(Fields.BYTES, "bytes"),
+        _float(Fields.BLOCKED_NS, "ns"),
+        _float(Fields.CALLS),
+        _float(Fields.COST_USD, "usd"),
+        _float(Fields.COST_PER_HOUR_USD, "usd"),
+    ),
+)
+
 #: The slowest requests of a (window, job, route), rank 0 the slowest: what a user follows to
 #: their trace backend (trace_id and the caller's span, when the request carried a W3C
 #: traceparent; absent otherwise). Bounded: at most REQUEST_SAMPLES per (window, job, route).
@@ -581,6 +603,7 @@ ALL: Final[Mapping[str, Measurement]] = MappingProxyType(
             EVENTS_UNCOUNTED,
             STREAMS,
             ROUTES,
+            CODE_PATHS,
             REQUEST_SAMPLES_M,
             JOB_COST,
         )

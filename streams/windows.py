@@ -33,9 +33,10 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from gpuflight.producer.contract.wire import RequestRecord
+from gpuflight.producer.contract.wire import PathRecord, RequestRecord
 from gpuflight.streams import aggregate as agg_math
 from gpuflight.streams import measurements as m
+from gpuflight.streams import paths as path_math
 from gpuflight.streams import requests as req_math
 from gpuflight.streams.aggregate import MemoryLedger, WindowAggregate
 from gpuflight.streams.clock import keep_latest
@@ -48,6 +49,7 @@ from gpuflight.streams.detect import (
     check_memory_bound,
 )
 from gpuflight.streams.measurements import Point
+from gpuflight.streams.paths import PathWindow
 from gpuflight.streams.requests import Labels, RequestWindow
 
 STATE_VERSION: Final = 1
@@ -106,6 +108,8 @@ class Window:
     written: int = 0
     #: The requests that ended in the window, and its GPU time of no request.
     requests: RequestWindow = field(default_factory=RequestWindow)
+    #: What the code paths of its sampled calls cost.
+    paths: PathWindow = field(default_factory=PathWindow)
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,8 @@ class Applied:
     #: Requests of windows closed before the message came (late beyond grace), or beyond the
     #: windows the state holds: not counted.
     late_requests: int = 0
+    #: Code paths likewise.
+    late_paths: int = 0
     #: Events beyond the windows a message or a job may take (see the module's docstring).
     refused: Events | None = None
     #: When the message was on its host: its latest event or request end (None: neither).
@@ -180,6 +186,7 @@ class JobState:
         requests: Sequence[RequestRecord] = (),
         unattributed: Mapping[str, float] | None = None,
         aggregates: Events | None = None,
+        paths: Sequence[PathRecord] = (),
     ) -> Applied:
         """Add one message's events, its requests, its cost of no request and its aggregates
         (events the kernel counted instead of recording them; all of this job) to their
@@ -224,6 +231,11 @@ class JobState:
             return None if window is None else window.requests
 
         late_requests = req_math.add_requests(requests, settings.window_ns, window_of)
+
+        def paths_of(start: int) -> PathWindow | None:
+            return None if window_of(start) is None else self.windows[start].paths
+
+        late_paths = path_math.add_paths(paths, settings.window_ns, paths_of)
         at_ns = (int(events["ts_ns"][0]) if len(events)
                  else min((r.end_ns for r in requests), default=None))
         if unattributed and at_ns is not None:
@@ -240,6 +252,7 @@ class JobState:
         refused_events = np.concatenate(refused) if refused else None
         applied = len(events) - sum(len(x) for x in (*late, *refused)) + aggregated
         return Applied(applied, late_events, late_requests=len(late_requests),
+                       late_paths=late_paths,
                        refused=refused_events, time_ns=time_ns, late_aggregated=late_aggregated)
 
     def _window(self, start: int, settings: WindowSettings) -> Window | None:
@@ -275,9 +288,14 @@ class JobState:
         price = gpu_price(self.host, self.job) if gpu_price else None
 
         def request_points(start: int, window: Window) -> list[Point]:
-            return req_math.to_points(window.requests, start, host=self.host, job=self.job,
-                                      labels=self.labels, window_s=window_s,
-                                      usd_per_gpu_hour=price)
+            tags = {m.Tags.HOST: self.host, m.Tags.JOB: self.job,
+                    m.Tags.NAMESPACE: self.labels.namespace or m.NO_LABEL,
+                    m.Tags.TEAM: self.labels.team or m.NO_LABEL}
+            return [*req_math.to_points(window.requests, start, host=self.host, job=self.job,
+                                        labels=self.labels, window_s=window_s,
+                                        usd_per_gpu_hour=price),
+                    *path_math.to_points(window.paths, start, tags=tags, window_s=window_s,
+                                         usd_per_gpu_hour=price)]
         for start in sorted(self.windows):
             end = start + settings.window_ns
             if host_now_ns < end + settings.grace_ns:
@@ -347,7 +365,8 @@ class JobState:
             "partition": self.partition,
             "offsets": [[p, o] for p, o in sorted(self.offsets.items())],
             "windows": [
-                [w.agg.to_dict(), w.version, w.written, w.requests.to_dict()]
+                [w.agg.to_dict(), w.version, w.written, w.requests.to_dict(),
+                 w.paths.to_dict()]
                 for _, w in sorted(self.windows.items())
             ],
             "closed_before_ns": self.closed_before_ns,
@@ -374,7 +393,9 @@ class JobState:
             for agg_dict, version, written, *more in data["windows"]:
                 agg = WindowAggregate.from_dict(agg_dict)
                 requests = RequestWindow.from_dict(more[0]) if more else RequestWindow()
-                windows[agg.window_start_ns] = Window(agg, int(version), int(written), requests)
+                paths = PathWindow.from_dict(more[1]) if len(more) > 1 else PathWindow()
+                windows[agg.window_start_ns] = Window(agg, int(version), int(written), requests,
+                                                      paths)
             namespace, team = data.get("labels", [m.NO_LABEL, m.NO_LABEL])
             max_ts = int(data["max_ts_ns"])
             # A state from before the host clock (streams/clock.py): its latest event, alone.

@@ -109,6 +109,9 @@ class WorkerStats:
     late_requests: int = 0
     #: Requests ending more than max_future_s ahead of the wall clock: not counted.
     future_requests: int = 0
+    #: Code paths counted, and those of windows closed (or stamped ahead): not counted.
+    paths: int = 0
+    late_paths: int = 0
     #: Jobs whose windows a tick could not write (logged; tried again on the next).
     tick_errors: int = 0
     #: Dead letters by reason ("malformed", "late", "windows", "future").
@@ -358,9 +361,12 @@ class Worker:
         soon = batch.aggregates["ts_ns"] <= limit
         aggregates = batch.aggregates[soon]
         future_aggregated = int(batch.aggregates["count"][~soon].sum())
+        # Code paths stamped ahead: left out (their calls' events are refused the same way).
+        paths = tuple(p for p in batch.paths if p.ts_ns <= limit)
         applied = state.apply(events, message.partition, message.offset,
                               self.settings.windows, names, requests=requests,
-                              unattributed=batch.unattributed, aggregates=aggregates)
+                              unattributed=batch.unattributed, aggregates=aggregates,
+                              paths=paths)
         clock = self._clock(batch.host)
         if applied.duplicate:
             self.stats.duplicates += 1
@@ -370,6 +376,8 @@ class Worker:
         self.stats.events += applied.events
         self.stats.requests += len(requests) - applied.late_requests
         self.stats.late_requests += applied.late_requests
+        self.stats.paths += len(paths) - applied.late_paths
+        self.stats.late_paths += applied.late_paths + len(batch.paths) - len(paths)
         self.stats.future_requests += future_requests
         if applied.late_requests:
             log.warning("%d requests of %s on %s ended in windows already closed (or beyond"
@@ -385,7 +393,7 @@ class Worker:
                 f" {self.settings.max_future_s:g} s ahead of the worker's clock",
                 value=wire.encode_events(replace(
                     batch, events=batch.events[:0], kernels={}, attribution=None,
-                    unattributed={},
+                    unattributed={}, paths=(),
                     requests=tuple(r for r in batch.requests if r.end_ns > limit))))
         late, refused = applied.late, applied.refused
         if (late is None and future is None and refused is None and not applied.late_aggregated

@@ -66,6 +66,10 @@ def add_parser(sub: Subparsers) -> None:
     parser.add_argument("--top-feed", type=Path, default=None, metavar="SOCKET",
                         help="where `gpuflight top` reads this agent's rows (default "
                         "/run/gpuflight/top.sock)")
+    parser.add_argument("--stack-sampling", type=positive_int, default=None, metavar="N",
+                        help="code paths: walk the Python stack of one call in N on average and "
+                        "publish each process's paths with what their calls cost (off unless "
+                        "given; 1: every call)")
     parser.add_argument("--proc", type=Path, default=Path("/proc"), help=argparse.SUPPRESS)
     add_capture_options(parser)
     parser.set_defaults(run=run)
@@ -78,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     check_target(args.status_file, "--status-file", replaced=True)
     pids = frozenset(args.pid) if args.pid else None
     settings = CaptureSettings(
-        proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages, http=args.http
+        proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages, http=args.http,
+        stack_period=args.stack_sampling,
     )
     kafka = kafka_settings(args, args.buffer_mb) if args.kafka is not None else None
     if kafka is not None:

@@ -107,6 +107,17 @@ Like every column it is left out when all zeros, so a message of an older produc
 never wrote it) decodes as device 0 — the default device, all a producer before it could see —
 and an older reader, which ignores columns it does not know, reads a newer message as before.
 
+Added within v1: "paths" (`PathRecord`), the code paths of the process's sampled calls since
+its last message (`gpuflight producer --stack-sampling N`), one per distinct stack:
+
+  {"ts_ns": int,                          # wall clock: the latest of its sampled calls
+   "frames": [[FUNCTION, FILE, LINE|null], ...],   # root first, at most MAX_PATH_FRAMES;
+                                          # the last, with no line, is the native caller
+   "values": {VALUE: number, ...}}        # PATH_VALUES, each weighted by 1/p (estimates)
+
+A message may carry paths and nothing else ("count": 0). Each message carries its paths'
+frames whole, so any replayed range decodes on its own; an older reader ignores them.
+
 A processes message (`ProcessRecord`), published once per process while it is alive, and
 once more under the same key, with "exited_ns", once the node agent has found it gone and
 published its last events (the compacted topic keeps that one):
@@ -260,6 +271,32 @@ def no_aggregates() -> npt.NDArray[np.void]:
     return np.zeros(0, dtype=AGGREGATE_DTYPE)
 
 
+#: What a code path carries (producer/decode/codepaths.py's names): kernel launches, GPU
+#: time, bytes copied, CPU time blocked on the GPU, and the probed calls its samples stand for.
+PATH_VALUES: Final[tuple[str, ...]] = ("launches", "gpu_ns", "bytes", "blocked_ns", "calls")
+#: The most frames a path carries, and paths a message (a reader refuses more).
+MAX_PATH_FRAMES: Final = 128
+MAX_PATHS: Final = 10_000
+#: The longest function or file name a frame carries.
+MAX_FRAME_TEXT: Final = 1024
+FrameText = Annotated[str, msgspec.Meta(max_length=MAX_FRAME_TEXT)]
+LineNo = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+PathValue = Annotated[str, msgspec.Meta(pattern=f"^({'|'.join(PATH_VALUES)})$")]
+
+
+@dataclass(frozen=True)
+class PathRecord:
+    """A code path of a process's sampled calls, and what they cost (events.v1, additive)."""
+
+    #: Wall clock: the latest of its sampled calls.
+    ts_ns: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    #: Root first: (function, file, line); the native caller last, with no line.
+    frames: Annotated[tuple[tuple[FrameText, FrameText, LineNo | None], ...],
+                      msgspec.Meta(max_length=MAX_PATH_FRAMES)]
+    values: Annotated[Mapping[PathValue, Annotated[float, msgspec.Meta(ge=0, le=2.0**63)]],
+                      msgspec.Meta(max_length=len(PATH_VALUES))]
+
+
 @dataclass(frozen=True)
 class EventBatch:
     """One events message: a process's records (records.EVENT_DTYPE)."""
@@ -278,6 +315,8 @@ class EventBatch:
     unattributed: Mapping[str, float] = field(default_factory=dict)
     #: Events of the process the kernel counted instead of recording (records.AGGREGATE_DTYPE).
     aggregates: npt.NDArray[np.void] = field(default_factory=no_aggregates)
+    #: The code paths of its sampled calls since its last message (none: not sampled).
+    paths: tuple[PathRecord, ...] = ()
 
     @property
     def first_ts_ns(self) -> int:
@@ -285,7 +324,9 @@ class EventBatch:
             return int(self.events["ts_ns"][0])
         if self.requests:
             return min(r.end_ns for r in self.requests)
-        return int(self.aggregates["ts_ns"].min()) if len(self.aggregates) else 0
+        if len(self.aggregates):
+            return int(self.aggregates["ts_ns"].min())
+        return min((p.ts_ns for p in self.paths), default=0)
 
 
 #: Where a request's GPU time came from (RequestRecord.gpu_source).
@@ -401,8 +442,9 @@ def process_key(host: str, pid: int, start_time: int) -> bytes:
 
 def encode_events(batch: EventBatch) -> bytes:
     events = batch.events
-    if len(events) == 0 and not batch.requests and not len(batch.aggregates):
-        raise ValueError("an events message holds at least one event, request or aggregate")
+    if len(events) == 0 and not batch.requests and not len(batch.aggregates) and not batch.paths:
+        raise ValueError("an events message holds at least one event, request, aggregate or"
+                         " path")
     ts = events["ts_ns"].astype(np.int64)
     ts0 = batch.first_ts_ns
     columns: dict[str, npt.NDArray[Any]] = {}
@@ -445,6 +487,9 @@ def encode_events(batch: EventBatch) -> bytes:
         message["unattributed"] = _costs_json(batch.unattributed)
     if len(batch.aggregates):
         message["aggregates"] = _aggregates_json(batch.aggregates)
+    if batch.paths:
+        message["paths"] = [{"ts_ns": p.ts_ns, "frames": p.frames, "values": _costs_json(p.values)}
+                            for p in batch.paths]
     return orjson.dumps(message, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -518,7 +563,8 @@ def decode_events(value: bytes | None) -> EventBatch:
         requests = _requests(message.get("requests", []))
         aggregates = _aggregates(message.get("aggregates"))
         aggregates["pid"] = pid
-        if (count < 0 or (count == 0 and not requests and not len(aggregates))
+        paths = tuple(msgspec.convert(message.get("paths", []), _Paths))
+        if (count < 0 or (count == 0 and not requests and not len(aggregates) and not paths)
                 or not isinstance(columns, dict)):
             raise WireError("no events")
         if count > MAX_EVENTS:
@@ -560,8 +606,11 @@ def decode_events(value: bytes | None) -> EventBatch:
     return EventBatch(
         host=host, pid=pid, start_time=start_time, events=events, kernels=kernels,
         attribution=attribution, requests=requests, unattributed=dict(unattributed),
-        aggregates=aggregates,
+        aggregates=aggregates, paths=paths,
     )
+
+
+_Paths = Annotated[list[PathRecord], msgspec.Meta(max_length=MAX_PATHS)]
 
 
 def _in_range(name: str, column: npt.NDArray[np.int64], ts0: int) -> npt.NDArray[np.int64]:

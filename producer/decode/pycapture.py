@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from gpuflight.producer.contract.wire import PathRecord
 from gpuflight.producer.decode.codepaths import PathFrame, PathSample
 from gpuflight.producer.decode.kernels import KernelNames
 from gpuflight.producer.decode.pysamples import StackSamples
@@ -87,6 +88,10 @@ class PythonStacks:
             self.samples.forget(pid)
             with contextlib.suppress(OSError):
                 self._probes.forget_python(pid)
+
+    def take_paths(self) -> dict[int, list[PathRecord]]:
+        """Per process, its code paths since the last take (once `samples.publish()`)."""
+        return self.samples.take_paths()
 
     def paths(self, usd_per_gpu_hour: float | None = None) -> list[PathSample]:
         """The code paths of the capture (at its end), priced where a price is known."""

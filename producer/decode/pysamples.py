@@ -28,6 +28,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from gpuflight.producer.contract import wire
 from gpuflight.producer.contract.abi import (
     PY_NEW,
     PY_NO_PYTHON,
@@ -61,6 +62,10 @@ MAX_UNJOINED: Final = 100_000
 CUT: Final = PathFrame("[truncated]", "", None)
 NO_FRAMES: Final = PathFrame("[no Python frames]", "", None)
 UNKNOWN: Final = PathFrame("[unknown code]", "", None)
+#: The one frame of a stack whose frames never came.
+UNKNOWN_STACK: Final = PathFrame("[unknown stack]", "", None)
+#: The longest function or file name a path published carries.
+MAX_TEXT: Final = wire.MAX_FRAME_TEXT
 #: A path's values: COST_FIELDS, then the calls its samples stand for.
 _CALLS: Final = len(COST_FIELDS)
 _COPIES: Final = [FIELD[f] for f in ("h2d_bytes", "d2h_bytes", "d2d_bytes", "other_copy_bytes")]
@@ -105,6 +110,9 @@ class StackSamples:
         #: The batches of events read in this turn and the turn before, for heads read later.
         self._recent: list[npt.NDArray[np.void]] = []
         self._earlier: list[npt.NDArray[np.void]] = []
+        #: What each (pid, stack) cost since `take_paths` (when the capture publishes), and
+        #: the latest of its sampled calls; None: nobody takes them.
+        self._fresh: dict[tuple[int, int], tuple[npt.NDArray[np.float64], int]] | None = None
         #: Samples of stacks whose frames never came (lost to a full ring): counted here.
         self.unknown_stacks = 0
         #: Sampled calls whose event never came: counted as calls alone.
@@ -165,10 +173,16 @@ class StackSamples:
             mine = np.flatnonzero(events["pid"] == pid)
             costs = event_costs(events.take(mine))  # GPU time: this process's busy spans
             rows = np.searchsorted(mine, [i for i, _, _ in hits])
-            for (_, stack_id, weight), r in zip(hits, rows.tolist(), strict=True):
-                values = self._stack_values(stack_id)
-                values[:_CALLS] += weight * costs[r]
-                values[_CALLS] += weight
+            for (i, stack_id, weight), r in zip(hits, rows.tolist(), strict=True):
+                row: npt.NDArray[np.float64] = np.append(weight * costs[r], weight)
+                self._stack_values(stack_id)[:] += row
+                if self._fresh is not None:
+                    was = self._fresh.get((pid, stack_id))
+                    latest = int(ts[i])
+                    if was is not None:
+                        row = row + was[0]
+                        latest = max(latest, was[1])
+                    self._fresh[pid, stack_id] = (row, latest)
 
     def add(self, raw: bytes) -> None:
         """One record of either ring, told apart by its size."""
@@ -191,14 +205,30 @@ class StackSamples:
             frames = self._frames.get(stack_id)
             if frames is None:
                 continue
-            named = {"launches": float(values[FIELD["launches"]]),
-                     "gpu_ns": float(values[FIELD["gpu_ns"]]),
-                     "bytes": float(values[_COPIES].sum()),
-                     "blocked_ns": float(values[FIELD["blocked_ns"]]),
-                     "calls": float(values[_CALLS])}
+            named = _named(values)
             if usd_per_gpu_hour is not None:
                 named["cost"] = named["gpu_ns"] / 1e9 / 3600 * usd_per_gpu_hour * 1e6
             out.append(PathSample(frames, named))
+        return out
+
+    def publish(self) -> None:
+        """From now on, what each process's paths cost is also kept for `take_paths`."""
+        if self._fresh is None:
+            self._fresh = {}
+
+    def take_paths(self) -> dict[int, list[wire.PathRecord]]:
+        """Per process, the code paths of the calls joined since the last take, with what
+        they cost (a stack whose frames never came is one frame that says so)."""
+        if not self._fresh:
+            return {}
+        out: dict[int, list[wire.PathRecord]] = {}
+        fresh, self._fresh = self._fresh, {}
+        for (pid, stack_id), (values, ts_ns) in fresh.items():
+            frames = self._frames.get(stack_id, (UNKNOWN_STACK,))
+            out.setdefault(pid, []).append(wire.PathRecord(
+                ts_ns, tuple((f.function[:MAX_TEXT], f.file[:MAX_TEXT], f.line)
+                             for f in frames[-wire.MAX_PATH_FRAMES:]),
+                {name: value for name, value in _named(values).items() if value}))
         return out
 
     def _stack_values(self, stack_id: int) -> npt.NDArray[np.float64]:
@@ -261,6 +291,15 @@ class StackSamples:
         """A process exited: its code objects' addresses mean nothing any more."""
         for key in [k for k in self._codes if k[0] == pid]:
             del self._codes[key]
+
+
+def _named(values: npt.NDArray[np.float64]) -> dict[str, float]:
+    """A path's values by their names (wire.PATH_VALUES)."""
+    return {"launches": float(values[FIELD["launches"]]),
+            "gpu_ns": float(values[FIELD["gpu_ns"]]),
+            "bytes": float(values[_COPIES].sum()),
+            "blocked_ns": float(values[FIELD["blocked_ns"]]),
+            "calls": float(values[_CALLS])}
 
 
 def _fingerprint(memory: Memory, layout: PyLayout, code: int) -> bytes:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import orjson
 
 from gpuflight.producer.contract.files import open_output
-from gpuflight.producer.contract.wire import EventAttribution, RequestRecord
+from gpuflight.producer.contract.wire import EventAttribution, PathRecord, RequestRecord
 from gpuflight.producer.decode.enrich import Event, request_event, to_aggregate_events, to_events
 from gpuflight.producer.decode.kernels import KernelNames
 from gpuflight.producer.decode.summary import Summary
@@ -44,7 +44,9 @@ class EventSink(Protocol):
     process's requests answered (with their cost) and the cost no request explains; one whose
     `write` takes `attribution` (`takes_attribution = True`) gets each event's request(s). One
     that has `write_aggregates` gets what the kernel counted under overload instead of
-    recording (records.AGGREGATE_DTYPE, enriched): the rest never see those events."""
+    recording (records.AGGREGATE_DTYPE, enriched): the rest never see those events. One that
+    has `write_paths` gets, per loop turn, each process's code paths sampled since the last
+    (wire.PathRecord; with stack sampling on)."""
 
     def write(self, events: npt.NDArray[np.void]) -> None: ...
 
@@ -257,6 +259,19 @@ class Guarded:
             return
         try:
             take(pid, answered, unattributed)
+        except Exception as exc:
+            self._fail(exc)
+
+    def takes_paths(self) -> bool:
+        return getattr(self.sink, "write_paths", None) is not None
+
+    def write_paths(self, pid: int, paths: Sequence[PathRecord]) -> None:
+        """A process's code paths since the last turn, to the sink if it takes them."""
+        take = getattr(self.sink, "write_paths", None)
+        if self.failure is not None or take is None:
+            return
+        try:
+            take(pid, paths)
         except Exception as exc:
             self._fail(exc)
 

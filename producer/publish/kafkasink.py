@@ -165,6 +165,8 @@ class KafkaSink:
         self._pending_attr: dict[int, list[wire.EventAttribution]] = {}
         self._pending_requests: dict[int, list[wire.RequestRecord]] = {}
         self._pending_unattributed: dict[int, dict[str, float]] = {}
+        #: Code paths sampled (stack sampling on), per process.
+        self._pending_paths: dict[int, list[wire.PathRecord]] = {}
         #: What the kernel counted under overload instead of recording, per process.
         self._pending_aggregates: dict[int, list[npt.NDArray[np.void]]] = {}
         self.requests_produced = 0
@@ -312,8 +314,17 @@ class KafkaSink:
         if (answered or unattributed) and self._pending_since is None:
             self._pending_since = time.monotonic()
 
+    def write_paths(self, pid: int, paths: Sequence[wire.PathRecord]) -> None:
+        """A process's code paths since the last turn: they go out with its next events
+        message (or one of their own)."""
+        if paths:
+            self._pending_paths.setdefault(pid, []).extend(paths)
+            if self._pending_since is None:
+                self._pending_since = time.monotonic()
+
     def flush_pending(self) -> None:
         pending, self._pending = self._pending, {}
+        paths, self._pending_paths = self._pending_paths, {}
         names, self._pending_names = self._pending_names, {}
         attrs, self._pending_attr = self._pending_attr, {}
         requests, self._pending_requests = self._pending_requests, {}
@@ -322,7 +333,7 @@ class KafkaSink:
         self._pending_events, self._pending_since = 0, None
         limit = self.settings.max_batch_events
         empty = np.zeros(0, dtype=EVENT_DTYPE)
-        for pid in [*pending, *(p for p in {*requests, *unattributed, *counted}
+        for pid in [*pending, *(p for p in {*requests, *unattributed, *counted, *paths}
                                 if p not in pending)]:
             parts = pending.get(pid, [empty])
             events = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -336,7 +347,8 @@ class KafkaSink:
             aggregated = counted.get(pid, [])
             aggregates = (aggregated[0] if len(aggregated) == 1 else np.concatenate(aggregated)
                           if aggregated else wire.no_aggregates())
-            if len(events) == 0 and not answered and not len(aggregates):
+            sampled = _merged_paths(paths.get(pid, ()))
+            if len(events) == 0 and not answered and not len(aggregates) and not sampled:
                 if spare:  # goes out with the process's next message
                     self._pending_unattributed[pid] = spare
                 continue
@@ -352,6 +364,7 @@ class KafkaSink:
                     requests=answered if first else (),
                     unattributed=spare if first else {},
                     aggregates=mine,
+                    paths=sampled if first else (),
                 )
                 if first:
                     self.requests_produced += len(answered)
@@ -375,7 +388,7 @@ class KafkaSink:
         used again is another process)."""
         if any(p in self._pending or p in self._pending_requests
                or p in self._pending_unattributed or p in self._pending_aggregates
-               for p in pids):
+               or p in self._pending_paths for p in pids):
             self.flush_pending()
         now = time.time_ns()
         for pid in pids:
@@ -487,6 +500,20 @@ _FATAL = -150
 def _code(error: Any) -> int | None:
     code = getattr(error, "code", None)
     return code() if callable(code) else None
+
+
+def _merged_paths(paths: Sequence[wire.PathRecord]) -> tuple[wire.PathRecord, ...]:
+    """A process's paths of several turns, one per stack (values summed, the latest time),
+    at most wire.MAX_PATHS (the most expensive by calls)."""
+    merged: dict[tuple[tuple[str, str, int | None], ...], wire.PathRecord] = {}
+    for path in paths:
+        was = merged.get(path.frames)
+        merged[path.frames] = path if was is None else wire.PathRecord(
+            max(was.ts_ns, path.ts_ns), path.frames,
+            {k: was.values.get(k, 0.0) + path.values.get(k, 0.0)
+             for k in {*was.values, *path.values}})
+    out = sorted(merged.values(), key=lambda p: -p.values.get("calls", 0.0))
+    return tuple(out[:wire.MAX_PATHS])
 
 
 def _slice(attribution: wire.EventAttribution | None, n: int, start: int,

@@ -75,6 +75,11 @@ def influxql(url: str, database: str, query: str) -> list[Series]:
 Labels = tuple[tuple[str, str], ...]
 
 
+def present(values: list[float]) -> list[float]:
+    """A series' values in the intervals that had any (no fill: the others are null)."""
+    return [v for v in values if not math.isnan(v)]
+
+
 def _reducers() -> dict[str, Callable[[list[float]], float]]:
     return {
         "sum": math.fsum,

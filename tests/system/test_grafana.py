@@ -466,9 +466,10 @@ CHECKS: dict[tuple[str, str, str], Check] = {
 
 def views(run: PipelineRun, dashboard: str) -> list[tuple[str, ...]]:
     """The jobs (keys of run.jobs) each view of `dashboard` shows (the demo workloads serve
-    no requests: "requests" is proved on the request pipeline,
-    tests/system/test_requests_pipeline.py)."""
-    if dashboard == "requests":
+    no requests and are not sampled: "requests" is proved on the request pipeline,
+    tests/system/test_requests_pipeline.py, and "paths" on the code paths' one,
+    tests/system/test_codepaths_pipeline.py)."""
+    if dashboard in ("requests", "paths"):
         return []
     if dashboard == "fleet":
         return [tuple(run.jobs)]

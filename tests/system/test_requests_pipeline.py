@@ -15,7 +15,6 @@ The script (a server on an H100 at 3.60 USD per GPU-hour: 1 GPU-second = 0.001 U
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from gpuflight.grafana import generate
 from gpuflight.producer.contract import wire
 from gpuflight.producer.contract.wire import RequestRecord
 from gpuflight.streams.measurements import Fields, Tags
-from tests.support.grafana_eval import evaluate, influxql, interpolate, render
+from tests.support.grafana_eval import evaluate, influxql, interpolate, present, render
 from tests.support.influx_fixture import DATABASE
 from tests.support.streams_support import Feed, StreamWorker, launches, rows, wait_for
 
@@ -190,11 +189,6 @@ def test_report_by_route_and_cost_by_namespace_match_the_hand_computation(served
                            capture_output=True, text=True, env=served.env, timeout=60,
                            check=False)
     assert table.returncode == 0 and served.job in table.stdout and "total" in table.stdout
-
-
-def present(values: list[float]) -> list[float]:
-    """A series' values in the intervals that had any (no fill: the others are null)."""
-    return [v for v in values if not math.isnan(v)]
 
 
 def test_every_query_of_the_requests_dashboard(served: Run) -> None:

@@ -452,3 +452,51 @@ def test_the_kafka_sink_sends_aggregates_with_their_process_s_events() -> None:
     for _, _, delivered in sent:
         delivered(None, None)
     assert sink.delivered_events == len(events)
+
+
+PATHS = (
+    wire.PathRecord(1_796_000_000_000_002_000,
+                    (("train", "/m/train.py", 10), ("Model.forward", "/m/model.py", 41),
+                     ("at::native::gemm", "libtorch_cuda.so", None)),
+                    {"launches": 300.0, "gpu_ns": 5.5e6, "bytes": 0.0, "blocked_ns": 0.0,
+                     "calls": 300.0}),
+    wire.PathRecord(1_796_000_000_000_001_000, (("+0x6f7a", "libffi.so.8", None),),
+                    {"calls": 100.0, "bytes": 65536.0}),
+)
+
+
+def test_code_paths_round_trip_with_or_without_events() -> None:
+    batch = wire.EventBatch("h", 4242, 1, sample(20), paths=PATHS)
+    back = wire.decode_events(wire.encode_events(batch))
+    assert back.events.tobytes() == batch.events.tobytes()
+    # Zero values are left out on the wire, as request costs are.
+    assert back.paths == (PATHS[0].__class__(PATHS[0].ts_ns, PATHS[0].frames,
+                                             {k: v for k, v in PATHS[0].values.items() if v}),
+                          PATHS[1])
+    only = wire.EventBatch("h", 4242, 1, sample(20)[:0], paths=PATHS[1:])
+    back = wire.decode_events(wire.encode_events(only))
+    assert len(back.events) == 0 and back.paths == PATHS[1:]
+    assert back.first_ts_ns == PATHS[1].ts_ns
+    # An older message (no "paths") reads as no paths.
+    assert wire.decode_events(wire.encode_events(wire.EventBatch("h", 1, 1, sample(20)))).paths \
+        == ()
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: m["paths"][0].update(values={"watts": 1}),
+    lambda m: m["paths"][0].update(values={"launches": -1}),
+    lambda m: m["paths"][0].update(frames=[["f", "file", 1]] * (wire.MAX_PATH_FRAMES + 1)),
+    lambda m: m["paths"][0].update(frames=[["f" * (wire.MAX_FRAME_TEXT + 1), "file", 1]]),
+    lambda m: m["paths"][0].update(frames=[["f", "file", -3]]),
+    lambda m: m["paths"][0].update(frames=[["f", "file"]]),
+    lambda m: m["paths"][0].pop("ts_ns"),
+    lambda m: m.update(paths={"a": 1}),
+    lambda m: m.update(paths=[m["paths"][0]] * (wire.MAX_PATHS + 1)),
+])
+def test_malformed_code_paths_are_refused_in_one_line(change: Any) -> None:
+    message = orjson.loads(wire.encode_events(wire.EventBatch("h", 4242, 1, sample(20),
+                                                              paths=PATHS)))
+    change(message)
+    with pytest.raises(wire.WireError) as caught:
+        wire.decode_events(orjson.dumps(message))
+    assert "path" in one_line(caught) or "malformed" in one_line(caught)

@@ -1,0 +1,160 @@
+"""Code paths through the pipeline: the node agent walks every call's Python stack
+(`producer --stack-sampling 1`, exact), publishes each process's paths with what their calls
+cost to a real Kafka, `gpuflight streams` folds them to user functions into a real InfluxDB
+(`code_paths`), and `gpuflight report --by function` and every query of the "Code paths"
+dashboard read them back — each function's launches, bytes and calls exactly what the
+workload did, and what the agent recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuflight.grafana import generate
+from gpuflight.producer.contract import wire
+from gpuflight.streams.measurements import Fields, Tags
+from tests.conftest import REPO
+from tests.support.capture import GPUFLIGHT, read_events, wait_for_probe_releases
+from tests.support.grafana_eval import influxql, interpolate, present
+from tests.support.influx_fixture import DATABASE
+from tests.support.streams_support import StreamWorker, read_topic, rows, wait_for
+from tests.workloads.build import build_simgpu
+from tests.workloads.pylaunch import UPLOAD
+
+pytestmark = [pytest.mark.bpf, pytest.mark.kafka, pytest.mark.influx]
+
+CALLS = 400
+W = 1_000_000_000
+#: pylaunch, started once the agent has attached to the library it loaded first.
+GATED = ("import ctypes, runpy, sys; ctypes.CDLL(sys.argv[1]); sys.stdin.readline();"
+         " sys.argv = ['pylaunch', *sys.argv[1:]];"
+         " runpy.run_module('tests.workloads.pylaunch', run_name='__main__')")
+SERVE = REPO / "gpuflight" / "demo" / "serve.py"
+
+
+def test_each_user_function_gets_what_its_calls_did(kafka_bootstrap: str, influx_url: str,
+                                                     tmp_path: Path) -> None:
+    lib = build_simgpu(tmp_path / "gpu") / "libcudart.so.12"
+    prefix = f"paths{os.getpid()}{time.time_ns() % 10**6}"
+    slurm = f"p{time.time_ns() % 10**9}"
+    streams = StreamWorker(kafka_bootstrap, influx_url, prefix, f"{prefix}-app", tmp_path)
+    streams.start()
+    wait_for_probe_releases()
+    log, out = tmp_path / "producer.log", tmp_path / "node.jsonl"
+    with log.open("wb") as log_out:
+        producer = subprocess.Popen(
+            [*GPUFLIGHT, "-v", "producer", "--kafka", kafka_bootstrap, "--topic-prefix", prefix,
+             "--output", str(out), "--stack-sampling", "1"],
+            stdout=log_out, stderr=subprocess.STDOUT, start_new_session=True)
+    workload = None
+    try:
+        wait_for(lambda: "ready" in log.read_text(errors="replace")
+                 or producer.poll() is not None, 120, "the producer to be ready")
+        assert producer.poll() is None, log.read_text(errors="replace")[-3000:]
+        workload = subprocess.Popen(
+            [sys.executable, "-c", GATED, str(lib), str(CALLS)], stdin=subprocess.PIPE,
+            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
+                                      "SLURM_JOB_ID": slurm})
+        wait_for(lambda: any("attached" in line and str(lib) in line
+                             for line in log.read_text(errors="replace").splitlines()),
+                 120, "the producer to attach to the simulated GPU")
+        assert workload.stdin is not None
+        workload.stdin.write("go\n")
+        workload.stdin.close()
+        assert workload.wait(120) == 0
+        # cudaMalloc, the launches, the uploads and their syncs, the last copy.
+        calls = 1 + CALLS + CALLS // 4 + 2 * (CALLS // 10) + 1
+        wait_for(lambda: len([e for e in read_events(out) if e.get("pid") == workload.pid])
+                 == calls, 60, "the calls in --output")
+    finally:
+        if workload is not None and workload.poll() is None:
+            workload.kill()
+        os.killpg(producer.pid, signal.SIGTERM)
+        producer.wait(120)
+    assert producer.returncode == 0, log.read_text(errors="replace")[-3000:]
+    recorded = [e for e in read_events(out) if e.get("pid") == workload.pid]
+    job = f"slurm:{slurm}"
+    launch, copy = f"Gpu.launch ({SERVE})", f"Gpu.copy ({SERVE})"
+
+    def functions() -> dict[str, dict[str, float]]:
+        found = rows(influx_url, f"SELECT sum({Fields.LAUNCHES}) AS launches,"
+                                 f" sum({Fields.BYTES}) AS bytes, sum({Fields.CALLS}) AS calls,"
+                                 f" sum({Fields.BLOCKED_NS}) AS blocked FROM code_paths"
+                                 f" WHERE {Tags.JOB} = '{job}' GROUP BY {Tags.FUNCTION}")
+        return {r[Tags.FUNCTION]: r for r in found}
+
+    try:
+        got = wait_for(lambda: (f := functions()) and sum(r["calls"] for r in f.values())
+                       == len(recorded) and f, 120, "every call's path in InfluxDB", streams)
+    finally:
+        streams.stop()
+    # Every path goes through serve.py's Gpu (the repository's, not site-packages): that is
+    # the user function, whichever of the workload's functions called it.
+    assert got[launch]["launches"] == CALLS + CALLS // 4
+    assert got[copy]["bytes"] == (CALLS // 10) * UPLOAD + 4096
+    syncs = sum(e["duration_ns"] for e in recorded if e["api"] == "cudaStreamSynchronize")
+    assert abs(got[f"Gpu.sync ({SERVE})"]["blocked"] - syncs) <= 1
+    # What the agent recorded is what the paths say: one call each.
+    assert sum(r["calls"] for r in got.values()) == len(recorded)
+
+    report = subprocess.run(
+        [*GPUFLIGHT, "report", "--by", "function", "--job", job, "--influx", influx_url,
+         "--bucket", "gpuflight/autogen", "--since", "1h", "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "GPUFLIGHT_INFLUX_TOKEN": ""})
+    assert report.returncode == 0, report.stderr
+    table = {r["function"]: r for r in json.loads(report.stdout)["rows"]}
+    assert table[launch]["launches"] == CALLS + CALLS // 4
+    assert table[copy]["bytes_copied"] == (CALLS // 10) * UPLOAD + 4096
+    assert sum(r["calls"] for r in table.values()) == len(recorded)
+
+    # A replay into another topic carries the paths of the range too.
+    target = f"{prefix}.replayed"
+    replayed = subprocess.run(
+        [*GPUFLIGHT, "replay", "--kafka", kafka_bootstrap, "--topic-prefix", prefix, "--from",
+         str(min(e["ts_ns"] for e in recorded) / 1e9 - 1), "--to", str(time.time()),
+         "--pid", str(workload.pid), "--to-topic", target],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert replayed.returncode == 0, replayed.stderr
+    again = [wire.decode_events(m.value()) for m in read_topic(kafka_bootstrap, target)]
+    assert sum(p.values.get("calls", 0) for b in again for p in b.paths) == len(recorded)
+
+    # The dashboard's queries, as Grafana runs them (its variables from their own queries).
+    board = json.loads((generate.DASHBOARD_DIR / "paths.json").read_text())
+    since, until = min(e["ts_ns"] for e in recorded) - 60 * W, time.time_ns()
+    chosen: dict[str, list[str]] = {}
+    for v in board["templating"]["list"]:
+        offered = [str(row[1]) for s in influxql(influx_url, DATABASE, interpolate(
+            v["query"], chosen, since, until, 1.0)) for row in s.values]
+        want = {"host": socket.gethostname(), "job": job}[v["name"]]
+        assert want in offered, (v["name"], offered)
+        chosen[v["name"]] = [want]
+    seen = {p["title"]: influxql(influx_url, DATABASE, interpolate(
+        t["query"], chosen, since, until, 1.0)) for p in board["panels"] for t in p["targets"]}
+    ranked: dict[str, dict[str, Any]] = {
+        s.tags[Tags.FUNCTION]: dict(zip(s.columns, s.values[0], strict=True))
+        for s in seen[generate.CODE_PATHS_TITLE]}
+    assert ranked[launch]["launches"] == CALLS + CALLS // 4
+    assert ranked[copy]["bytes_copied"] == (CALLS // 10) * UPLOAD + 4096
+    assert sum(r["calls"] for r in ranked.values()) == len(recorded)
+    per_s = {s.tags[Tags.FUNCTION]: sum(present(s.numbers("launches")))
+             for s in seen["Kernel launches/s by function"]}
+    assert per_s[launch] == CALLS + CALLS // 4  # 1 s intervals: the sum is the count
+    copied = {s.tags[Tags.FUNCTION]: sum(present(s.numbers("bytes")))
+              for s in seen["Bytes copied/s by function"]}
+    assert copied[copy] == (CALLS // 10) * UPLOAD + 4096
+    blocked = {s.tags[Tags.FUNCTION]: sum(present(s.numbers("blocked_share")))
+               for s in seen[f"{generate.BLOCKED_TERM} by function"]}
+    assert blocked[f"Gpu.sync ({SERVE})"] == pytest.approx(syncs / 1e9)
+    gpu = {s.tags[Tags.FUNCTION]: sum(present(s.numbers("gpu_seconds_per_s")))
+           for s in seen["GPU time/s by function"]}
+    assert sum(gpu.values()) == pytest.approx(sum(r["gpu_seconds"] for r in ranked.values()))
