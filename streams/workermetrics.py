@@ -136,6 +136,10 @@ def families(h: WorkerHealth, age_s: float = 0.0) -> Iterator[Metric]:
     yield counter("future_requests",
                   "Requests ending too far ahead of the wall clock: not counted.",
                   s.future_requests)
+    yield counter("code_paths", "Code paths counted (their sampled calls' costs).", s.paths)
+    yield counter("late_code_paths",
+                  "Code paths of windows closed already, or stamped too far ahead: not counted.",
+                  s.late_paths)
     yield counter("tick_errors", "Jobs whose windows a tick could not write (tried again).",
                   s.tick_errors)
     lag = GaugeMetricFamily(f"{PREFIX}_consumer_lag_messages",
