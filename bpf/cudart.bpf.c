@@ -552,7 +552,8 @@ static __always_inline struct gf_event *gf_start(struct pt_regs *ctx, int layer,
 		ev = spare;
 	}
 	gf_fill(ev, id, api, type, t);
-	gf_py_mark(ctx, id, ev->ts_ns, ret);
+	if (*ring) /* a call only counted under overload has no event to join its sample to */
+		gf_py_mark(ctx, id, ev->ts_ns, ret);
 	return ev;
 }
 

@@ -471,9 +471,7 @@ class Capture:
         self._hand_on_aggregates(until_empty)
         if self.stacks is not None:  # after the events: the walks of the calls just read
             self.stacks.drain()
-            for pid, paths in self.stacks.take_paths().items():
-                for sink in self.sinks:
-                    sink.write_paths(pid, paths)
+            self._hand_on_paths(self.stacks)
         self.stats.events += total
         if requests is not None:
             requests.settle()
@@ -515,6 +513,11 @@ class Capture:
         self._held = events[later]
         return events[~later]
 
+    def _hand_on_paths(self, stacks: PythonStacks) -> None:
+        for pid, paths in stacks.take_paths().items():
+            for sink in self.sinks:
+                sink.write_paths(pid, paths)
+
     def _hand_on_requests(self, requests: RequestTracker, before_ns: int | None = None) -> None:
         for pid, (answered, unattributed) in requests.take_answered(before_ns).items():
             self.stats.requests += len(answered)
@@ -552,6 +555,9 @@ class Capture:
         back for their requests, and the requests still open (ended as incomplete: their
         connections outlived the capture). A second call finds nothing more."""
         self.drain(until_empty=True)
+        if self.stacks is not None:  # every busy span ends: its calls' paths are priced
+            self.stacks.finish()
+            self._hand_on_paths(self.stacks)
         if self.requests is None:
             return
         self.drain(until_empty=True)  # a last HTTP drain for the events held back

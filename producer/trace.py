@@ -472,7 +472,7 @@ def run(
     path_lines: list[str] = []
     paths_written = True
     if stacks is not None and capture.stacks is not None:
-        model = gpu or gpu_name(None)
+        model = options.gpu_model or gpu or gpu_name(None)
         per_hour = options.prices.per_hour(model) if options.prices and model else None
         path_lines, paths_written = _write_code_paths(capture, stacks, wall_s,
                                                       drops.py_samples, per_hour)

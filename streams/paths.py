@@ -31,7 +31,7 @@ OTHER: Final = "[other]"
 #: The longest user function kept (a tag value).
 MAX_FUNCTION_CHARS: Final = 512
 #: Library code: a frame in one of these is not the user's.
-_LIBRARY: Final = re.compile(r"/(site|dist)-packages/|/lib/python3\.\d+/|^<frozen ")
+_LIBRARY: Final = re.compile(r"/(site|dist)-packages/|/lib(64)?/python3\.\d+t?/|^<frozen ")
 _FIELD_OF: Final = {"launches": Fields.LAUNCHES, "gpu_ns": Fields.GPU_NS,
                     "bytes": Fields.BYTES, "blocked_ns": Fields.BLOCKED_NS,
                     "calls": Fields.CALLS}
@@ -64,11 +64,13 @@ class PathWindow:
             sums[i] += float(path.values.get(name, 0.0))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"functions": self.functions}
+        """By value name: a state keeps its meaning if PATH_VALUES grows."""
+        return {"functions": {k: dict(zip(PATH_VALUES, v, strict=True))
+                              for k, v in self.functions.items()}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PathWindow:
-        return cls({str(k): [float(v) for v in values]
+        return cls({str(k): [float(values.get(name, 0.0)) for name in PATH_VALUES]
                     for k, values in data.get("functions", {}).items()})
 
 

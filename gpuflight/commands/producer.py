@@ -18,6 +18,7 @@ from gpuflight.commands.options import (
     positive,
     positive_int,
 )
+from gpuflight.producer.contract.errors import UsageError
 from gpuflight.producer.contract.files import check_target
 from gpuflight.producer.publish.redact import CMDLINE_MODES
 from gpuflight.producer.settings import CaptureSettings
@@ -78,6 +79,8 @@ def add_parser(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpuflight.producer import node
 
+    if args.stack_sampling is not None and args.kafka is None:
+        raise UsageError("--stack-sampling publishes code paths to Kafka: give --kafka too")
     check_target(args.output, "--output")
     check_target(args.status_file, "--status-file", replaced=True)
     pids = frozenset(args.pid) if args.pid else None

@@ -281,7 +281,7 @@ MAX_PATHS: Final = 10_000
 MAX_FRAME_TEXT: Final = 1024
 FrameText = Annotated[str, msgspec.Meta(max_length=MAX_FRAME_TEXT)]
 LineNo = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
-PathValue = Annotated[str, msgspec.Meta(pattern=f"^({'|'.join(PATH_VALUES)})$")]
+PathValue = Annotated[str, msgspec.Meta(pattern=f"^({'|'.join(PATH_VALUES)})\\Z")]
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ GpuSource = Literal["nvml", "queued", "mixed"]
 RequestId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 Share = Annotated[float, msgspec.Meta(gt=0, le=1)]
 _COST_NAMES = "|".join(REQUEST_COST_FIELDS)
-CostName = Annotated[str, msgspec.Meta(pattern=f"^({_COST_NAMES})$")]
+CostName = Annotated[str, msgspec.Meta(pattern=f"^({_COST_NAMES})\\Z")]
 #: A cost is finite, and at most 2^63 (a sum of a million of them is still a finite float).
 Costs = Annotated[Mapping[CostName, Annotated[float, msgspec.Meta(ge=0, le=2.0**63)]],
                   msgspec.Meta(max_length=len(REQUEST_COST_FIELDS))]

@@ -74,6 +74,10 @@ class PythonStacks:
             self.samples.add_samples(heads)
         self.samples.end_turn()
 
+    def finish(self) -> None:
+        """At the end of the capture: every busy span ends, every sample is priced."""
+        self.samples.finish()
+
     def add_events(self, events: npt.NDArray[np.void]) -> None:
         """A drained batch, enriched: what the sampled calls among it cost."""
         self.samples.add_events(events)

@@ -14,14 +14,17 @@ A code object is read once per (pid, address), and revalidated when a new stack 
 address again: its name, file and first line's pointers are read back (one read) and compared,
 so that an address a freed code object left and a new one took is not given the old name.
 
-GPU time per call is the busy-span model of costs.busy_gpu_ns, taken over each batch of a
-process's events: a busy span cut by a batch's end is split there.
+GPU time per call is the busy-span model of costs.busy_gpu_ns over the whole stream: a
+process's events are held until its next drain (a sync, a synchronous copy) and priced then,
+so a busy span read over several turns is split over all of its work; a process that holds
+MAX_HELD_EVENTS without a drain has its span cut there. Events shed under overload (only
+counted) are not sampled.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -37,7 +40,7 @@ from gpuflight.producer.contract.abi import (
     py_head_dtype,
     py_stack_dtype,
 )
-from gpuflight.producer.contract.costs import COST_FIELDS, FIELD, event_costs
+from gpuflight.producer.contract.costs import COST_FIELDS, FIELD, drains, event_costs
 from gpuflight.producer.decode.codepaths import PathFrame, PathSample
 from gpuflight.producer.decode.pystacks import (
     CodeInfo,
@@ -58,6 +61,8 @@ NO_PYTHON: Final = PY_NO_PYTHON
 #: Sampled calls kept while their events are not read yet (beyond, the oldest count as calls
 #: alone: `unjoined`).
 MAX_UNJOINED: Final = 100_000
+#: The most events a process's busy span is held for before it is priced anyway (cut there).
+MAX_HELD_EVENTS: Final = 1_000_000
 #: The frame a truncated stack is rooted at, and the one of a thread not running Python.
 CUT: Final = PathFrame("[truncated]", "", None)
 NO_FRAMES: Final = PathFrame("[no Python frames]", "", None)
@@ -100,19 +105,28 @@ class StackSamples:
         self._layout = layout
         self._offset = clock_offset_ns
         self._codes: dict[tuple[int, int], _Code] = {}
-        #: Each stack's frames, root first (once they came).
+        #: Each stack's frames, root first (once they came), and each process's stacks.
         self._frames: dict[int, tuple[PathFrame, ...]] = {}
-        #: Each stack's values (COST_FIELDS, calls) and its heads.
+        self._stacks_of: dict[int, set[int]] = {}
+        #: Each stack's values (COST_FIELDS, calls) and its heads, for `samples` (a trace's
+        #: end; not kept once `publish` is on: the node agent runs for ever).
         self._values: dict[int, npt.NDArray[np.float64]] = {}
         self._heads: dict[int, int] = {}
-        #: (pid, tid, event time) → (stack, weight): sampled calls whose event is not read yet.
+        #: (pid, tid, event time) → (stack, weight): sampled calls whose event is not priced.
         self._pending: dict[tuple[int, int, int], tuple[int, float]] = {}
-        #: The batches of events read in this turn and the turn before, for heads read later.
-        self._recent: list[npt.NDArray[np.void]] = []
-        self._earlier: list[npt.NDArray[np.void]] = []
+        #: Each process's events since its last drain (a sync, a synchronous copy): not priced
+        #: until that busy span ends, so that its GPU time is split over all of its work.
+        self._held: dict[int, list[npt.NDArray[np.void]]] = {}
+        self._held_events: dict[int, int] = {}
+        #: Events priced in this turn and the turn before, with their costs, for heads read
+        #: after their event.
+        self._priced: list[tuple[npt.NDArray[np.void], npt.NDArray[np.float64]]] = []
+        self._priced_before: list[tuple[npt.NDArray[np.void], npt.NDArray[np.float64]]] = []
         #: What each (pid, stack) cost since `take_paths` (when the capture publishes), and
         #: the latest of its sampled calls; None: nobody takes them.
         self._fresh: dict[tuple[int, int], tuple[npt.NDArray[np.float64], int]] | None = None
+        #: Paths of processes forgotten since the last take (their frames are gone since).
+        self._forgotten: dict[int, list[wire.PathRecord]] = {}
         #: Samples of stacks whose frames never came (lost to a full ring): counted here.
         self.unknown_stacks = 0
         #: Sampled calls whose event never came: counted as calls alone.
@@ -124,65 +138,93 @@ class StackSamples:
             stack_id = int(whole["stack_id"])
             if stack_id not in self._frames:
                 self._frames[stack_id] = self._symbolise(whole)
+                self._stacks_of.setdefault(int(whole["pid"]), set()).add(stack_id)
 
     def add_samples(self, heads: Any) -> None:
         """Records of `py_samples` (every sample's head): each finds its call's event among
-        those read in this turn and the last, or waits for it."""
+        those priced in this turn and the last, or waits for it."""
         keys: dict[tuple[int, int, int], tuple[int, float]] = {}
         for head in np.atleast_1d(heads):
             stack_id, weight = int(head["stack_id"]), float(head["weight"])
-            self._heads[stack_id] = self._heads.get(stack_id, 0) + 1
+            if self._fresh is None:
+                self._heads[stack_id] = self._heads.get(stack_id, 0) + 1
             keys[int(head["pid"]), int(head["tid"]), int(head["ts_ns"]) + self._offset] = (
                 stack_id, weight)
-        for batch in (*self._earlier, *self._recent):
+        for events, costs in (*self._priced_before, *self._priced):
             if not keys:
                 break
-            self._join(batch, keys)
+            self._join(events, costs, keys)
         self._pending.update(keys)
         while len(self._pending) > MAX_UNJOINED:
             oldest = next(iter(self._pending))
-            self._unjoined(*self._pending.pop(oldest))
+            self._unjoined(oldest[0], *self._pending.pop(oldest))
 
     def add_events(self, events: npt.NDArray[np.void]) -> None:
-        """A batch of enriched events (records.EVENT_DTYPE): the sampled calls among them
-        give their paths what they cost; the batch is kept for the heads still to be read
-        (`end_turn`)."""
+        """A batch of enriched events (records.EVENT_DTYPE), in ring order: each process's
+        are held until its next drain, then priced (costs.event_costs over the whole busy
+        span), and the sampled calls among them give their paths what they cost."""
         if len(events) == 0:
             return
-        if self._pending:
-            self._join(events, self._pending)
-        self._recent.append(events)
+        pids = events["pid"]
+        for pid in np.unique(pids).tolist():
+            part = events if pids[0] == pids[-1] == pid else events[pids == pid]
+            self._held.setdefault(pid, []).append(part)
+            self._held_events[pid] = self._held_events.get(pid, 0) + len(part)
+            last = np.flatnonzero(drains(part))
+            if len(last) or self._held_events[pid] >= MAX_HELD_EVENTS:
+                # Up to the last drain; past the bound, all of it (the span is cut there).
+                self._price(pid, len(part) - 1 - int(last[-1]) if len(last) else 0)
 
     def end_turn(self) -> None:
-        """A turn's events and heads are read: events of the turn before are kept no longer
-        (a call's head is sent right after its event, in the same program)."""
-        self._earlier, self._recent = self._recent, []
+        """A turn's events and heads are read: events priced the turn before are kept no
+        longer (a call's head is sent right after its event, in the same program)."""
+        self._priced_before, self._priced = self._priced, []
 
-    def _join(self, events: npt.NDArray[np.void],
+    def settle(self, pids: Iterable[int] | None = None) -> None:
+        """Price what `pids` (default: every process) hold now: their busy spans end at their
+        last event (at the end of a capture; a process gone)."""
+        for pid in list(self._held if pids is None else pids):
+            if pid in self._held:
+                self._price(pid, 0)
+
+    def _price(self, pid: int, keep: int) -> None:
+        """Price `pid`'s held events but the last `keep` (held on)."""
+        parts = self._held.pop(pid)
+        held = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._held_events.pop(pid)
+        if keep:
+            self._held[pid] = [held[len(held) - keep:]]
+            self._held_events[pid] = keep
+            held = held[:len(held) - keep]
+        costs = event_costs(held)  # one process, whole busy spans
+        self._priced.append((held, costs))
+        if self._pending:
+            self._join(held, costs, self._pending)
+
+    def _join(self, events: npt.NDArray[np.void], costs: npt.NDArray[np.float64],
               waiting: dict[tuple[int, int, int], tuple[int, float]]) -> None:
-        """The events of `waiting`'s calls among `events` (found ones leave `waiting`)."""
+        """The events of `waiting`'s calls among `events` (one process's, priced: `costs`)
+        give their paths what they cost, times their weight (found ones leave `waiting`)."""
         ts = events["ts_ns"]
         times = np.fromiter((key[2] for key in waiting), dtype=np.uint64, count=len(waiting))
-        found: dict[int, list[tuple[int, int, float]]] = {}
+        tids, pids = events["tid"], events["pid"]
         for i in np.flatnonzero(np.isin(ts, times)).tolist():
-            pid = int(events["pid"][i])
-            hit = waiting.pop((pid, int(events["tid"][i]), int(ts[i])), None)
+            pid = int(pids[i])
+            hit = waiting.pop((pid, int(tids[i]), int(ts[i])), None)
             if hit is not None:
-                found.setdefault(pid, []).append((i, *hit))
-        for pid, hits in found.items():
-            mine = np.flatnonzero(events["pid"] == pid)
-            costs = event_costs(events.take(mine))  # GPU time: this process's busy spans
-            rows = np.searchsorted(mine, [i for i, _, _ in hits])
-            for (i, stack_id, weight), r in zip(hits, rows.tolist(), strict=True):
-                row: npt.NDArray[np.float64] = np.append(weight * costs[r], weight)
-                self._stack_values(stack_id)[:] += row
-                if self._fresh is not None:
-                    was = self._fresh.get((pid, stack_id))
-                    latest = int(ts[i])
-                    if was is not None:
-                        row = row + was[0]
-                        latest = max(latest, was[1])
-                    self._fresh[pid, stack_id] = (row, latest)
+                stack_id, weight = hit
+                row: npt.NDArray[np.float64] = np.append(weight * costs[i], weight)
+                self._add(pid, stack_id, row, int(ts[i]))
+
+    def _add(self, pid: int, stack_id: int, row: npt.NDArray[np.float64], ts_ns: int) -> None:
+        if self._fresh is None:
+            self._stack_values(stack_id)[:] += row
+            return
+        was = self._fresh.get((pid, stack_id))
+        if was is not None:
+            row = row + was[0]
+            ts_ns = max(ts_ns, was[1])
+        self._fresh[pid, stack_id] = (row, ts_ns)
 
     def add(self, raw: bytes) -> None:
         """One record of either ring, told apart by its size."""
@@ -195,9 +237,7 @@ class StackSamples:
         """The code paths so far, priced at `usd_per_gpu_hour` where given (cost in
         microdollars); sampled calls whose event never came count as calls alone (call at the
         end, once every ring is read)."""
-        for stack_id, weight in self._pending.values():
-            self._unjoined(stack_id, weight)
-        self._pending.clear()
+        self.finish()
         self.unknown_stacks = sum(n for stack_id, n in self._heads.items()
                                   if stack_id not in self._frames)
         out = []
@@ -211,25 +251,55 @@ class StackSamples:
             out.append(PathSample(frames, named))
         return out
 
+    def finish(self) -> None:
+        """At the end of a capture, every ring read: what is held is priced, and sampled calls
+        whose event never came count as calls alone."""
+        self.settle()
+        for key, (stack_id, weight) in self._pending.items():
+            self._unjoined(key[0], stack_id, weight)
+        self._pending.clear()
+
     def publish(self) -> None:
-        """From now on, what each process's paths cost is also kept for `take_paths`."""
+        """From now on, what each process's paths cost is kept for `take_paths` instead (and
+        a process's stacks are forgotten with it)."""
         if self._fresh is None:
             self._fresh = {}
 
     def take_paths(self) -> dict[int, list[wire.PathRecord]]:
-        """Per process, the code paths of the calls joined since the last take, with what
+        """Per process, the code paths of the calls priced since the last take, with what
         they cost (a stack whose frames never came is one frame that says so)."""
+        out, self._forgotten = self._forgotten, {}
         if not self._fresh:
-            return {}
-        out: dict[int, list[wire.PathRecord]] = {}
+            return out
         fresh, self._fresh = self._fresh, {}
         for (pid, stack_id), (values, ts_ns) in fresh.items():
-            frames = self._frames.get(stack_id, (UNKNOWN_STACK,))
-            out.setdefault(pid, []).append(wire.PathRecord(
-                ts_ns, tuple((f.function[:MAX_TEXT], f.file[:MAX_TEXT], f.line)
-                             for f in frames[-wire.MAX_PATH_FRAMES:]),
-                {name: value for name, value in _named(values).items() if value}))
+            out.setdefault(pid, []).append(self._record(stack_id, values, ts_ns))
         return out
+
+    def forget(self, pid: int) -> None:
+        """A process exited (its events all read): its held events are priced, and, when
+        publishing, its paths taken at the next `take_paths` and its stacks forgotten. Its
+        code objects' addresses mean nothing any more."""
+        for key in [k for k in self._codes if k[0] == pid]:
+            del self._codes[key]
+        if self._fresh is None:
+            return
+        self.settle([pid])
+        for waiting in [k for k in self._pending if k[0] == pid]:
+            self._unjoined(pid, *self._pending.pop(waiting))
+        for key in [k for k in self._fresh if k[0] == pid]:
+            values, ts_ns = self._fresh.pop(key)
+            self._forgotten.setdefault(pid, []).append(self._record(key[1], values, ts_ns))
+        for stack_id in self._stacks_of.pop(pid, ()):
+            self._frames.pop(stack_id, None)
+
+    def _record(self, stack_id: int, values: npt.NDArray[np.float64],
+                ts_ns: int) -> wire.PathRecord:
+        frames = self._frames.get(stack_id, (UNKNOWN_STACK,))
+        return wire.PathRecord(
+            ts_ns, tuple((f.function[:MAX_TEXT], f.file[:MAX_TEXT], _line(f.line))
+                         for f in frames[-wire.MAX_PATH_FRAMES:]),
+            {name: value for name, value in _named(values).items() if value})
 
     def _stack_values(self, stack_id: int) -> npt.NDArray[np.float64]:
         values = self._values.get(stack_id)
@@ -237,8 +307,11 @@ class StackSamples:
             values = self._values[stack_id] = np.zeros(_CALLS + 1)
         return values
 
-    def _unjoined(self, stack_id: int, weight: float) -> None:
-        self._stack_values(stack_id)[_CALLS] += weight
+    def _unjoined(self, pid: int, stack_id: int, weight: float) -> None:
+        """A sampled call whose event never came: its calls alone."""
+        row = np.zeros(_CALLS + 1)
+        row[_CALLS] = weight
+        self._add(pid, stack_id, row, 0)
         self.unjoined += 1
 
     def _symbolise(self, whole: Any) -> tuple[PathFrame, ...]:
@@ -287,10 +360,10 @@ class StackSamples:
         self._codes[pid, code] = _Code(fingerprint, info)
         return info
 
-    def forget(self, pid: int) -> None:
-        """A process exited: its code objects' addresses mean nothing any more."""
-        for key in [k for k in self._codes if k[0] == pid]:
-            del self._codes[key]
+
+def _line(line: int | None) -> int | None:
+    """A line as the wire takes it: one out of range (memory read while it changed) is none."""
+    return line if line is not None and 0 <= line < 2**31 else None
 
 
 def _named(values: npt.NDArray[np.float64]) -> dict[str, float]:

@@ -348,7 +348,14 @@ class KafkaSink:
             aggregates = (aggregated[0] if len(aggregated) == 1 else np.concatenate(aggregated)
                           if aggregated else wire.no_aggregates())
             sampled = _merged_paths(paths.get(pid, ()))
-            if len(events) == 0 and not answered and not len(aggregates) and not sampled:
+            if sampled:  # in messages of their own, each well under the broker's limit
+                who = self._identity(pid)
+                for part in _path_messages(sampled):
+                    only = wire.EventBatch(self.host, pid, who.start_time, empty, paths=part)
+                    self._produce(self._topics.events, key=wire.host_key(self.host),
+                                  value=wire.encode_events(only),
+                                  timestamp_ms=only.first_ts_ns // 1_000_000, events=0, pid=pid)
+            if len(events) == 0 and not answered and not len(aggregates):
                 if spare:  # goes out with the process's next message
                     self._pending_unattributed[pid] = spare
                 continue
@@ -364,7 +371,6 @@ class KafkaSink:
                     requests=answered if first else (),
                     unattributed=spare if first else {},
                     aggregates=mine,
-                    paths=sampled if first else (),
                 )
                 if first:
                     self.requests_produced += len(answered)
@@ -497,14 +503,17 @@ class KafkaSink:
 _FATAL = -150
 
 
+#: About the most bytes of paths one message carries (the broker takes 1 MiB by default).
+PATH_MESSAGE_BYTES = 256 << 10
+
+
 def _code(error: Any) -> int | None:
     code = getattr(error, "code", None)
     return code() if callable(code) else None
 
 
 def _merged_paths(paths: Sequence[wire.PathRecord]) -> tuple[wire.PathRecord, ...]:
-    """A process's paths of several turns, one per stack (values summed, the latest time),
-    at most wire.MAX_PATHS (the most expensive by calls)."""
+    """A process's paths of several turns, one per stack (values summed, the latest time)."""
     merged: dict[tuple[tuple[str, str, int | None], ...], wire.PathRecord] = {}
     for path in paths:
         was = merged.get(path.frames)
@@ -512,8 +521,26 @@ def _merged_paths(paths: Sequence[wire.PathRecord]) -> tuple[wire.PathRecord, ..
             max(was.ts_ns, path.ts_ns), path.frames,
             {k: was.values.get(k, 0.0) + path.values.get(k, 0.0)
              for k in {*was.values, *path.values}})
-    out = sorted(merged.values(), key=lambda p: -p.values.get("calls", 0.0))
-    return tuple(out[:wire.MAX_PATHS])
+    return tuple(merged.values())
+
+
+def _path_messages(paths: Sequence[wire.PathRecord]) -> list[tuple[wire.PathRecord, ...]]:
+    """`paths` cut into messages of at most wire.MAX_PATHS paths and about PATH_MESSAGE_BYTES
+    (a path of 128 frames of 2 KiB names would not fit a broker's 1 MiB alone: names are cut
+    to MAX_FRAME_TEXT, and such a path goes out alone)."""
+    out: list[tuple[wire.PathRecord, ...]] = []
+    part: list[wire.PathRecord] = []
+    size = 0
+    for path in paths:
+        weight = 64 + sum(len(f[0]) + len(f[1]) + 16 for f in path.frames)
+        if part and (size + weight > PATH_MESSAGE_BYTES or len(part) >= wire.MAX_PATHS):
+            out.append(tuple(part))
+            part, size = [], 0
+        part.append(path)
+        size += weight
+    if part:
+        out.append(tuple(part))
+    return out
 
 
 def _slice(attribution: wire.EventAttribution | None, n: int, start: int,

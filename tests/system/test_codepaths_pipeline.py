@@ -21,9 +21,11 @@ import pytest
 
 from gpuflight.grafana import generate
 from gpuflight.producer.contract import wire
+from gpuflight.producer.contract.costs import busy_gpu_ns
 from gpuflight.streams.measurements import Fields, Tags
 from tests.conftest import REPO
 from tests.support.capture import GPUFLIGHT, read_events, wait_for_probe_releases
+from tests.support.counting import events_from_json
 from tests.support.grafana_eval import influxql, interpolate, present
 from tests.support.influx_fixture import DATABASE
 from tests.support.streams_support import StreamWorker, read_topic, rows, wait_for
@@ -155,6 +157,11 @@ def test_each_user_function_gets_what_its_calls_did(kafka_bootstrap: str, influx
     blocked = {s.tags[Tags.FUNCTION]: sum(present(s.numbers("blocked_share")))
                for s in seen[f"{generate.BLOCKED_TERM} by function"]}
     assert blocked[f"Gpu.sync ({SERVE})"] == pytest.approx(syncs / 1e9)
+    # GPU time: the busy model over every call the agent recorded, whole — however its reads
+    # cut the process's busy spans — split over the functions.
+    busy_s = busy_gpu_ns(events_from_json(recorded)).total_ns / 1e9
+    assert busy_s > 0
+    assert sum(r["gpu_seconds"] for r in ranked.values()) == pytest.approx(busy_s, rel=1e-6)
     gpu = {s.tags[Tags.FUNCTION]: sum(present(s.numbers("gpu_seconds_per_s")))
            for s in seen["GPU time/s by function"]}
-    assert sum(gpu.values()) == pytest.approx(sum(r["gpu_seconds"] for r in ranked.values()))
+    assert sum(gpu.values()) == pytest.approx(busy_s, rel=1e-6)  # 1 s intervals

@@ -89,6 +89,16 @@ def test_producer_without_destination(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--output" in capsys.readouterr().err
 
 
+def test_producer_code_paths_go_to_kafka(capsys: pytest.CaptureFixture[str],
+                                         tmp_path: Path) -> None:
+    """Sampled without Kafka, the paths would go nowhere: said at once, nothing started."""
+    assert cli.main(["producer", "--stack-sampling", "10", "--output",
+                     str(tmp_path / "o.jsonl")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--stack-sampling" in line and "--kafka" in line
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 def test_ring_buffer_pages_must_be_a_power_of_two(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["trace", "--ring-buffer-pages", "3", "--", "true"])

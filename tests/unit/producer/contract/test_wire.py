@@ -410,12 +410,11 @@ def test_malformed_aggregates_are_refused_in_one_line(aggregates: object, reason
     assert reason in one_line(error)
 
 
-def test_the_kafka_sink_sends_aggregates_with_their_process_s_events() -> None:
-    """Aggregates go out in their process's next events message, or in one of their own (no
-    event of it pending), and are counted as no event delivered (the tally counts the ring's)."""
-    sent: list[tuple[str, bytes, Any]] = []
+def fake_sink(sent: list[tuple[str, bytes, Any]], *pids: int) -> KafkaSink:
+    """A KafkaSink whose Kafka client only records what it is handed (the client boundary:
+    what it is handed is decoded by the test); `pids`' identities known (no /proc read)."""
 
-    class FakeProducer:  # the Kafka client boundary only: what it is handed is decoded here
+    class FakeProducer:
         def __init__(self, _config: dict[str, Any]) -> None:
             pass
 
@@ -433,9 +432,17 @@ def test_the_kafka_sink_sends_aggregates_with_their_process_s_events() -> None:
 
     sink = KafkaSink(KafkaSettings(bootstrap="127.0.0.1:1"), producer_factory=FakeProducer,
                      create_topics=False, host="h")
-    for pid in (4242, 4243):  # no /proc read for these pids
+    for pid in pids:
         sink._identities[pid] = wire.ProcessRecord(
             "h", pid, 5, None, None, (), None, None, None, None, None, None, f"x:{pid}")
+    return sink
+
+
+def test_the_kafka_sink_sends_aggregates_with_their_process_s_events() -> None:
+    """Aggregates go out in their process's next events message, or in one of their own (no
+    event of it pending), and are counted as no event delivered (the tally counts the ring's)."""
+    sent: list[tuple[str, bytes, Any]] = []
+    sink = fake_sink(sent, 4242, 4243)
     events = sample()[:5]
     counted = counted_sample()
     other = counted_sample()[:2]
@@ -484,6 +491,7 @@ def test_code_paths_round_trip_with_or_without_events() -> None:
 
 @pytest.mark.parametrize("change", [
     lambda m: m["paths"][0].update(values={"watts": 1}),
+    lambda m: m["paths"][0].update(values={"calls\n": 1}),
     lambda m: m["paths"][0].update(values={"launches": -1}),
     lambda m: m["paths"][0].update(frames=[["f", "file", 1]] * (wire.MAX_PATH_FRAMES + 1)),
     lambda m: m["paths"][0].update(frames=[["f" * (wire.MAX_FRAME_TEXT + 1), "file", 1]]),
@@ -500,3 +508,31 @@ def test_malformed_code_paths_are_refused_in_one_line(change: Any) -> None:
     with pytest.raises(wire.WireError) as caught:
         wire.decode_events(orjson.dumps(message))
     assert "path" in one_line(caught) or "malformed" in one_line(caught)
+
+
+def test_the_kafka_sink_sends_paths_merged_in_messages_of_their_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process's paths of several turns go out merged by stack, in messages of their own
+    cut well under the broker's limit, none dropped, its events' messages unchanged."""
+    from gpuflight.producer.publish import kafkasink
+
+    monkeypatch.setattr(kafkasink, "PATH_MESSAGE_BYTES", 600)
+    sent: list[tuple[str, bytes, Any]] = []
+    sink = fake_sink(sent, 4242)
+    many = [wire.PathRecord(1_796_000_000_000_000_000 + i, ((f"f{i}", "/srv/x.py", i),),
+                            {"calls": 1.0}) for i in range(20)]
+    sink.write(sample()[:5])
+    sink.write_paths(4242, [PATHS[0], *many])
+    sink.write_paths(4242, [PATHS[0]])  # the same stack again, a turn later: summed
+    sink.flush_pending()
+    batches = [wire.decode_events(v) for t, v, _ in sent if t.endswith(".events.v1")]
+    with_events = [b for b in batches if len(b.events)]
+    assert len(with_events) == 1 and with_events[0].paths == ()
+    paths = [p for b in batches for p in b.paths]
+    assert len(batches) > 3 and all(len(b.events) == 0 for b in batches if b.paths)
+    assert sorted(p.frames for p in paths) == sorted(p.frames for p in (PATHS[0], *many))
+    (twice,) = [p for p in paths if p.frames == PATHS[0].frames]
+    assert twice.values["launches"] == 600.0 and twice.values["calls"] == 600.0
+    for _, _, delivered in sent:
+        delivered(None, None)
+    assert sink.delivered_events == 5  # paths are no events

@@ -67,9 +67,34 @@ def test_a_launch_read_before_its_head_and_a_sync_read_after_it_are_both_joined(
     samples.add_events(build_events([call(9_000, type_=EventType.SYNC, duration_ns=700)]))
     samples.end_turn()
     (values,) = _values(samples).values()
-    assert values == {"launches": 10.0, "gpu_ns": 0.0, "bytes": 0.0, "blocked_ns": 7000.0,
-                      "calls": 20.0}
+    # GPU time: the launch's busy span runs to the sync's return, a turn later, whole.
+    assert values == {"launches": 10.0, "gpu_ns": 10.0 * (9_000 + 700 - 5_000), "bytes": 0.0,
+                      "blocked_ns": 7000.0, "calls": 20.0}
     assert samples.unjoined == 0 and samples.unknown_stacks == 0
+
+
+def test_gpu_time_is_the_busy_model_over_every_turn_whatever_the_batches() -> None:
+    """Batches cut anywhere — a read turn inside a long sync, as in a GPU-bound loop — give
+    each call the GPU time the busy model gives it over the whole stream."""
+    from gpuflight.producer.contract.costs import busy_gpu_ns
+
+    rows = []
+    for k in range(5):  # 10 launches, then a 100 µs sync; five times
+        t0 = 1_000 + k * 200_000
+        rows += [call(t0 + 10 * i) for i in range(10)]
+        rows.append(call(t0 + 500, type_=EventType.SYNC, duration_ns=100_000))
+    events = build_events(rows)
+    truth = busy_gpu_ns(events).per_event
+    for cuts in ([], [3], [10, 11], [5, 27, 40, 52]):
+        samples = _samples()
+        samples.add_frames(_frames(1))
+        samples.add_samples(_heads(*((1, 1, int(t)) for t in events["ts_ns"])))
+        for part in np.split(events, cuts):
+            samples.add_events(part)
+            samples.end_turn()
+        (values,) = _values(samples).values()
+        assert values["gpu_ns"] == pytest.approx(truth.sum()), cuts
+        assert values["calls"] == len(events) and samples.unjoined == 0
 
 
 def test_each_path_gets_its_own_calls_costs_weighted_and_priced() -> None:
@@ -107,16 +132,17 @@ def test_heads_match_only_their_own_thread_and_process() -> None:
     assert samples.unjoined == 1
 
 
-def test_a_head_finds_events_of_the_last_turn_not_older_ones() -> None:
+def test_a_head_finds_events_priced_in_the_last_turn_not_older_ones() -> None:
     samples = _samples()
     samples.add_frames(_frames(1))
-    samples.add_events(build_events([call(100)]))
+    sync = EventType.SYNC
+    samples.add_events(build_events([call(100, type_=sync, duration_ns=5)]))  # priced now
     samples.end_turn()
-    samples.add_events(build_events([call(200)]))
+    samples.add_events(build_events([call(200, type_=sync, duration_ns=7)]))
     samples.end_turn()
     samples.add_samples(_heads((1, 1, 200), (1, 1, 100)))  # 100's turn is gone
     (values,) = _values(samples).values()
-    assert values["launches"] == 1 and values["calls"] == 2 and samples.unjoined == 1
+    assert values["blocked_ns"] == 7 and values["calls"] == 2 and samples.unjoined == 1
 
 
 def test_heads_waiting_for_events_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,3 +196,28 @@ def test_the_native_caller_is_each_paths_leaf() -> None:
     got = {p.frames for p in samples.samples()}
     assert got == {(UNKNOWN, UNKNOWN, gemm), (gemm,), (UNKNOWN, UNKNOWN)}
     assert asked == [(PID, 0x7F00_1234)] * 2  # a stack with no caller read asks nothing
+
+
+def test_the_agent_takes_each_processs_paths_and_forgets_an_exited_one() -> None:
+    samples = _samples()
+    samples.publish()
+    samples.add_frames(_frames(1))
+    samples.add_events(build_events([call(100), call(300)]))  # launches: held, no drain yet
+    samples.add_samples(_heads((1, 4, 100), (1, 4, 300), (9, 2, 999)))
+    assert samples.take_paths() == {}  # nothing priced: the busy span is open
+    samples.add_events(build_events([call(500, type_=EventType.SYNC, duration_ns=100)]))
+    (path,) = samples.take_paths()[PID]
+    assert path.values == {"launches": 8.0, "gpu_ns": 8.0 * (600 - 100) / 2, "calls": 8.0}
+    assert path.ts_ns == 300 and path.frames == (("[unknown code]", "", None),) * 2
+    assert samples.take_paths() == {}  # taken once
+    samples.forget(PID)  # the head of 999 never found its call: calls alone, said
+    (unknown,) = samples.take_paths()[PID]
+    assert unknown.frames == (("[unknown stack]", "", None),)
+    assert unknown.values == {"calls": 2.0} and samples.unjoined == 1
+    assert samples._frames == {} and samples._values == {}  # nothing kept for ever
+
+
+def test_a_line_read_out_of_range_is_published_as_none() -> None:
+    from gpuflight.producer.decode.pysamples import _line
+
+    assert [_line(x) for x in (0, 41, -3, 2**31, None)] == [0, 41, None, None, None]
