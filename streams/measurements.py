@@ -525,8 +525,8 @@ ROUTES: Final = Measurement(
 
 #: What each code path of a (window, job) cost (`gpuflight producer --stack-sampling N`),
 #: folded to its user function: the innermost Python frame outside site-packages and the
-#: standard library (streams/paths.py), "function (file)". Bounded: the TOP_FUNCTIONS costliest
-#: by GPU time, and the rest as "[other]". Estimates (each sample weighted by 1/p).
+#: standard library (streams/paths.py), "function (dir/file.py)". Bounded: the TOP_FUNCTIONS
+#: costliest by GPU time, and the rest as "[other]". Estimates (each sample weighted by 1/p).
 CODE_PATHS: Final = Measurement(
     "code_paths",
     (Tags.HOST, Tags.JOB, Tags.NAMESPACE, Tags.TEAM, Tags.FUNCTION),

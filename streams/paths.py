@@ -3,8 +3,9 @@
 no Faust, no I/O.
 
 A path's **user function** is its innermost Python frame that is neither in site-packages
-(dist-packages) nor in Python's own library ("function (file)", the line left out so one
-function is one series): the function the user wrote that led to the call, whatever library
+(dist-packages) nor in Python's own library ("function (dir/file.py)": the line and all but
+the file's last directory left out, so that one function is one series whichever release
+directory it ran from): the function the user wrote that led to the call, whatever library
 code it went through. A path with no such frame takes its innermost Python frame; one with no
 Python frame at all (a process without CPython), its native caller.
 
@@ -46,6 +47,7 @@ def user_function(frames: Sequence[Frame]) -> str:
     python = [(name, file) for name, file, line in frames if line is not None]
     mine = [f for f in python if not _LIBRARY.search(f[1])]
     name, file = (mine or python or [(f[0], f[1]) for f in frames[-1:]] or [("[none]", "")])[-1]
+    file = "/".join(file.split("/")[-2:])  # not where a release was unpacked this time
     return (f"{name} ({file})" if file else name)[:MAX_FUNCTION_CHARS]
 
 

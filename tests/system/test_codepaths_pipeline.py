@@ -40,7 +40,8 @@ W = 1_000_000_000
 GATED = ("import ctypes, runpy, sys; ctypes.CDLL(sys.argv[1]); sys.stdin.readline();"
          " sys.argv = ['pylaunch', *sys.argv[1:]];"
          " runpy.run_module('tests.workloads.pylaunch', run_name='__main__')")
-SERVE = REPO / "gpuflight" / "demo" / "serve.py"
+#: The user function's file: its last directory and name.
+SERVE = "demo/serve.py"
 
 
 def test_each_user_function_gets_what_its_calls_did(kafka_bootstrap: str, influx_url: str,

@@ -27,8 +27,8 @@ def test_the_user_function_is_the_innermost_frame_outside_library_code() -> None
     frames = (("<module>", "/srv/train.py", 3), ("Model.forward", "/srv/model.py", 41),
               ("Linear.forward", TORCH, 125), ("_call", "/usr/lib/python3.11/ctypes/x.py", 9),
               GEMM)
-    assert user_function(frames) == "Model.forward (/srv/model.py)"
-    assert user_function(frames[2:]) == "_call (/usr/lib/python3.11/ctypes/x.py)"
+    assert user_function(frames) == "Model.forward (srv/model.py)"
+    assert user_function(frames[2:]) == "_call (ctypes/x.py)"
     assert user_function((GEMM,)) == "at::native::gemm (libtorch_cuda.so)"
     assert user_function(()) == "[none]"
 
@@ -39,8 +39,8 @@ def test_a_window_keeps_functions_apart_up_to_its_bound(monkeypatch: pytest.Monk
     for name in ("a", "b", "c", "d"):
         win.add(path(1, (name, "/srv/x.py", 1), calls=1, gpu_ns=10))
     win.add(path(1, ("a", "/srv/x.py", 7), calls=1, launches=2))  # another line: same function
-    assert win.functions == {"a (/srv/x.py)": [2.0, 10.0, 0.0, 0.0, 2.0],
-                             "b (/srv/x.py)": [0.0, 10.0, 0.0, 0.0, 1.0],
+    assert win.functions == {"a (srv/x.py)": [2.0, 10.0, 0.0, 0.0, 2.0],
+                             "b (srv/x.py)": [0.0, 10.0, 0.0, 0.0, 1.0],
                              OTHER: [0.0, 20.0, 0.0, 0.0, 2.0]}
     assert PathWindow.from_dict(win.to_dict()) == win
 
@@ -54,10 +54,10 @@ def test_the_costliest_functions_are_written_and_the_rest_is_other(
     tags = {m.Tags.HOST: "h", m.Tags.JOB: "j", m.Tags.NAMESPACE: "-", m.Tags.TEAM: "-"}
     points = to_points(win, 5 * W, tags=tags, window_s=10.0, usd_per_gpu_hour=3600.0)
     got = {p.tags[m.Tags.FUNCTION]: p.fields for p in points}
-    assert list(got) == ["f1 (/srv/x.py)", "f2 (/srv/x.py)", OTHER]
+    assert list(got) == ["f1 (srv/x.py)", "f2 (srv/x.py)", OTHER]
     assert got[OTHER][m.Fields.GPU_NS] == 7e8 and got[OTHER][m.Fields.CALLS] == 20
-    assert got["f1 (/srv/x.py)"][m.Fields.COST_USD] == pytest.approx(3.0)  # $1 a GPU-second
-    assert got["f1 (/srv/x.py)"][m.Fields.COST_PER_HOUR_USD] == pytest.approx(3.0 * 360)
+    assert got["f1 (srv/x.py)"][m.Fields.COST_USD] == pytest.approx(3.0)  # $1 a GPU-second
+    assert got["f1 (srv/x.py)"][m.Fields.COST_PER_HOUR_USD] == pytest.approx(3.0 * 360)
     assert all(not m.problems(p) for p in points) and all(p.time_ns == 5 * W for p in points)
 
 
@@ -69,7 +69,7 @@ def test_paths_reach_their_windows_and_survive_the_state_round_trip() -> None:
         path(4 * W + 5, ("train", "/srv/t.py", 1), launches=1, calls=1)))
     assert applied.late_paths == 0
     back = JobState.from_bytes(state.to_bytes(), settings)
-    assert back.windows[3 * W].paths.functions == {"train (/srv/t.py)": [4.0, 100.0, 0, 0, 4.0]}
+    assert back.windows[3 * W].paths.functions == {"train (srv/t.py)": [4.0, 100.0, 0, 0, 4.0]}
     writes, _ = back.due(5 * W, settings)
     found = [p for w in writes for p in w.points if p.measurement == m.CODE_PATHS.name]
     assert [(p.time_ns, p.fields[m.Fields.LAUNCHES]) for p in found] == [(3 * W, 4.0),
