@@ -1,4 +1,6 @@
-"""`gpuflight replay`: re-emit exactly the events of a time range, for a postmortem.
+"""`gpuflight replay`: re-emit exactly the events of a time range, for a postmortem; and
+`gpuflight profile`: the code paths of a range (the "paths" the node agent published with
+`--stack-sampling`), of a job's processes (found on the processes topic), as pprof.
 
 Offsets are found by time. A message holds a flush interval of one process's
 events and is stamped with its first event, so reading starts one
@@ -19,6 +21,7 @@ from pathlib import Path
 from gpuflight.producer.contract import wire
 from gpuflight.producer.contract.errors import ServiceError, UsageError
 from gpuflight.producer.contract.kafkaconf import REFUSED_CODES
+from gpuflight.producer.decode.codepaths import PathFrame, PathSample, write_profile
 from gpuflight.producer.decode.kernels import KernelNames
 from gpuflight.producer.decode.sinks import JsonLinesSink
 from gpuflight.producer.decode.timeline import TimelineSink
@@ -39,6 +42,7 @@ class ReplayStats:
     events: int = 0
     skipped_malformed: int = 0
     requests: int = 0
+    paths: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,45 @@ class _Replayed:
     """A request read back from Kafka, as the --output sink takes it."""
 
     record: wire.RequestRecord
+
+
+def processes_of_job(kafka: KafkaSettings, job: str, host: str | None = None,
+                     timeout_s: float = 30.0) -> frozenset[tuple[str, int, int]]:
+    """(host, pid, start_time) of every process of `job` the processes topic knows (the
+    compacted topic: each process the node agents saw, exited or not)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    topic = kafka.topics.processes
+    consumer = make_client(Consumer, {
+        **kafka.config, "bootstrap.servers": kafka.bootstrap,
+        "group.id": f"gpuflight-profile-{uuid.uuid4()}", "enable.auto.commit": False})
+    found: set[tuple[str, int, int]] = set()
+    try:
+        metadata = consumer.list_topics(topic, timeout=min(timeout_s, 10.0))
+        partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
+        ends = {}
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                       timeout=timeout_s)
+            if high > low:
+                ends[p] = high
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            if (message.offset() or 0) + 1 >= ends.get(message.partition() or 0, 0):
+                ends.pop(message.partition() or 0, None)
+            try:
+                record = wire.decode_process(message.value())
+            except wire.WireError:
+                continue  # a tombstone, or not ours
+            if record.job == job and (host is None or record.host == host):
+                found.add((record.host, record.pid, record.start_time))
+    finally:
+        consumer.close()
+    return frozenset(found)
 
 
 def replay(
@@ -58,12 +101,16 @@ def replay(
     output: Path | None = None,
     to_topic: str | None = None,
     timeline: Path | None = None,
+    profile: Path | None = None,
+    processes: frozenset[tuple[str, int, int]] | None = None,
     slack_s: float = DEFAULT_SLACK_S,
     timeout_s: float = 30.0,
 ) -> ReplayStats:
+    """`processes`: only these (host, pid, start_time); `profile`: write the range's code
+    paths there (pprof), merged by stack."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    if sum(x is not None for x in (output, to_topic, timeline)) != 1:
+    if sum(x is not None for x in (output, to_topic, timeline, profile)) != 1:
         raise UsageError("replay needs exactly one of --output FILE, --to-topic TOPIC or "
                          "--timeline FILE")
     if to_ns <= from_ns:
@@ -85,6 +132,7 @@ def replay(
     elif timeline is not None:
         # Process and thread names are the host's, which this machine cannot read.
         writer = TimelineSink(timeline, names, read_names=False)
+    paths: dict[tuple[tuple[str, str, int | None], ...], dict[str, float]] = {}
     republisher = None
     if to_topic is not None:
         republisher = KafkaSink(kafka, create_topics=False)
@@ -141,6 +189,8 @@ def replay(
                 continue
             if (host is not None and batch.host != host) or (pid is not None and batch.pid != pid):
                 continue
+            if processes is not None and (batch.host, batch.pid, batch.start_time) not in processes:
+                continue
             ts = batch.events["ts_ns"]
             keep = (ts >= from_ns) & (ts < to_ns)
             events = batch.events[keep]
@@ -149,12 +199,18 @@ def replay(
             requests = tuple(r for r in batch.requests if from_ns <= r.end_ns < to_ns)
             first = batch.aggregates["ts_ns"]
             aggregates = batch.aggregates[(first >= from_ns) & (first < to_ns)]
-            paths = tuple(p for p in batch.paths if from_ns <= p.ts_ns < to_ns)
-            if len(events) == 0 and not requests and not len(aggregates) and not paths:
+            in_range = tuple(p for p in batch.paths if from_ns <= p.ts_ns < to_ns)
+            if len(events) == 0 and not requests and not len(aggregates) and not in_range:
                 continue
             stats.events += len(events)
             stats.requests += len(requests)
-            if writer is not None:
+            stats.paths += len(in_range)
+            if profile is not None:
+                for path in in_range:
+                    sums = paths.setdefault(path.frames, {})
+                    for name, value in path.values.items():
+                        sums[name] = sums.get(name, 0.0) + value
+            elif writer is not None:
                 names.learn(batch.pid, batch.kernels)
                 if len(events):
                     writer.write(events, attribution)
@@ -169,9 +225,15 @@ def replay(
                     attribution=attribution, requests=requests,
                     # the unattributed cost is the message's: kept only with all its events
                     unattributed=batch.unattributed if whole else {},
-                    aggregates=aggregates, paths=paths,
+                    aggregates=aggregates, paths=in_range,
                 )
                 republisher.produce_batch(to_topic, kept)
+        if profile is not None:
+            write_profile(profile, [
+                PathSample(tuple(PathFrame(*frame) for frame in frames), values)
+                for frames, values in paths.items()],
+                time_ns=from_ns, duration_ns=to_ns - from_ns,
+                comments=[f"gpuflight replay of {kafka.topics.events}"])
     finally:
         consumer.close()
         if writer is not None:

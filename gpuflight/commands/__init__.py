@@ -6,6 +6,7 @@ from gpuflight.commands import (
     cost,
     demo,
     producer,
+    profile,
     replay,
     report,
     stack,
@@ -15,4 +16,5 @@ from gpuflight.commands import (
 )
 
 #: In the order `gpuflight --help` lists them.
-COMMANDS = (trace, producer, top, replay, stack, streams, report, cost, compare, demo)
+COMMANDS = (trace, producer, top, replay, profile, stack, streams, report, cost, compare,
+            demo)

@@ -1,9 +1,9 @@
 """Code paths through the pipeline: the node agent walks every call's Python stack
 (`producer --stack-sampling 1`, exact), publishes each process's paths with what their calls
 cost to a real Kafka, `gpuflight streams` folds them to user functions into a real InfluxDB
-(`code_paths`), and `gpuflight report --by function` and every query of the "Code paths"
-dashboard read them back — each function's launches, bytes and calls exactly what the
-workload did, and what the agent recorded."""
+(`code_paths`), and `gpuflight report --by function`, `gpuflight profile` (from Kafka, as
+pprof) and every query of the "Code paths" dashboard read them back: each function's
+launches, bytes and calls exactly what the workload did, and what the agent recorded."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pytest
 from gpuflight.grafana import generate
 from gpuflight.producer.contract import wire
 from gpuflight.producer.contract.costs import busy_gpu_ns
+from gpuflight.producer.decode.codepaths import read_profile
 from gpuflight.streams.measurements import Fields, Tags
 from tests.conftest import REPO
 from tests.support.capture import GPUFLIGHT, read_events, wait_for_probe_releases
@@ -130,6 +131,33 @@ def test_each_user_function_gets_what_its_calls_did(kafka_bootstrap: str, influx
     assert replayed.returncode == 0, replayed.stderr
     again = [wire.decode_events(m.value()) for m in read_topic(kafka_bootstrap, target)]
     assert sum(p.values.get("calls", 0) for b in again for p in b.paths) == len(recorded)
+
+    # The job's paths back from Kafka as pprof: every call, each launch through Gpu.launch.
+    profile = tmp_path / "job.pb.gz"
+    done = subprocess.run(
+        [*GPUFLIGHT, "profile", "--kafka", kafka_bootstrap, "--topic-prefix", prefix, "--job",
+         job, "--output", str(profile)], capture_output=True, text=True, timeout=120,
+        check=False)
+    assert done.returncode == 0, done.stderr
+    got_profile = read_profile(profile)
+    strings = list(got_profile.string_table)
+    kinds = [strings[t.type] for t in got_profile.sample_type]
+    names = {f.id: strings[f.name] for f in got_profile.function}
+    where = {loc.id: names[loc.line[0].function_id] for loc in got_profile.location}
+    value = {k: 0 for k in kinds}
+    through_launch = 0
+    for sample in got_profile.sample:
+        for kind, v in zip(kinds, sample.value, strict=True):
+            value[kind] += v
+        if "Gpu.launch" in (where[i] for i in sample.location_id):
+            through_launch += sample.value[kinds.index("launches")]
+    assert value["calls"] == len(recorded) and through_launch == CALLS + CALLS // 4
+    nobody = subprocess.run(
+        [*GPUFLIGHT, "profile", "--kafka", kafka_bootstrap, "--topic-prefix", prefix, "--job",
+         "slurm:none", "--output", str(tmp_path / "none.pb.gz")], capture_output=True,
+        text=True, timeout=120, check=False)
+    assert nobody.returncode == 2 and "no process of job slurm:none" in nobody.stderr
+    assert len(nobody.stderr.strip().splitlines()) == 1
 
     # The dashboard's queries, as Grafana runs them (its variables from their own queries).
     board = json.loads((generate.DASHBOARD_DIR / "paths.json").read_text())
