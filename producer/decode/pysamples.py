@@ -6,9 +6,9 @@ gets what its sampled calls cost (producer/contract/costs.py, the model that pri
 each weighted by the calls the sample stands for: kernel launches, GPU time, bytes copied, CPU
 time blocked, calls. A call's event may come before its head (launches: the walk runs after
 the event is sent, in the same program) or after it (a sync's event is sent when it returns):
-a head read finds its event among the events read in this turn and the last, or waits for it,
-bounded; a head whose event never comes (the events ring was full) counts as calls alone, and
-is counted.
+a head read finds its event among the events priced in this turn and the last, or waits for
+it, bounded; a head whose event never comes (the events ring was full) counts as calls alone,
+and is counted.
 
 A code object is read once per (pid, address), and revalidated when a new stack holds that
 address again: its name, file and first line's pointers are read back (one read) and compared,
@@ -62,7 +62,7 @@ NO_PYTHON: Final = PY_NO_PYTHON
 #: alone: `unjoined`).
 MAX_UNJOINED: Final = 100_000
 #: The most events a process's busy span is held for before it is priced anyway (cut there).
-MAX_HELD_EVENTS: Final = 1_000_000
+MAX_HELD_EVENTS: Final = 200_000
 #: The frame a truncated stack is rooted at, and the one of a thread not running Python.
 CUT: Final = PathFrame("[truncated]", "", None)
 NO_FRAMES: Final = PathFrame("[no Python frames]", "", None)
@@ -157,7 +157,7 @@ class StackSamples:
         self._pending.update(keys)
         while len(self._pending) > MAX_UNJOINED:
             oldest = next(iter(self._pending))
-            self._unjoined(oldest[0], *self._pending.pop(oldest))
+            self._unjoined(oldest, *self._pending.pop(oldest))
 
     def add_events(self, events: npt.NDArray[np.void]) -> None:
         """A batch of enriched events (records.EVENT_DTYPE), in ring order: each process's
@@ -166,8 +166,9 @@ class StackSamples:
         if len(events) == 0:
             return
         pids = events["pid"]
-        for pid in np.unique(pids).tolist():
-            part = events if pids[0] == pids[-1] == pid else events[pids == pid]
+        unique = np.unique(pids).tolist()
+        for pid in unique:
+            part = events if len(unique) == 1 else events[pids == pid]
             self._held.setdefault(pid, []).append(part)
             self._held_events[pid] = self._held_events.get(pid, 0) + len(part)
             last = np.flatnonzero(drains(part))
@@ -256,7 +257,7 @@ class StackSamples:
         whose event never came count as calls alone."""
         self.settle()
         for key, (stack_id, weight) in self._pending.items():
-            self._unjoined(key[0], stack_id, weight)
+            self._unjoined(key, stack_id, weight)
         self._pending.clear()
 
     def publish(self) -> None:
@@ -286,7 +287,7 @@ class StackSamples:
             return
         self.settle([pid])
         for waiting in [k for k in self._pending if k[0] == pid]:
-            self._unjoined(pid, *self._pending.pop(waiting))
+            self._unjoined(waiting, *self._pending.pop(waiting))
         for key in [k for k in self._fresh if k[0] == pid]:
             values, ts_ns = self._fresh.pop(key)
             self._forgotten.setdefault(pid, []).append(self._record(key[1], values, ts_ns))
@@ -307,11 +308,11 @@ class StackSamples:
             values = self._values[stack_id] = np.zeros(_CALLS + 1)
         return values
 
-    def _unjoined(self, pid: int, stack_id: int, weight: float) -> None:
-        """A sampled call whose event never came: its calls alone."""
+    def _unjoined(self, key: tuple[int, int, int], stack_id: int, weight: float) -> None:
+        """A sampled call (pid, tid, time) whose event never came: its calls alone."""
         row = np.zeros(_CALLS + 1)
         row[_CALLS] = weight
-        self._add(pid, stack_id, row, 0)
+        self._add(key[0], stack_id, row, key[2])
         self.unjoined += 1
 
     def _symbolise(self, whole: Any) -> tuple[PathFrame, ...]:

@@ -315,8 +315,8 @@ class KafkaSink:
             self._pending_since = time.monotonic()
 
     def write_paths(self, pid: int, paths: Sequence[wire.PathRecord]) -> None:
-        """A process's code paths since the last turn: they go out with its next events
-        message (or one of their own)."""
+        """A process's code paths since the last turn: they go out at its next flush, merged
+        by stack, in messages of their own (count 0: no event)."""
         if paths:
             self._pending_paths.setdefault(pid, []).extend(paths)
             if self._pending_since is None:

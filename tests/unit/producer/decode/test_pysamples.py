@@ -122,6 +122,18 @@ def test_each_path_gets_its_own_calls_costs_weighted_and_priced() -> None:
                                  "calls": 3.0, "cost": 3 * 250 / 3 / 1000})
 
 
+def test_a_batch_of_several_processes_holds_each_apart() -> None:
+    samples = _samples()
+    samples.add_frames(_frames(1))
+    other = {**call(150, type_=EventType.SYNC, duration_ns=10), "pid": PID + 1}
+    samples.add_events(build_events([call(100), other, call(200, type_=EventType.SYNC,
+                                                             duration_ns=50)]))
+    samples.add_samples(_heads((1, 1, 100)))
+    (values,) = _values(samples).values()
+    # PID's span [100, 250] is its launch's alone: the other process's sync drains nothing.
+    assert values["gpu_ns"] == 150 and values["launches"] == 1
+
+
 def test_heads_match_only_their_own_thread_and_process() -> None:
     samples = _samples()
     samples.add_frames(_frames(1))
@@ -214,6 +226,7 @@ def test_the_agent_takes_each_processs_paths_and_forgets_an_exited_one() -> None
     (unknown,) = samples.take_paths()[PID]
     assert unknown.frames == (("[unknown stack]", "", None),)
     assert unknown.values == {"calls": 2.0} and samples.unjoined == 1
+    assert unknown.ts_ns == 999  # when the call was made: its window
     assert samples._frames == {} and samples._values == {}  # nothing kept for ever
 
 
