@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ from gpuflight.producer.contract.errors import SetupError, UsageError
 from gpuflight.producer.contract.pricing import PriceBook
 from gpuflight.producer.decode.codepaths import PathSample
 from gpuflight.producer.decode.enrich import Enricher
+from gpuflight.producer.decode.pysamples import NO_FRAMES
 from gpuflight.producer.decode.sinks import EventSink, JsonLinesSink, SummarySink
 from gpuflight.producer.decode.summary import ProbedFile, Summary, render
 from gpuflight.producer.discover import procmaps
@@ -285,8 +287,21 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
            + (f", {samples.unjoined} sample(s) whose call was not recorded"
               if samples.unjoined else "")
            + (f", {lost} sample(s) lost (their ring was full)" if lost else "")]
-    out.extend(_top_paths(paths, "launches", "of launches", lambda v: f"{v:,.0f}"))
+    period = stacks.period
+
+    def launches(v: float) -> str:
+        # Each call is walked with the same chance, 1 in N: a count estimated at v has a
+        # standard deviation of about √(v·N) (none when every call is walked).
+        return f"{v:,.0f}" if period == 1 else f"{v:,.0f} ±{2 * math.sqrt(v * period):,.0f}"
+
+    out.extend(_top_paths(paths, "launches", "of launches", launches))
     out.extend(_top_paths(paths, "gpu_ns", "of GPU time", lambda v: f"{v / 1e6:,.3f} ms"))
+    launched = sum(p.values.get("launches", 0.0) for p in paths)
+    alone = sum(p.values.get("launches", 0.0) for p in paths if p.frames[:1] == (NO_FRAMES,))
+    if launched and alone:
+        out.append(f"    {100 * alone / launched:.1f}% of the launches came from threads with no"
+                   " Python frames (autograd's backward threads, native threads): by native"
+                   " caller only")
     return out, written
 
 
@@ -297,7 +312,8 @@ def _top_paths(paths: Sequence[PathSample], value: str, what: str,
     total = sum(p.values.get(value, 0.0) for p in paths)
     if not total:
         return []
-    out = [f"    top code paths {what}:"]
+    out = [f"    top code paths {what}" + (" (±: two standard deviations)" if "±" in
+                                               shown(1.0) else "") + ":"]
     for path in sorted(paths, key=lambda p: -p.values.get(value, 0.0))[:5]:
         share = path.values.get(value, 0.0) / total
         if not share:
@@ -307,7 +323,7 @@ def _top_paths(paths: Sequence[PathSample], value: str, what: str,
             frames[-1].function.startswith("[")) else ()  # not [truncated], [unknown code]…
         where = " → ".join(f.folded() for f in (*frames[:len(frames) - len(native)][-2:],
                                                  *native)) or "-"
-        out.append(f"    {100 * share:5.1f}% {shown(path.values.get(value, 0.0)):>14}  {where}")
+        out.append(f"    {100 * share:5.1f}% {shown(path.values.get(value, 0.0)):>18}  {where}")
     return out
 
 
