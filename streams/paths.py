@@ -53,9 +53,12 @@ def user_function(frames: Sequence[Frame]) -> str:
 
 @dataclass
 class PathWindow:
-    """A window's code paths: per user function, PATH_VALUES summed."""
+    """A window's code paths: per user function, PATH_VALUES summed; and the functions its
+    points named so far (a window is written again while late events come: one that left the
+    top since is written as zeros, so that its earlier point does not count twice)."""
 
     functions: dict[str, list[float]] = field(default_factory=dict)
+    shown: set[str] = field(default_factory=set)
 
     def add(self, path: PathRecord) -> None:
         key = user_function(path.frames)
@@ -68,12 +71,14 @@ class PathWindow:
     def to_dict(self) -> dict[str, Any]:
         """By value name: a state keeps its meaning if PATH_VALUES grows."""
         return {"functions": {k: dict(zip(PATH_VALUES, v, strict=True))
-                              for k, v in self.functions.items()}}
+                              for k, v in self.functions.items()},
+                "shown": sorted(self.shown)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PathWindow:
         return cls({str(k): [float(values.get(name, 0.0)) for name in PATH_VALUES]
-                    for k, values in data.get("functions", {}).items()})
+                    for k, values in data.get("functions", {}).items()},
+                   {str(k) for k in data.get("shown", ())})
 
 
 def add_paths(paths: Iterable[PathRecord], window_ns: int,
@@ -93,12 +98,17 @@ def add_paths(paths: Iterable[PathRecord], window_ns: int,
 def to_points(win: PathWindow, window_start_ns: int, *, tags: Mapping[str, str],
               window_s: float, usd_per_gpu_hour: float | None) -> list[Point]:
     """The window's `code_paths` points: the TOP_FUNCTIONS costliest functions (GPU time, then
-    calls) and "[other]" for the rest. `tags`: host, job, namespace and team."""
+    calls) and "[other]" for the rest, and zeros for those an earlier write named that are
+    not among them now (noted in `win.shown`). `tags`: host, job, namespace and team."""
     ranked = sorted(win.functions.items(), key=lambda kv: (-kv[1][_GPU], -kv[1][_CALLS], kv[0]))
     kept = [(k, v) for k, v in ranked[:TOP_FUNCTIONS] if k != OTHER]
     rest = [v for k, v in ranked if k == OTHER or (k, v) not in kept]
     if rest:
         kept.append((OTHER, [sum(column) for column in zip(*rest, strict=True)]))
+    names = {function for function, _ in kept}
+    # Named by an earlier write of this window, out of the top now: zeros over that point.
+    kept += [(function, [0.0] * len(PATH_VALUES)) for function in sorted(win.shown - names)]
+    win.shown |= names
     points = []
     for function, sums in kept:
         gpu_ns = sums[_GPU]

@@ -78,3 +78,22 @@ def test_paths_reach_their_windows_and_survive_the_state_round_trip() -> None:
     late = back.apply(NO_EVENTS, 0, 2, settings, paths=(path(3 * W + 9, ("x", "/a", 1)),))
     assert late.late_paths == 1
 
+
+
+def test_a_function_that_leaves_the_top_is_written_as_zeros(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written once while it was in the top, then pushed out by late events: its point is
+    overwritten with zeros (else it would count twice, alone and in [other])."""
+    monkeypatch.setattr(paths, "TOP_FUNCTIONS", 1)
+    tags = {m.Tags.HOST: "h", m.Tags.JOB: "j", m.Tags.NAMESPACE: "-", m.Tags.TEAM: "-"}
+    win = PathWindow()
+    win.add(path(1, ("a", "/srv/x.py", 1), gpu_ns=5, calls=1))
+    first = {p.tags[m.Tags.FUNCTION] for p in to_points(win, 0, tags=tags, window_s=1.0,
+                                                          usd_per_gpu_hour=None)}
+    assert first == {"a (srv/x.py)"}
+    win.add(path(1, ("b", "/srv/x.py", 1), gpu_ns=50, calls=1))
+    win = PathWindow.from_dict(win.to_dict())  # across a restart, too
+    again = {p.tags[m.Tags.FUNCTION]: p.fields[m.Fields.GPU_NS]
+             for p in to_points(win, 0, tags=tags, window_s=1.0, usd_per_gpu_hour=None)}
+    assert again == {"b (srv/x.py)": 50.0, OTHER: 5.0, "a (srv/x.py)": 0.0}
+    assert sum(float(v) for v in again.values()) == 55.0  # what the window did, once
