@@ -191,9 +191,9 @@ static __always_inline void gf_count_drop(u32 slot, u32 pid)
 
 /* ---- code paths (issue 28): the caller's Python stack, sampled ------------------------
  *
- * GF_PY_STACKS 1: a per-CPU countdown (gaps uniform on [1, 2p-1], p = py_config[0]: every
- * call has the same chance, whatever its thread or stack, so a sample weighted p is an
- * unbiased estimate) marks a recorded call; its program then ends in a tail call to
+ * GF_PY_STACKS 1: a per-CPU countdown (gaps uniform on [1, 2p-1], p the period in force,
+ * py_rate: every call has the same chance, whatever its thread or stack, so a sample weighted
+ * p is an unbiased estimate) marks a recorded call; its program then ends in a tail call to
  * gf_py_walker, which walks the caller's Python stack (bpf/pywalk.bpf.h; py_procs: the
  * process's layout, from producer/discover/pythons.py) and sends the sample's head on
  * `py_samples` with the event's (pid, tid, ts_ns), the call's return address (its native
@@ -211,8 +211,26 @@ static __always_inline void gf_count_drop(u32 slot, u32 pid)
 #endif
 #include "pywalk.bpf.h"
 BPF_HASH(py_procs, u32, struct gf_py_offsets, 65536);
-BPF_ARRAY(py_config, u32, 1);
-BPF_PERCPU_ARRAY(py_countdown, u32, 1);
+/* py_config[0]: the period asked for; [1]: the most walks a CPU makes in a window (0: no
+ * bound). */
+BPF_ARRAY(py_config, u32, 2);
+/* Each CPU's sampler. The period in force starts at the one asked for; each time the CPU has
+ * walked its bound (py_config[1]) since the window (2^30 ns) began or the period last
+ * changed, the period doubles, up to GF_PY_MAX_PERIOD; a window that ends under a quarter of
+ * the bound halves it, down to the one asked for. A gap is drawn with the period in force,
+ * and the sample that ends it weighs that period (`drawn`): every estimate stays unbiased,
+ * whatever the rate did. */
+struct gf_py_rate {
+	u32 left;   /* calls until the next sample */
+	u32 drawn;  /* the period the gap being counted down was drawn with */
+	u32 period; /* the period in force */
+	u32 walks;  /* walks in this window */
+	u64 window; /* ktime >> 30 of this window */
+	u32 peak;   /* the highest period this CPU came to */
+	u32 raised; /* windows that ended with the period raised */
+};
+#define GF_PY_MAX_PERIOD (1u << 20)
+BPF_PERCPU_ARRAY(py_rate, struct gf_py_rate, 1);
 BPF_PERCPU_ARRAY(py_scratch, struct gf_py_stack, 1);
 BPF_TABLE("lru_hash", u64, u8, py_seen, 65536);
 BPF_RINGBUF_OUTPUT(py_samples, GF_PY_STACKS_PAGES);
@@ -225,14 +243,41 @@ BPF_PROG_ARRAY(py_walker, 1);
  * (the probe fires where %rsp is the entry's: it points at the return address). */
 static __always_inline void gf_py_mark(struct pt_regs *ctx, u64 id, u64 ts_ns, u64 caller)
 {
-	u32 zero = 0;
-	u32 *left = py_countdown.lookup(&zero);
-	u32 *period = py_config.lookup(&zero);
-	if (!left || !period || !*period)
+	u32 zero = 0, one = 1;
+	struct gf_py_rate *r = py_rate.lookup(&zero);
+	u32 *asked = py_config.lookup(&zero);
+	u32 *bound = py_config.lookup(&one);
+	if (!r || !asked || !*asked || !bound)
 		return;
-	u32 weight = gf_py_sampled(left, *period);
-	if (!weight)
-		return;
+	u64 window = ts_ns >> 30;
+	if (r->window != window) {
+		if (*bound && r->walks < *bound / 4 && r->period > *asked)
+			r->period /= 2;
+		if (r->period < *asked)
+			r->period = *asked;
+		if (r->period > r->peak)
+			r->peak = r->period;
+		r->window = window;
+		r->walks = 0;
+	}
+	u32 weight = 1;
+	if (r->period > 1) {
+		if (r->left > 1) {
+			r->left -= 1;
+			return;
+		}
+		weight = r->drawn ? r->drawn : r->period;
+		r->drawn = r->period;
+		r->left = 1 + bpf_get_prandom_u32() % (2 * r->period - 1);
+	}
+	r->walks += 1;
+	if (*bound && r->walks >= *bound && r->period < GF_PY_MAX_PERIOD) {
+		r->period *= 2; /* from the next gap on */
+		r->walks = 0;
+		r->raised += 1;
+		if (r->period > r->peak)
+			r->peak = r->period;
+	}
 	struct gf_py_stack *s = py_scratch.lookup(&zero);
 	if (!s)
 		return;

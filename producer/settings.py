@@ -115,6 +115,11 @@ class CaptureSettings:
     #: average is walked in the kernel and sent with the call's weight (1: every call);
     #: None: off (bpf/cudart.bpf.c GF_PY_STACKS).
     stack_period: int | None = None
+    #: The most Python stacks a CPU walks a second when sampling (stack_period > 1): each
+    #: time it is reached the CPU's period doubles (and halves back in a second far under it),
+    #: the weights following, so estimates stay unbiased; 0: no bound. Every-call mode (1) has
+    #: none.
+    stack_max_walks: int = 2000
     #: The deepest Python stack walked, in frames (a power of two; deeper ones are cut there,
     #: and flagged).
     stack_depth: int = 64

@@ -27,7 +27,7 @@ from gpuflight.producer.contract.errors import SetupError, UsageError
 from gpuflight.producer.contract.pricing import PriceBook
 from gpuflight.producer.decode.codepaths import PathSample
 from gpuflight.producer.decode.enrich import Enricher
-from gpuflight.producer.decode.pysamples import NO_FRAMES
+from gpuflight.producer.decode.pysamples import LAUNCHES_VARIANCE, NO_FRAMES
 from gpuflight.producer.decode.sinks import EventSink, JsonLinesSink, SummarySink
 from gpuflight.producer.decode.summary import ProbedFile, Summary, render
 from gpuflight.producer.discover import procmaps
@@ -84,6 +84,8 @@ class StackOptions:
     period: int = 100
     #: What --stacks folds by (codepaths.FOLDED_WEIGHTS).
     weight: str = "launches"
+    #: The most stacks a CPU walks a second (settings.stack_max_walks).
+    max_walks: int = 2000
 
 
 @dataclass(frozen=True)
@@ -281,21 +283,26 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
                       exc.strerror if isinstance(exc, OSError) else exc)
             written = False
     samples = capture.stacks.samples
-    out = [f"  code paths: {len(paths)} stack(s), 1 call in {stacks.period} walked"
+    peak, raised = capture.stacks.rate
+    out = [f"  code paths: {len(paths)} stack(s), {samples.walks:,} walk(s), 1 call in"
+           f" {stacks.period} walked"
+           + (f" (1 in up to {peak:,} on a CPU that reached {stacks.max_walks:,} walks a"
+              f" second: doubled {raised} time(s))" if peak > stacks.period else "")
            + (f", {samples.unknown_stacks} sample(s) of unknown stacks"
               if samples.unknown_stacks else "")
            + (f", {samples.unjoined} sample(s) whose call was not recorded"
               if samples.unjoined else "")
            + (f", {lost} sample(s) lost (their ring was full)" if lost else "")]
-    period = stacks.period
-
-    def launches(v: float) -> str:
-        # Each call is walked with the same chance, 1 in N: a count estimated at v has a
-        # standard deviation of about √(v·N) (none when every call is walked).
-        return f"{v:,.0f}" if period == 1 else f"{v:,.0f} ±{2 * math.sqrt(v * period):,.0f}"
+    def launches(path: PathSample) -> str:
+        # Each call is walked with a known chance (1 in the period in force when it was
+        # made): a count estimated at v has a variance of Σ w(w-1) over its samples.
+        value = path.values.get("launches", 0.0)
+        spread = 2 * math.sqrt(path.values.get(LAUNCHES_VARIANCE, 0.0))
+        return f"{value:,.0f}" if stacks.period == 1 else f"{value:,.0f} ±{spread:,.0f}"
 
     out.extend(_top_paths(paths, "launches", "of launches", launches))
-    out.extend(_top_paths(paths, "gpu_ns", "of GPU time", lambda v: f"{v / 1e6:,.3f} ms"))
+    out.extend(_top_paths(paths, "gpu_ns", "of GPU time",
+                          lambda p: f"{p.values.get('gpu_ns', 0.0) / 1e6:,.3f} ms"))
     launched = sum(p.values.get("launches", 0.0) for p in paths)
     alone = sum(p.values.get("launches", 0.0) for p in paths if p.frames[:1] == (NO_FRAMES,))
     if launched and alone:
@@ -306,15 +313,16 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
 
 
 def _top_paths(paths: Sequence[PathSample], value: str, what: str,
-               shown: Callable[[float], str]) -> list[str]:
+               shown: Callable[[PathSample], str]) -> list[str]:
     """The summary's five heaviest code paths by `value`, each by its innermost two Python
     frames and its native caller (none if no path has any)."""
     total = sum(p.values.get(value, 0.0) for p in paths)
     if not total:
         return []
+    ranked = sorted(paths, key=lambda p: -p.values.get(value, 0.0))[:5]
     out = [f"    top code paths {what}" + (" (±: two standard deviations)" if "±" in
-                                               shown(1.0) else "") + ":"]
-    for path in sorted(paths, key=lambda p: -p.values.get(value, 0.0))[:5]:
+                                               shown(ranked[0]) else "") + ":"]
+    for path in ranked:
         share = path.values.get(value, 0.0) / total
         if not share:
             break
@@ -323,7 +331,7 @@ def _top_paths(paths: Sequence[PathSample], value: str, what: str,
             frames[-1].function.startswith("[")) else ()  # not [truncated], [unknown code]…
         where = " → ".join(f.folded() for f in (*frames[:len(frames) - len(native)][-2:],
                                                  *native)) or "-"
-        out.append(f"    {100 * share:5.1f}% {shown(path.values.get(value, 0.0)):>18}  {where}")
+        out.append(f"    {100 * share:5.1f}% {shown(path):>18}  {where}")
     return out
 
 
@@ -380,7 +388,9 @@ def run(
     check_can_probe(capabilities=TRACE_CAPABILITIES)
     base = settings or CaptureSettings()
     settings = replace(base, pids=frozenset(), follow_forks=True, hold_on_load=True,
-                       stack_period=stacks.period if stacks is not None else None)
+                       stack_period=stacks.period if stacks is not None else None,
+                       stack_max_walks=(stacks.max_walks if stacks is not None
+                                        else base.stack_max_walks))
     summary_sink = SummarySink()
     sinks: list[EventSink] = [summary_sink]
     enricher = Enricher(proc_root=settings.proc_root)

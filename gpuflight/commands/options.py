@@ -125,6 +125,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value <= 2**31:
+        raise argparse.ArgumentTypeError(f"must be 0 to 2^31, got {text}")
+    return value
+
+
 def non_negative(text: str) -> float:
     value = float(text)
     if not (value >= 0 and math.isfinite(value)):

@@ -14,6 +14,7 @@ from gpuflight.commands.options import (
     kafka_settings,
     metrics_endpoint,
     non_negative,
+    non_negative_int,
     pid,
     positive,
     positive_int,
@@ -71,6 +72,10 @@ def add_parser(sub: Subparsers) -> None:
                         help="code paths: walk the Python stack of one call in N on average and "
                         "publish each process's paths with what their calls cost (off unless "
                         "given; 1: every call)")
+    parser.add_argument("--stack-max-walks", type=non_negative_int, default=2000, metavar="W",
+                        help="the most stacks a CPU walks a second: beyond, its sampling "
+                        "period doubles, the weights following (default %(default)s; 0: no "
+                        "bound)")
     parser.add_argument("--proc", type=Path, default=Path("/proc"), help=argparse.SUPPRESS)
     add_capture_options(parser)
     parser.set_defaults(run=run)
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     pids = frozenset(args.pid) if args.pid else None
     settings = CaptureSettings(
         proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages, http=args.http,
-        stack_period=args.stack_sampling,
+        stack_period=args.stack_sampling, stack_max_walks=args.stack_max_walks,
     )
     kafka = kafka_settings(args, args.buffer_mb) if args.kafka is not None else None
     if kafka is not None:

@@ -7,7 +7,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuflight.commands.options import add_capture_options, add_price_options, price_book
+from gpuflight.commands.options import (
+    add_capture_options,
+    add_price_options,
+    non_negative_int,
+    price_book,
+)
 from gpuflight.producer.contract.errors import UsageError
 from gpuflight.producer.contract.files import check_target
 from gpuflight.producer.decode.codepaths import FOLDED_WEIGHTS
@@ -47,6 +52,10 @@ def add_parser(sub: Subparsers) -> None:
     parser.add_argument("--stack-sampling", type=int, default=100, metavar="N",
                         help="walk the Python stack of one call in N on average, each "
                         "sample weighted N (default %(default)s; 1: every call, exact)")
+    parser.add_argument("--stack-max-walks", type=non_negative_int, default=2000, metavar="W",
+                        help="the most stacks a CPU walks a second when sampling: beyond, "
+                        "its period doubles, the weights following (default %(default)s; "
+                        "0: no bound)")
     add_capture_options(parser)
     parser.add_argument("--otlp", metavar="URL", default=None,
                         help="export each HTTP request as an OTLP span (with its GPU work) to "
@@ -87,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     check_target(args.stacks, "--stacks")
     check_target(args.profile, "--profile")
     stacks = (trace.StackOptions(args.stacks, args.profile, args.stack_sampling,
-                                 args.stacks_weight)
+                                 args.stacks_weight, args.stack_max_walks)
               if args.stacks is not None or args.profile is not None else None)
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
     requests = request_options(args)

@@ -36,6 +36,9 @@ class PythonStacks:
         self._proc_root = proc_root
         self._runtimes: dict[int, PythonRuntime] = {}
         self._memories: dict[int, ProcessMemory] = {}
+        #: (the highest sampling period a CPU came to, times a CPU's period was doubled),
+        #: read at the end (Probes.stack_rate).
+        self.rate: tuple[int, int] = (0, 0)
         #: Processes whose CPython was found but the kernel cannot walk (said once each).
         self.unwalkable: dict[int, str] = {}
         self._kernels = kernels
@@ -75,8 +78,13 @@ class PythonStacks:
         self.samples.end_turn()
 
     def finish(self) -> None:
-        """At the end of the capture: every busy span ends, every sample is priced."""
+        """At the end of the capture, before the probes close: every busy span ends, every
+        sample is priced, and what the bound on walks did is read (`rate`)."""
         self.samples.finish()
+        try:
+            self.rate = self._probes.stack_rate()
+        except OSError as exc:  # a figure for the summary: never worth the capture's end
+            log.warning("the stack sampler's rate could not be read: %s", exc)
 
     def add_events(self, events: npt.NDArray[np.void]) -> None:
         """A drained batch, enriched: what the sampled calls among it cost."""

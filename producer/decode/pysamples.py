@@ -69,10 +69,15 @@ NO_FRAMES: Final = PathFrame("[no Python frames]", "", None)
 UNKNOWN: Final = PathFrame("[unknown code]", "", None)
 #: The one frame of a stack whose frames never came.
 UNKNOWN_STACK: Final = PathFrame("[unknown stack]", "", None)
+#: A trace's path value (not published): the variance of its launches' estimate.
+LAUNCHES_VARIANCE: Final = "launches_variance"
 #: The longest function or file name a path published carries.
 MAX_TEXT: Final = wire.MAX_FRAME_TEXT
-#: A path's values: COST_FIELDS, then the calls its samples stand for.
+#: A path's values: COST_FIELDS, the calls its samples stand for, and Σ w(w-1) over its
+#: samples' launches (w: a sample's weight): the variance of its launches' estimate.
 _CALLS: Final = len(COST_FIELDS)
+_LAUNCH_VAR: Final = _CALLS + 1
+_WIDTH: Final = _CALLS + 2
 _COPIES: Final = [FIELD[f] for f in ("h2d_bytes", "d2h_bytes", "d2d_bytes", "other_copy_bytes")]
 
 
@@ -214,7 +219,10 @@ class StackSamples:
             hit = waiting.pop((pid, int(tids[i]), int(ts[i])), None)
             if hit is not None:
                 stack_id, weight = hit
-                row: npt.NDArray[np.float64] = np.append(weight * costs[i], weight)
+                row = np.empty(_WIDTH)
+                row[:_CALLS] = weight * costs[i]
+                row[_CALLS] = weight
+                row[_LAUNCH_VAR] = weight * (weight - 1) * costs[i, FIELD["launches"]]
                 self._add(pid, stack_id, row, int(ts[i]))
 
     def _add(self, pid: int, stack_id: int, row: npt.NDArray[np.float64], ts_ns: int) -> None:
@@ -247,10 +255,16 @@ class StackSamples:
             if frames is None:
                 continue
             named = _named(values)
+            named[LAUNCHES_VARIANCE] = float(values[_LAUNCH_VAR])
             if usd_per_gpu_hour is not None:
                 named["cost"] = named["gpu_ns"] / 1e9 / 3600 * usd_per_gpu_hour * 1e6
             out.append(PathSample(frames, named))
         return out
+
+    @property
+    def walks(self) -> int:
+        """Samples read (stacks walked), when not publishing."""
+        return sum(self._heads.values())
 
     def finish(self) -> None:
         """At the end of a capture, every ring read: what is held is priced, and sampled calls
@@ -305,12 +319,12 @@ class StackSamples:
     def _stack_values(self, stack_id: int) -> npt.NDArray[np.float64]:
         values = self._values.get(stack_id)
         if values is None:
-            values = self._values[stack_id] = np.zeros(_CALLS + 1)
+            values = self._values[stack_id] = np.zeros(_WIDTH)
         return values
 
     def _unjoined(self, key: tuple[int, int, int], stack_id: int, weight: float) -> None:
         """A sampled call (pid, tid, time) whose event never came: its calls alone."""
-        row = np.zeros(_CALLS + 1)
+        row = np.zeros(_WIDTH)
         row[_CALLS] = weight
         self._add(key[0], stack_id, row, key[2])
         self.unjoined += 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import mmap
 import os
 import select
@@ -124,6 +125,8 @@ class SkippedFile:
 
 
 _U32 = struct.Struct("<I")
+#: struct gf_py_rate (bpf/cudart.bpf.c): left, drawn, period, walks, window, peak, raised.
+_PY_RATE = struct.Struct("<IIIIQII")
 _U64 = struct.Struct("<Q")
 _ONE_BYTE = b"\x01"
 #: The tally's maps (bpf/cudart.bpf.c: BPF_TABLE_PINNED), pinned in settings.tally_dir.
@@ -288,6 +291,10 @@ class Probes:
         except OSError as exc:
             raise SetupError(f"the Python stack walker did not load: {exc}") from exc
         self._bpf.map("py_config").update(_U32.pack(0), _U32.pack(max(1, period)))
+        # Per window of 2^30 ns, as the kernel counts them; none when every call is asked for.
+        walks = self._settings.stack_max_walks if period > 1 else 0
+        self._bpf.map("py_config").update(
+            _U32.pack(1), _U32.pack(min(math.ceil(walks * (1 << 30) / 1e9), 2**32 - 1)))
         depth = self._settings.stack_depth
         ring_bytes = self._settings.stack_ring_pages * mmap.PAGESIZE
         self._py_frames = RingBufferReader(self._bpf.map("py_frames").fd, ring_bytes,
@@ -303,6 +310,18 @@ class Probes:
     def forget_python(self, pid: int) -> None:
         if self._settings.stack_period is not None:
             self._bpf.map("py_procs").delete(_U32.pack(pid))
+
+    def stack_rate(self) -> tuple[int, int]:
+        """(the highest sampling period any CPU came to, how many times a CPU's period was
+        doubled for reaching the bound on walks): what the bound did (0, 0 when not
+        sampling)."""
+        if self._py_samples is None:
+            return 0, 0
+        peak = raised = 0
+        for raw in self._bpf.map("py_rate").lookup_percpu(_U32.pack(0)):
+            fields = _PY_RATE.unpack_from(raw)
+            peak, raised = max(peak, fields[5]), raised + fields[6]
+        return peak, raised
 
     def drain_stacks(self) -> tuple[npt.NDArray[np.void], npt.NDArray[np.void]]:
         """(new stacks' frames, every sample's head) committed so far: the frames first, so

@@ -130,3 +130,23 @@ def test_sampled_estimates_are_within_their_bound(tmp_path: Path) -> None:
     for site, truth in (("hot", calls), ("cold", calls // 4)):
         sd = math.sqrt(truth * period)
         assert abs(callers[site] - truth) <= 6 * sd, (site, callers[site], truth, sd)
+
+
+def test_a_cpu_that_walks_its_bound_samples_less_and_the_estimates_stay_honest(
+        tmp_path: Path) -> None:
+    """1 call in 2 asked, at most 50 walks a CPU a second: the period doubles each time a CPU
+    reaches the bound, so a few hundred walks are made instead of thousands; the weights follow
+    the period in force, so each estimate stays within its stated bound of the truth."""
+    calls = 30_000
+    _, summary, _ = _trace(tmp_path, 2, calls, "--stack-max-walks", "50")
+    (line,) = [s for s in summary.splitlines() if "code paths:" in s]
+    walks = int(line.split(" walk(s)")[0].rsplit(" ", 1)[1].replace(",", ""))
+    assert walks < calls // 20, line  # 1 in 2 would be ~19,000
+    assert "1 in up to" in line and "doubled" in line, line
+    for site, truth in (("hot (", calls), ("cold (", calls // 4)):
+        (row,) = [s for s in summary.splitlines() if "±" in s and f" {site}" in s]
+        figures = row.split("%", 1)[1].split()  # "25,136 ±5,184 hot (…"
+        estimate = float(figures[0].replace(",", ""))
+        spread = float(figures[1].removeprefix("±").replace(",", ""))
+        # ± is two standard deviations: 6 of them (a false failure ~1 in 500 million).
+        assert abs(estimate - truth) <= 3 * spread, (site, estimate, truth, spread)

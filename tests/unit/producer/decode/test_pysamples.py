@@ -69,7 +69,8 @@ def test_a_launch_read_before_its_head_and_a_sync_read_after_it_are_both_joined(
     (values,) = _values(samples).values()
     # GPU time: the launch's busy span runs to the sync's return, a turn later, whole.
     assert values == {"launches": 10.0, "gpu_ns": 10.0 * (9_000 + 700 - 5_000), "bytes": 0.0,
-                      "blocked_ns": 7000.0, "calls": 20.0}
+                      "blocked_ns": 7000.0, "calls": 20.0,
+                      "launches_variance": 10.0 * 9}  # Σ w(w-1) over the launch's samples
     assert samples.unjoined == 0 and samples.unknown_stacks == 0
 
 
@@ -119,7 +120,9 @@ def test_each_path_gets_its_own_calls_costs_weighted_and_priced() -> None:
     assert one["gpu_ns"] == pytest.approx(3 * 250 / 3)
     assert two == pytest.approx({"launches": 0.0, "gpu_ns": 3 * 250 / 3,
                                  "bytes": 2 * 4096 + 1000.0, "blocked_ns": 50.0,
-                                 "calls": 3.0, "cost": 3 * 250 / 3 / 1000})
+                                 "calls": 3.0, "cost": 3 * 250 / 3 / 1000,
+                                 "launches_variance": 0.0})
+    assert one["launches_variance"] == 3 * 2
 
 
 def test_a_batch_of_several_processes_holds_each_apart() -> None:
