@@ -354,7 +354,8 @@ class StackSamples:
                 frames.append(UNKNOWN)
                 continue
             where = locate(layout, int(code), info, int(instr))
-            frames.append(PathFrame(where.function, where.filename, where.line))
+            # Line 0 where the table has none: no line (None) is a native frame's.
+            frames.append(PathFrame(where.function, where.filename, where.line or 0))
         if flags & TRUNCATED:
             frames.append(CUT)
         return tuple(reversed(frames))  # root first
