@@ -4,6 +4,7 @@ costliest written and the rest as [other], kept across a restart (the job state)
 from __future__ import annotations
 
 import numpy as np
+import orjson
 import pytest
 
 from gpuflight.producer.contract.abi import EVENT_DTYPE
@@ -97,3 +98,25 @@ def test_a_function_that_leaves_the_top_is_written_as_zeros(
              for p in to_points(win, 0, tags=tags, window_s=1.0, usd_per_gpu_hour=None)}
     assert again == {"b (srv/x.py)": 50.0, OTHER: 5.0, "a (srv/x.py)": 0.0}
     assert sum(float(v) for v in again.values()) == 55.0  # what the window did, once
+
+
+def test_the_function_table_shows_each_functions_share_and_says_when_empty() -> None:
+    from gpuflight.streams.costs import (
+        FunctionRow,
+        FunctionTable,
+        render_functions,
+        render_functions_json,
+    )
+
+    rows = [FunctionRow("Model.forward (srv/model.py)", 3000, 3.0, 1 << 20, 0.5, 3100, 0.003,
+                        1.08),
+            FunctionRow(OTHER, 10, 1.0, 0, 0.0, 12, 0.001, 0.36)]
+    text = render_functions(FunctionTable(0, 10**13, rows))
+    lines = text.splitlines()
+    assert lines[0].split()[:4] == ["function", "launches", "GPU-s", "GPU"]
+    assert "Model.forward (srv/model.py)" in lines[2] and "75.0%" in lines[2]
+    assert OTHER in lines[3] and "25.0%" in lines[3]
+    back = orjson.loads(render_functions_json(FunctionTable(0, 10**13, rows)))
+    assert back["by"] == "function" and back["rows"][0]["gpu_seconds"] == 3.0
+    empty = render_functions(FunctionTable(0, 10**13, []))
+    assert empty.splitlines()[-1].startswith("no code paths in that time range")
