@@ -200,7 +200,8 @@ static __always_inline void gf_count_drop(u32 slot, u32 pid)
  * caller), its weight and its stack's id; a stack's frames go on `py_frames` before its first
  * sample's head, and only then (py_seen). Each ring's records are of one size, for the bulk
  * reader (producer/probe/ringbuf.py). A process with no
- * layout gets its native caller alone. A call not sampled pays one per-CPU lookup.
+ * layout gets its native caller alone. A call not sampled pays three array lookups (its
+ * CPU's sampler, the period asked for, the bound) and a countdown.
  */
 #ifndef GF_PY_STACKS
 #define GF_PY_STACKS 0
@@ -227,7 +228,7 @@ struct gf_py_rate {
 	u32 walks;  /* walks in this window */
 	u64 window; /* ktime >> 30 of this window */
 	u32 peak;   /* the highest period this CPU came to */
-	u32 raised; /* windows that ended with the period raised */
+	u32 raised; /* times the period doubled */
 };
 #define GF_PY_MAX_PERIOD (1u << 20)
 BPF_PERCPU_ARRAY(py_rate, struct gf_py_rate, 1);
