@@ -92,14 +92,8 @@ def cost_table(settings: InfluxSettings, by: str, since_ns: int, until_ns: int, 
     """The cost of each value of `by` (route, job, namespace, team) in [since, until)."""
     if by not in BY:
         raise UsageError(f"--by takes {', '.join(BY)}, not {by!r}")
-    if until_ns <= since_ns:
-        raise UsageError("the time range is empty")
+    where = _where(since_ns, until_ns, host, job)
     db = InfluxQL.from_settings(settings, timeout_s=QUERY_TIMEOUT_S)
-    where = f"WHERE time >= {since_ns} AND time < {until_ns}"
-    if host:
-        where += f" AND {Tags.HOST} = {quote_string(host)}"
-    if job:
-        where += f" AND {Tags.JOB} = {quote_string(job)}"
     hours = (until_ns - since_ns) / 3.6e12
     rows: dict[str, CostRow] = {}
 
@@ -148,6 +142,18 @@ def cost_table(settings: InfluxSettings, by: str, since_ns: int, until_ns: int, 
         out.cost_per_hour_usd = out.cost_usd / hours
     ranked = sorted(rows.values(), key=lambda r: (-r.cost_usd, -r.gpu_seconds, r.key))
     return CostTable(by, since_ns, until_ns, ranked)
+
+
+def _where(since_ns: int, until_ns: int, host: str | None, job: str | None) -> str:
+    """The WHERE clause of [since, until), one host's and one job's where given."""
+    if until_ns <= since_ns:
+        raise UsageError("the time range is empty")
+    where = f"WHERE time >= {since_ns} AND time < {until_ns}"
+    if host:
+        where += f" AND {Tags.HOST} = {quote_string(host)}"
+    if job:
+        where += f" AND {Tags.JOB} = {quote_string(job)}"
+    return where
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -233,14 +239,8 @@ class FunctionTable:
 def function_table(settings: InfluxSettings, since_ns: int, until_ns: int, *,
                    host: str | None = None, job: str | None = None) -> FunctionTable:
     """What each user function's code paths cost in [since, until) (`code_paths`)."""
-    if until_ns <= since_ns:
-        raise UsageError("the time range is empty")
+    where = _where(since_ns, until_ns, host, job)
     db = InfluxQL.from_settings(settings, timeout_s=QUERY_TIMEOUT_S)
-    where = f"WHERE time >= {since_ns} AND time < {until_ns}"
-    if host:
-        where += f" AND {Tags.HOST} = {quote_string(host)}"
-    if job:
-        where += f" AND {Tags.JOB} = {quote_string(job)}"
     hours = (until_ns - since_ns) / 3.6e12
     rows = []
     for r in db.rows(

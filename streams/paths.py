@@ -24,6 +24,7 @@ from typing import Any, Final
 from gpuflight.producer.contract.wire import PATH_VALUES, PathRecord
 from gpuflight.streams import measurements as m
 from gpuflight.streams.measurements import Fields, FieldValue, Point, Tags
+from gpuflight.streams.requests import usd
 
 #: Functions a window keeps apart, and writes.
 MAX_FUNCTIONS: Final = 1000
@@ -112,7 +113,7 @@ def to_points(win: PathWindow, window_start_ns: int, *, tags: Mapping[str, str],
     points = []
     for function, sums in kept:
         gpu_ns = sums[_GPU]
-        cost = 0.0 if usd_per_gpu_hour is None else gpu_ns / 1e9 * usd_per_gpu_hour / 3600.0
+        cost = usd(gpu_ns, usd_per_gpu_hour)
         fields: dict[str, FieldValue] = {_FIELD_OF[name]: sums[i]
                                          for i, name in enumerate(PATH_VALUES)}
         fields[Fields.COST_USD] = cost
