@@ -200,7 +200,9 @@ def test_a_sampled_estimate_is_within_its_error_bound(tmp_path: Path) -> None:
 
 def test_samples_become_code_paths_named_and_counted(tmp_path: Path) -> None:
     """The samples as `trace` will take them (producer/decode/pysamples.py): each stack
-    symbolised once, from its first sample, root first; folded with its count."""
+    symbolised once, from its first sample, root first; folded with its count. The probed
+    point is no CUDA call, so no event comes for any sample: each counts as its calls alone
+    (`unjoined`), weighed here by calls."""
     folded: list[str] = []
 
     def fold(probe: _Probe, pid: int, runtime: PythonRuntime) -> None:
@@ -208,8 +210,11 @@ def test_samples_become_code_paths_named_and_counted(tmp_path: Path) -> None:
             samples = StackSamples(MAX_DEPTH, lambda _pid: memory, lambda _pid: runtime.layout)
             for raw in probe.raw:
                 samples.add(raw)
+            paths = samples.samples()
             assert samples.unknown_stacks == 0
-            folded.extend(folded_lines(samples.samples()))
+            assert samples.unjoined == 2500  # every sample: no event of this point's calls
+            assert not folded_lines(paths)  # … so no launches, …
+            folded.extend(folded_lines(paths, "calls"))  # … only calls
 
     _sampled("3.13", tmp_path, calls=2000, period=1, then=fold)
     site = str(SAMPLE)
