@@ -1,6 +1,7 @@
 """The Faust wiring of the stream worker (streams/worker.py): the app, its table, the topics its
-one agent reads, its timers (the leader's tick, the worker's metrics), the partition revocation,
-and the services beside it (the processes directory reader, the InfluxDB sink). No counting here.
+one agent reads, its timers (the leader's tick, each worker's partition watch and metrics), the
+partition revocation, and the services beside it (the processes directory reader, the InfluxDB
+sink). No counting here.
 """
 
 from __future__ import annotations
@@ -136,6 +137,11 @@ def build_app(settings: StreamSettings, partitions: int,
     async def tick() -> None:
         await worker.send_ticks(partitions)
 
+    # Every worker watches its own partitions (streams/stalls.py).
+    @app.timer(settings.tick_s)  # type: ignore[untyped-decorator]
+    async def watch() -> None:
+        await worker.check_partitions()
+
     trimmer = memtrim.Trimmer()
 
     @app.timer(settings.metrics_s)  # type: ignore[untyped-decorator]
@@ -171,7 +177,7 @@ def build_app(settings: StreamSettings, partitions: int,
             await worker.sink.stop()
             self._reader.stop()
 
-    _ = (windows, tick, metrics, revoked, Services)
+    _ = (windows, tick, watch, metrics, revoked, Services)
     return app, worker
 
 

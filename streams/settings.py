@@ -13,6 +13,7 @@ from gpuflight.producer.contract.errors import UsageError
 from gpuflight.producer.contract.exposition import MetricsEndpoint
 from gpuflight.producer.contract.pricing import PriceBook
 from gpuflight.producer.contract.wire import DEFAULT_PREFIX
+from gpuflight.streams.stalls import STALL_S
 from gpuflight.streams.windows import WindowSettings
 
 DEFAULT_INFLUX_URL: Final = "http://127.0.0.1:8086"
@@ -117,6 +118,9 @@ class StreamSettings:
     forget_ended_after_s: float = 60.0
     #: Worker self-metrics every this many seconds.
     metrics_s: float = 5.0
+    #: A partition whose messages wait untaken this long, while the worker takes others, is
+    #: read again from its first message not taken (streams/stalls.py).
+    stall_s: float = STALL_S
     #: Consume from the start of the topics the first time the group runs (a replay).
     from_beginning: bool = True
     #: USD per GPU-hour by GPU model, for the cost of requests and jobs (none: no cost).

@@ -64,6 +64,7 @@ from gpuflight.streams.measurements import Fields, Point, Tags
 from gpuflight.streams.parking import EVENTS, METRICS, NVML, Parked, ParkingLot, is_parked_key
 from gpuflight.streams.settings import StreamSettings
 from gpuflight.streams.sink import Batch, InfluxSink
+from gpuflight.streams.stalls import StallWatch
 from gpuflight.streams.stored import Store
 from gpuflight.streams.windows import JobState, state_key
 
@@ -114,6 +115,12 @@ class WorkerStats:
     late_paths: int = 0
     #: Jobs whose windows a tick could not write (logged; tried again on the next).
     tick_errors: int = 0
+    #: Times a partition was read again from its first message not taken: its messages
+    #: waited untaken while the worker took others (streams/stalls.py).
+    rereads: int = 0
+    #: Messages of the events, NVML and metrics topics the worker never got (gaps in a
+    #: partition's offsets).
+    skipped_messages: int = 0
     #: Dead letters by reason ("malformed", "late", "windows", "future").
     dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
 
@@ -191,6 +198,20 @@ def gpu_price(settings: StreamSettings, gpu: GpuUtilization) -> Callable[[str, s
 UNKNOWN_PIDS_KEPT: Final = 100_000
 
 
+def _fetch_state(consumer: Any, tp: Any) -> str:
+    """What Faust's consumer and aiokafka's fetcher say of partition `tp` (for the log)."""
+    said = [f"paused by Faust: {tp in getattr(consumer, '_paused_partitions', ())}",
+            f"flow active: {getattr(consumer, 'flow_active', '?')}"]
+    try:
+        fetcher = consumer._thread._ensure_consumer()._fetcher
+        state = fetcher._subscriptions.subscription.assignment.state_value(tp)
+        said += [f"fetch position: {state.position if state.has_valid_position else None}",
+                 f"paused by aiokafka: {state.paused}"]
+    except (AttributeError, AssertionError):  # another Faust or aiokafka
+        pass
+    return ", ".join(said)
+
+
 def _remember(unknown: set[tuple[str, int]], more: Iterable[tuple[str, int]]) -> None:
     unknown.update(more)
     if len(unknown) > UNKNOWN_PIDS_KEPT:
@@ -236,14 +257,24 @@ class Worker:
         self._parking = ParkingLot()
         #: (topic, partition) → offset of the last message taken.
         self._positions: dict[tuple[str, int], int] = {}
+        self._stalls = StallWatch(settings.stall_s)
+        self._watched = {self.topics.events, self.topics.nvml, self.topics.metrics}
         self._last_uncounted_ns = 0
 
     # -- the agent -----------------------------------------------------------------------------
 
     async def handle(self, message: Any) -> None:
         self.stats.messages += 1
-        self._positions[message.topic, message.partition] = message.offset
         topic = message.topic
+        where = (topic, message.partition)
+        last = self._positions.get(where)
+        if last is not None and message.offset > last + 1 and topic != self.settings.ticks_topic:
+            # Offsets of these topics have no gaps (no transactions, no compaction): messages
+            # were lost between the broker and the agent (or to retention): said and counted.
+            self.stats.skipped_messages += message.offset - last - 1
+            log.warning("partition %d of %s: offsets %d-%d never reached the worker",
+                        message.partition, topic, last + 1, message.offset - 1)
+        self._positions[where] = message.offset
         try:
             if topic == self.topics.events:
                 await self._events(message)
@@ -660,6 +691,8 @@ class Worker:
         self._parking.clear()
         self._states.clear()
         self._clocks.clear()
+        self._positions.clear()
+        self._stalls.forget()
         self._by_partition.clear()
         self._indexed.clear()
         self._inflight.clear()
@@ -709,6 +742,38 @@ class Worker:
         for partition in range(partitions):
             await self.app.send(self.settings.ticks_topic, key=b"tick", value=b"",
                                 partition=partition)
+
+    async def check_partitions(self) -> None:
+        """Partitions of this worker whose messages wait untaken while it takes others
+        (streams/stalls.py) are read again from their first message not taken."""
+        from aiokafka.errors import KafkaError
+
+        consumer = getattr(self.app, "consumer", None)
+        if consumer is None or getattr(self.app, "rebalancing", False):
+            return
+        committed = getattr(consumer, "_committed_offset", {})
+        now = time.monotonic()
+        for tp in consumer.assignment():
+            if tp.topic not in self._watched:
+                continue
+            last = self._positions.get((tp.topic, tp.partition))
+            next_offset = last + 1 if last is not None else committed.get(tp)
+            highwater = consumer.highwater(tp)
+            if next_offset is None or highwater is None:
+                continue
+            stall = self._stalls.check(tp, next_offset, highwater, self.stats.messages, now)
+            if stall is None:
+                continue
+            self.stats.rereads += 1
+            log.warning("partition %d of %s: %d messages waited %.0f s untaken (%s); reading it"
+                        " again from offset %d", tp.partition, tp.topic,
+                        stall.highwater - stall.next_offset, stall.waited_s,
+                        _fetch_state(consumer, tp), next_offset)
+            try:  # on the consumer's own thread, as Faust's recovery seeks
+                await consumer.seek_wait({tp: next_offset})
+            except (KafkaError, TimeoutError) as exc:  # tried again after stall_s
+                log.warning("partition %d of %s could not be read again: %s: %s", tp.partition,
+                            tp.topic, type(exc).__name__, exc)
 
     def lag_by_partition(self) -> dict[int, int]:
         """Messages of the events topic not taken yet, per partition this worker holds."""

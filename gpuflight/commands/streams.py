@@ -46,6 +46,7 @@ def add_parser(sub: Subparsers) -> None:
     parser.add_argument("--identity-wait", type=non_negative, default=5.0, metavar="S",
                         help=argparse.SUPPRESS)
     parser.add_argument("--tick", type=positive, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("--stall-after", type=positive, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--max-pending-points", type=int, default=200_000, metavar="N",
                         help="points waiting for InfluxDB before the worker stops taking "
                         "messages (default %(default)s)")
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuflight.producer.publish.kafkasink import load_config
     from gpuflight.streams import app as stream_app
     from gpuflight.streams.settings import InfluxSettings, StreamSettings
+    from gpuflight.streams.stalls import STALL_S
     from gpuflight.streams.windows import WindowSettings
 
     kafka_config = load_config(args.kafka_config)
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         windows=WindowSettings(window_s=args.window, grace_s=args.grace),
         identity_wait_s=args.identity_wait,
         tick_s=args.tick,
+        stall_s=STALL_S if args.stall_after is None else args.stall_after,
         metrics_s=args.metrics_interval,
         host_idle_s=args.idle,
         max_future_s=args.max_future,

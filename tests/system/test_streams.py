@@ -781,6 +781,58 @@ def test_a_writer_that_dies_on_a_defect_ends_the_worker_in_one_line(
 
 
 @pytest.mark.kafka
+def test_a_message_that_never_reaches_the_agent_is_read_again(
+        kafka_bootstrap: str, influx_url: str, names: str, tmp_path: Path) -> None:
+    """Faust's consumer hands the agent what its fetcher took; a message taken from the broker
+    and never handed over (injected here: the second message of the events topic is dropped)
+    was lost for good: its host's windows closed on the wall clock without its launches. The
+    worker now sees its partition's messages wait untaken while it takes others (ticks), says so
+    with what the consumer knows of the partition, and reads the partition again from there."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import sys\n"
+        "from faust.transport import consumer\n"
+        "_getmany = consumer.Consumer.getmany\n"
+        "_seen = []\n"
+        "async def getmany(self, timeout):\n"
+        "    async for tp, message in _getmany(self, timeout):\n"
+        "        if tp.topic.endswith('.events.v1'):\n"
+        "            _seen.append(message.offset)\n"
+        "            if len(_seen) == 2:\n"
+        "                print(f'injected: offset {message.offset} dropped', file=sys.stderr)\n"
+        "                continue\n"
+        "        yield tp, message\n"
+        "consumer.Consumer.getmany = getmany\n")
+    worker = StreamWorker(kafka_bootstrap, influx_url, names, f"{names}-app", tmp_path,
+                          extra=("--stall-after", "3", "--idle", "2"),
+                          env={"PYTHONPATH": f"{inject}{os.pathsep}{REPO}"})
+    feed = Feed(kafka_bootstrap, names)
+    host = f"{names}-s"
+    t0 = past_window(120)
+    feed.process(host, 410, 1, "stalled:410")
+    feed.events(host, 410, 1, launches([t0 + w * W for w in range(3)], 410, 8, 64))
+    feed.flush()
+    worker.start()
+    try:
+        wait_for(lambda: sum_of(influx_url, "launches", "count", "stalled:410", t0, host=host)
+                 == 3, 90, "the first message's launches counted", worker)
+        feed.events(host, 410, 1, launches([t0 + w * W for w in range(3, 8)], 410, 8, 64))
+        feed.flush()
+        wait_for(lambda: sum_of(influx_url, "launches", "count", "stalled:410", t0, host=host)
+                 == 8, 90, "the dropped message's launches counted", worker)
+    finally:
+        worker.stop()
+    output = worker.output()
+    dropped = re.search(r"injected: offset (\d+) dropped", output)
+    assert dropped, output[-3000:]
+    said = re.search(r"partition (\d+) of .*\.events\.v1: 1 messages waited \d+ s untaken "
+                     r"\(paused by Faust: False, .*\); reading it again from offset (\d+)", output)
+    assert said and said.group(2) == dropped.group(1), output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+
+
+@pytest.mark.kafka
 def test_a_job_that_was_one_process_is_forgotten_once_it_exited(
         kafka_bootstrap: str, influx_url: str, names: str, worker: StreamWorker) -> None:
     """Short-lived processes are as many COMM:PID jobs: once the agent says a process exited

@@ -24,7 +24,7 @@ class _Worker:
         self.stats = WorkerStats(messages=40, events=120_000, duplicates=5, late_events=9,
                                  future_events=2, dead_letters=4, alerts=1, requests=30,
                                  late_requests=1, future_requests=0, tick_errors=0,
-                                 paths=7, late_paths=2,
+                                 paths=7, late_paths=2, rereads=1, skipped_messages=3,
                                  dead_letters_by_reason={"late": 3, "future": 1})
         self.sink = type("Sink", (), {})()
         self.sink.stats = SinkStats(written_points=800, rejected_points=2, retries=3,
@@ -90,6 +90,8 @@ def test_figures_are_taken_on_the_workers_loop_and_pass_promtools_linter() -> No
         (f"{p}late_requests_total", ()): 1,
         (f"{p}code_paths_total", ()): 7,
         (f"{p}late_code_paths_total", ()): 2,
+        (f"{p}partition_rereads_total", ()): 1,
+        (f"{p}skipped_messages_total", ()): 3,
         (f"{p}consumer_lag_messages", (("partition", "0"),)): 12,
         (f"{p}consumer_lag_messages", (("partition", "3"),)): 0,
         (f"{p}jobs", ()): 6,
