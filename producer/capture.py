@@ -217,7 +217,9 @@ class Capture:
             self.probes.attach(library)
         attached = self.probes.attached
         for pid, keys in snapshot.libraries_by_pid.items():
-            if self.stacks is not None and pid not in self._scanned:
+            if self.stacks is not None:
+                # On every scan until its CPython is found: a shared libpython is mapped by
+                # the loader after the exec that a traced command is first scanned at.
                 self.stacks.observe(pid)
             self._scanned.add(pid)
             self._known.add(pid)

@@ -1,7 +1,8 @@
 """Code paths during a capture (issue 28, settings.stack_period): each process's CPython is
-found when it is first scanned and its layout handed to the kernel's walk; the samples and
-stacks the kernel sends are taken each turn, after the turn's events, and symbolised at once,
-while the process is alive; each sample is joined to its call's event
+found by the first scan of it that shows it (a shared libpython is mapped after the exec a
+traced command is first scanned at) and its layout handed to the kernel's walk; the samples
+and stacks the kernel sends are taken each turn, after the turn's events, and symbolised at
+once, while the process is alive; each sample is joined to its call's event
 (producer/decode/pysamples.py).
 """
 
@@ -47,8 +48,8 @@ class PythonStacks:
         probes.start_stacks()
 
     def observe(self, pid: int) -> None:
-        """A process seen for the first time: its CPython, if it runs one, is walked from
-        now on (else its calls get their native caller alone)."""
+        """A process scanned: its CPython, once found, is walked from then on (until then,
+        and for a process that runs none, its calls get their native caller alone)."""
         if pid in self._runtimes or pid in self.unwalkable:
             return
         try:

@@ -13,23 +13,24 @@ from pathlib import Path
 import pytest
 
 from gpuflight.producer.decode.codepaths import read_profile
-from tests.conftest import REPO
+from tests.conftest import REPO, require
 from tests.support.capture import GPUFLIGHT
-from tests.workloads.build import build_simgpu
+from tests.system.test_pystacks import _interpreter
+from tests.workloads.build import LIBCUDA_SONAME, build_simgpu, real_libcuda_dir
 
 pytestmark = pytest.mark.bpf
 
 WORKLOAD = REPO / "tests" / "workloads" / "pylaunch.py"
 
 
-def _trace(tmp_path: Path, period: int, calls: int,
-           *extra: str) -> tuple[list[str], str, Path]:
+def _trace(tmp_path: Path, period: int, calls: int, *extra: str,
+           python: str = sys.executable) -> tuple[list[str], str, Path]:
     runtime = build_simgpu(tmp_path / "gpu") / "libcudart.so.12"
     folded, profile = tmp_path / "paths.folded", tmp_path / "paths.pb.gz"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [*GPUFLIGHT, "trace", "--stacks", str(folded), "--profile", str(profile),
-         "--stack-sampling", str(period), *extra, "--", sys.executable, "-m",
+         "--stack-sampling", str(period), *extra, "--", python, "-m",
          "tests.workloads.pylaunch", str(runtime), str(calls)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -44,12 +45,61 @@ def _lines_of(name: str) -> int:
 
 def test_every_call_walked_names_each_launch_by_its_function_exactly(tmp_path: Path) -> None:
     lines, summary, profile = _trace(tmp_path, period=1, calls=2000)
+    _exact(lines)
+    assert "code paths:" in summary
+    got = read_profile(profile)
+    assert sum(s.value[0] for s in got.sample) == 2500  # launches: not the copies' calls
+
+
+@pytest.mark.parametrize("version", ["3.11", "3.12", "3.13"])
+def test_a_shared_libpython_is_walked_from_the_command_s_start(version: str,
+                                                                tmp_path: Path) -> None:
+    """pyenv's builds, like the official Docker images', link libpython shared: the loader maps
+    it after the exec at which `trace` first scans the command. Its CPython was looked for on
+    that scan alone, so every path was its native caller alone; it is now found by the first
+    scan that shows it."""
+    python = _interpreter(version)
+    require(None if python and Path(python).exists() else f"no CPython {version} here (pyenv)")
+    assert python is not None
+    linked = subprocess.run(["ldd", python], capture_output=True, text=True, check=True).stdout
+    assert f"libpython{version}.so" in linked  # the case at hand
+    folded = tmp_path / "paths.folded"
+    done = subprocess.run(
+        [*GPUFLIGHT, "trace", "--stacks", str(folded), "--stack-sampling", "1", "--", python,
+         "-c", SHARED_WORKLOAD, str(real_libcuda_dir() / LIBCUDA_SONAME), "400"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    by_function: dict[str, int] = {}
+    for line in folded.read_text().splitlines():
+        path, count = line.rsplit(" ", 1)
+        python_leaf = path.split(";")[-2]  # before the native caller (libffi's)
+        by_function[python_leaf] = by_function.get(python_leaf, 0) + int(count)
+    assert by_function == {"hot (<string>:5)": 400, "cold (<string>:7)": 100}, done.stderr
+
+
+#: NVIDIA's driver (no GPU: each call fails at once, and is recorded) from two functions.
+SHARED_WORKLOAD = """import ctypes, sys
+launch = ctypes.CDLL(sys.argv[1]).cuLaunchKernel
+launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+def hot():
+    launch(None, 4, 1, 1, 64, 1, 1, 0, None, None, None)
+def cold():
+    launch(None, 2, 1, 1, 32, 1, 1, 0, None, None, None)
+for i in range(int(sys.argv[2])):
+    hot()
+    if i % 4 == 0:
+        cold()
+"""
+
+
+def _exact(lines: list[str], calls: int = 2000) -> None:
+    """Every launch of pylaunch's `calls` through Gpu.launch, by its function, exactly."""
     launch = f"Gpu.launch ({REPO / 'gpuflight' / 'demo' / 'serve.py'}:"
     leaves = [line.rsplit(" ", 1)[0].split(";")[-2:] for line in lines]
     through = sum(int(line.rsplit(" ", 1)[1]) for line, (python, _) in zip(lines, leaves,
                                                                              strict=True)
                   if python.startswith(launch))
-    assert through == 2000 + 500  # every launch, through Gpu.launch
+    assert through == calls + calls // 4  # every launch, through Gpu.launch
     # ... into ctypes' libffi: each path's leaf is the call's native caller.
     assert all(" (libffi.so" in native for _, native in leaves), leaves
     callers: dict[str, int] = {}
@@ -58,11 +108,8 @@ def test_every_call_walked_names_each_launch_by_its_function_exactly(tmp_path: P
         caller = next((f for f in frames if f.startswith(("hot (", "cold ("))), None)
         if caller is not None:
             callers[caller] = callers.get(caller, 0) + int(line.rsplit(" ", 1)[1])
-    assert callers == {f"hot ({WORKLOAD}:{_lines_of('hot')})": 2000,
-                       f"cold ({WORKLOAD}:{_lines_of('cold')})": 500}
-    assert "code paths:" in summary
-    got = read_profile(profile)
-    assert sum(s.value[0] for s in got.sample) == 2500  # launches: not the copies' calls
+    assert callers == {f"hot ({WORKLOAD}:{_lines_of('hot')})": calls,
+                       f"cold ({WORKLOAD}:{_lines_of('cold')})": calls // 4}
 
 
 def _by_function(profile: Path) -> dict[str, dict[str, int]]:
