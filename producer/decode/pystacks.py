@@ -1,7 +1,7 @@
 """Python stacks in user space: a code object's name, file and line for an instruction
 (symbolisation, once per (pid, code object)), and a walk of a thread's frames from its
-process's memory with the layouts of producer/discover/pythons.py — the reference an
-in-kernel walk (issue 28, not built yet) is to be checked against.
+process's memory with the layouts of producer/discover/pythons.py — the reference the
+in-kernel walk (bpf/pywalk.bpf.h) is held to by the tests.
 
 Line tables, by version: 3.9's `co_lnotab` (byte offsets), 3.10's `co_linetable` (PEP 626
 ranges, code units), 3.11+'s location table (`co_linetable`, entries per code unit).
