@@ -30,6 +30,7 @@ REPO = BENCH.parent
 sys.path[:0] = [str(REPO)]
 
 from gpuflight.producer.discover.pythons import find_python  # noqa: E402
+from gpuflight.producer.probe.btf import Btf, task_fsbase_cflags  # noqa: E402
 from tests.workloads.build import build_point  # noqa: E402
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -68,7 +69,8 @@ def _one(python: str, library: Path, depth: int, calls: int, period: int | None)
             bpf = BPF(text=EMPTY)
         else:
             bpf = BPF(text=(REPO / "tests" / "workloads" / "pywalk.bpf.c").read_bytes(),
-                      cflags=[f"-I{REPO / 'bpf'}", "-DGF_PY_MAX_DEPTH=128"])
+                      cflags=[f"-I{REPO / 'bpf'}", "-DGF_PY_MAX_DEPTH=128",
+                              *task_fsbase_cflags(Btf.from_file())])
         try:
             if period is not None:
                 runtime = find_python(Path("/proc"), proc.pid)

@@ -1,12 +1,16 @@
 /* gpuflight: the calling thread's Python stack, read in the kernel (issue 28: code paths).
  *
- * The walk of producer/decode/pystacks.py (its reference, which the tests hold it to), for
- * CPython 3.11+ (`_PyInterpreterFrame`s): _PyRuntime → its first interpreter → the thread
- * state whose native thread id is the caller's → its current frame → each frame's code
- * object and instruction pointer → `previous`, at most GF_PY_MAX_DEPTH frames; shim frames
- * (owned by the C stack) are left out. Every read is bpf_probe_read_user: a read that fails,
- * or a frame seen twice in a row, ends the walk, flagged. Where the offsets come from, per
- * process: producer/discover/pythons.py (`_Py_DebugOffsets`, or its table).
+ * The walk of producer/decode/pystacks.py (its reference, which the tests hold it to):
+ * _PyRuntime → its first interpreter → the caller's thread state → its current frame → each
+ * frame's code object and instruction → the frame before, at most GF_PY_MAX_DEPTH frames.
+ * CPython 3.11+ (`_PyInterpreterFrame`s): the thread state is the one whose native thread id
+ * is the caller's; the instruction is a pointer into the code; shim frames (owned by the C
+ * stack) are left out. 3.9/3.10 (`PyFrameObject`s): the thread state is the one whose
+ * `thread_id` (pthread_self(): on x86-64 the thread pointer, the task's fsbase, at
+ * GF_TASK_OFF_FSBASE from the running kernel's BTF; without it no 3.9/3.10 thread is found)
+ * is the caller's; the instruction is `f_lasti`, an int. Every read is bpf_probe_read_user: a
+ * read that fails, or a frame seen twice in a row, ends the walk, flagged. Where the offsets
+ * come from, per process: producer/discover/pythons.py (`_Py_DebugOffsets`, or its table).
  *
  * Helpers only: no maps here (bcc rewrites map calls only in the file it compiles). The
  * caller looks up the process's offsets and hands a per-CPU scratch record to fill.
@@ -20,8 +24,12 @@
 #ifndef GF_PY_MAX_THREADS
 #define GF_PY_MAX_THREADS 64
 #endif
-/* Bytes of a frame read at once: every field the walk needs lies in its first 80. */
+/* Bytes of a frame read at once: every field the walk needs lies in an interpreter frame's
+ * first 80, in a frame object's first 112 (f_lasti at 104 on 3.9); the scratch they are read
+ * into covers any offset under 128 (each is masked so). */
 #define GF_PY_FRAME_BYTES 80
+#define GF_PY_OBJECT_BYTES 112
+#define GF_PY_SCRATCH_BYTES 136
 #define GF_PY_NONE 0xffff
 #define GF_PY_OWNED_BY_CSTACK 3
 
@@ -45,7 +53,9 @@ struct gf_py_offsets {
 	u16 frame_code;
 	u16 frame_instr;
 	u16 frame_owner;
-	u16 pad[5];
+	u16 tstate_thread_id; /* 3.9/3.10: pthread_self() of the thread (GF_PY_NONE on 3.11+) */
+	u16 instr_bytes;      /* 8: a pointer into the code (3.11+); 4: f_lasti (3.9/3.10) */
+	u16 pad[3];
 };
 
 /* One walk: its head (what every sample sends), then its frames innermost first (code
@@ -63,7 +73,7 @@ struct gf_py_stack {
 	u32 pending;  /* (the capture's scratch: a walk is to follow; 0 when sent) */
 	u64 code[GF_PY_MAX_DEPTH];
 	u64 instr[GF_PY_MAX_DEPTH];
-	u8 frame[GF_PY_FRAME_BYTES + 64]; /* scratch: the frame read last */
+	u8 frame[GF_PY_SCRATCH_BYTES]; /* scratch: the frame read last */
 };
 
 static __always_inline u64 gf_py_read(u64 address)
@@ -74,18 +84,32 @@ static __always_inline u64 gf_py_read(u64 address)
 	return value;
 }
 
-/* The thread state of thread `tid`: `hint` (a cache's word) if it is still that thread's,
- * else found in the interpreter's list; 0 if none. */
+/* The thread state of thread `tid` (the caller): `hint` (a cache's word) if it is still that
+ * thread's, else found in the interpreter's list; 0 if none. */
 static __always_inline u64 gf_py_thread_state(const struct gf_py_offsets *o, u32 tid, u64 hint)
 {
-	if (hint && gf_py_read(hint + o->tstate_native_thread_id) == tid)
+	u64 want = tid;
+	u16 at = o->tstate_native_thread_id;
+	if (at == GF_PY_NONE) { /* 3.9/3.10: by pthread_self(), the thread pointer */
+#ifdef GF_TASK_OFF_FSBASE
+		at = o->tstate_thread_id;
+		want = 0;
+		bpf_probe_read_kernel(&want, sizeof(want),
+				      (u8 *)bpf_get_current_task() + GF_TASK_OFF_FSBASE);
+		if (at == GF_PY_NONE || !want)
+			return 0;
+#else
+		return 0;
+#endif
+	}
+	if (hint && gf_py_read(hint + at) == want)
 		return hint;
 	u64 interp = gf_py_read(o->runtime + o->interpreters_head);
 	if (!interp)
 		return 0;
 	u64 tstate = gf_py_read(interp + o->threads_head);
 	for (int i = 0; i < GF_PY_MAX_THREADS && tstate; i++) {
-		if (gf_py_read(tstate + o->tstate_native_thread_id) == tid)
+		if (gf_py_read(tstate + at) == want)
 			return tstate;
 		tstate = gf_py_read(tstate + o->tstate_next);
 	}
@@ -116,19 +140,22 @@ static __always_inline void gf_py_walk(const struct gf_py_offsets *o, u64 tstate
 	}
 	u64 last = 0;
 	u32 i;
+	int objects = o->instr_bytes == 4;
 	for (i = 0; i < GF_PY_MAX_DEPTH; i++) {
 		if (!frame)
 			break;
-		if (frame == last ||
-		    bpf_probe_read_user(s->frame, GF_PY_FRAME_BYTES, (void *)frame) < 0) {
+		long read = objects ? bpf_probe_read_user(s->frame, GF_PY_OBJECT_BYTES, (void *)frame)
+				    : bpf_probe_read_user(s->frame, GF_PY_FRAME_BYTES, (void *)frame);
+		if (frame == last || read < 0) {
 			s->flags |= GF_PY_TRUNCATED;
 			break;
 		}
 		last = frame;
-		u8 owner = s->frame[o->frame_owner & 0x7f];
-		s->code[i] = owner == GF_PY_OWNED_BY_CSTACK ? 0 : *(u64 *)&s->frame[o->frame_code & 0x3f];
-		s->instr[i] = *(u64 *)&s->frame[o->frame_instr & 0x3f];
-		frame = *(u64 *)&s->frame[o->frame_previous & 0x3f];
+		u8 owner = objects ? 0 : s->frame[o->frame_owner & 0x7f];
+		s->code[i] = owner == GF_PY_OWNED_BY_CSTACK ? 0 : *(u64 *)&s->frame[o->frame_code & 0x7f];
+		s->instr[i] = objects ? *(u32 *)&s->frame[o->frame_instr & 0x7f]
+				      : *(u64 *)&s->frame[o->frame_instr & 0x7f];
+		frame = *(u64 *)&s->frame[o->frame_previous & 0x7f];
 	}
 	if (i == GF_PY_MAX_DEPTH && frame)
 		s->flags |= GF_PY_TRUNCATED;

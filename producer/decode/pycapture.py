@@ -23,6 +23,7 @@ from gpuflight.producer.decode.kernels import KernelNames
 from gpuflight.producer.decode.pysamples import StackSamples
 from gpuflight.producer.decode.pystacks import ProcessMemory
 from gpuflight.producer.discover.pythons import PyLayout, PythonRuntime, find_python
+from gpuflight.producer.probe.compile import thread_pointer_known
 from gpuflight.producer.probe.probes import Probes
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class PythonStacks:
         self._kernels = kernels
         self.samples = StackSamples(max_depth, self._memory, self._layout, clock_offset_ns,
                                     self._native if kernels is not None else None)
+        #: Whether the kernel's walk finds CPython 3.9/3.10 threads (by their thread pointer).
+        self._thread_pointer = thread_pointer_known()
         probes.start_stacks()
 
     def observe(self, pid: int) -> None:
@@ -59,11 +62,12 @@ class PythonStacks:
             return
         if runtime is None:
             return
-        if not runtime.walkable:
+        if not runtime.walkable(self._thread_pointer):
             version = ".".join(map(str, runtime.layout.version))
             self.unwalkable[pid] = version
             log.info("process %d runs CPython %s: its code paths are its native callers "
-                     "(stacks are walked on 3.11+)", pid, version)
+                     "(3.9/3.10 stacks need the kernel's BTF to say where a task keeps its "
+                     "thread pointer)", pid, version)
             return
         self._runtimes[pid] = runtime
         self._probes.set_python(pid, runtime.offsets_record())

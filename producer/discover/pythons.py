@@ -134,19 +134,23 @@ class PythonRuntime:
     #: Where the layout came from: "_Py_DebugOffsets" or "table".
     source: str
 
-    @property
-    def walkable(self) -> bool:
+    def walkable(self, thread_pointer: bool) -> bool:
         """Whether the kernel can walk it: 3.11+ (`_PyInterpreterFrame`s, threads by native
-        id); 3.9/3.10 need the thread pointer, not read yet."""
-        return self.layout.frames == "interpreter" and self.layout.tstate_native_thread_id >= 0
+        id); 3.9/3.10 (threads by pthread_self()) where the kernel's walk reads the thread
+        pointer (`thread_pointer`: the task's fsbase offset is known, from its BTF)."""
+        if self.layout.frames == "interpreter":
+            return self.layout.tstate_native_thread_id >= 0
+        return thread_pointer and self.layout.tstate_thread_id >= 0
 
     def offsets_record(self) -> bytes:
         """struct gf_py_offsets (bpf/pywalk.bpf.h): what the kernel's walk reads by."""
         o = self.layout
+        objects = o.frames == "object"
         fields = [o.runtime_interpreters_head, o.interp_threads_head, o.tstate_next,
                   o.tstate_native_thread_id, o.tstate_cframe, o.cframe_current_frame,
                   o.tstate_current_frame, o.frame_previous, o.frame_code, o.frame_instr,
-                  o.frame_owner, 0, 0, 0, 0, 0]
+                  o.frame_owner, o.tstate_thread_id if objects else -1, 4 if objects else 8,
+                  0, 0, 0]
         return struct.pack("<Q16H", self.runtime_address,
                            *(NONE if f < 0 else f for f in fields))
 

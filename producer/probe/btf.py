@@ -312,3 +312,14 @@ def task_pid_cflags(btf: Btf) -> list[str]:
     if size != 4:
         raise BtfError(f"task_struct.pid is {size} bytes, expected 4")
     return [f"-DGF_TASK_OFF_PID={offset}"]
+
+
+def task_fsbase_cflags(btf: Btf) -> list[str]:
+    """Where task_struct keeps an x86-64 thread's thread pointer (thread.fsbase: what glibc's
+    pthread_self() returns): the Python walk finds a CPython 3.9/3.10 thread's state by it
+    (bpf/pywalk.bpf.h, GF_TASK_OFF_FSBASE). BtfError when it is missing or not 8 bytes."""
+    thread, _ = btf.member("task_struct", "thread")
+    fsbase, size = btf.member("thread_struct", "fsbase")
+    if size != 8:
+        raise BtfError(f"thread_struct.fsbase is {size} bytes, expected 8")
+    return [f"-DGF_TASK_OFF_FSBASE={thread + fsbase}"]

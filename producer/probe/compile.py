@@ -29,10 +29,18 @@ def kernel_cflags(settings: CaptureSettings) -> list[str]:
     the quiet-load filter's fd → file walk (without them the filter is compiled out: every
     dlopen is held), and where a task keeps its pid (without it, forks are followed on a
     tracepoint perf event instead of the raw tracepoint, whose release costs the kernel
-    more)."""
-    if not (settings.quiet_loads_on or settings.follow_forks):
+    more), and, with code paths, where a task keeps its thread pointer (without it, CPython
+    3.9/3.10 stacks are not walked)."""
+    stacks = settings.stack_period is not None
+    if not (settings.quiet_loads_on or settings.follow_forks or stacks):
         return []
-    from gpuflight.producer.probe.btf import Btf, BtfError, file_offsets, task_pid_cflags
+    from gpuflight.producer.probe.btf import (
+        Btf,
+        BtfError,
+        file_offsets,
+        task_fsbase_cflags,
+        task_pid_cflags,
+    )
 
     try:
         btf = Btf.from_file()
@@ -51,7 +59,23 @@ def kernel_cflags(settings: CaptureSettings) -> list[str]:
             flags += task_pid_cflags(btf)
         except BtfError as exc:
             log.info("forks are followed on a tracepoint perf event: %s", exc)
+    if stacks:
+        try:
+            flags += task_fsbase_cflags(btf)
+        except BtfError as exc:
+            log.info("CPython 3.9/3.10 stacks are not walked: %s", exc)
     return flags
+
+
+def thread_pointer_known() -> bool:
+    """Whether the kernel's walk can find CPython 3.9/3.10 threads (kernel_cflags gives it
+    the thread pointer's offset): the running kernel's BTF says where a task keeps it."""
+    from gpuflight.producer.probe.btf import Btf, BtfError, task_fsbase_cflags
+
+    try:
+        return bool(task_fsbase_cflags(Btf.from_file()))
+    except (BtfError, OSError):
+        return False
 
 
 def program_image(

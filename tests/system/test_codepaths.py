@@ -51,13 +51,15 @@ def test_every_call_walked_names_each_launch_by_its_function_exactly(tmp_path: P
     assert sum(s.value[0] for s in got.sample) == 2500  # launches: not the copies' calls
 
 
-@pytest.mark.parametrize("version", ["3.11", "3.12", "3.13"])
+@pytest.mark.parametrize("version", ["3.9", "3.10", "3.11", "3.12", "3.13"])
 def test_a_shared_libpython_is_walked_from_the_command_s_start(version: str,
                                                                 tmp_path: Path) -> None:
     """pyenv's builds, like the official Docker images', link libpython shared: the loader maps
     it after the exec at which `trace` first scans the command. Its CPython was looked for on
     that scan alone, so every path was its native caller alone; it is now found by the first
-    scan that shows it."""
+    scan that shows it. 3.9 and 3.10 too: their threads are found by the thread pointer. (A
+    stack is named from the process's memory when its first sample is read, within a few ms:
+    the workload lives longer than that, as programs do; docs/commands.md says so.)"""
     python = _interpreter(version)
     require(None if python and Path(python).exists() else f"no CPython {version} here (pyenv)")
     assert python is not None
@@ -66,7 +68,7 @@ def test_a_shared_libpython_is_walked_from_the_command_s_start(version: str,
     folded = tmp_path / "paths.folded"
     done = subprocess.run(
         [*GPUFLIGHT, "trace", "--stacks", str(folded), "--stack-sampling", "1", "--", python,
-         "-c", SHARED_WORKLOAD, str(real_libcuda_dir() / LIBCUDA_SONAME), "400"],
+         "-c", SHARED_WORKLOAD, str(real_libcuda_dir() / LIBCUDA_SONAME), "20000"],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     by_function: dict[str, int] = {}
@@ -74,7 +76,7 @@ def test_a_shared_libpython_is_walked_from_the_command_s_start(version: str,
         path, count = line.rsplit(" ", 1)
         python_leaf = path.split(";")[-2]  # before the native caller (libffi's)
         by_function[python_leaf] = by_function.get(python_leaf, 0) + int(count)
-    assert by_function == {"hot (<string>:5)": 400, "cold (<string>:7)": 100}, done.stderr
+    assert by_function == {"hot (<string>:5)": 20000, "cold (<string>:7)": 5000}, done.stderr
 
 
 #: NVIDIA's driver (no GPU: each call fails at once, and is recorded) from two functions.

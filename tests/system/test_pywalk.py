@@ -23,6 +23,7 @@ from gpuflight.producer.decode.codepaths import folded_lines
 from gpuflight.producer.decode.pysamples import StackSamples, head_dtype, stack_dtype
 from gpuflight.producer.decode.pystacks import ProcessMemory, code_info, locate
 from gpuflight.producer.discover.pythons import PythonRuntime, find_python
+from gpuflight.producer.probe.btf import Btf, task_fsbase_cflags
 from tests.conftest import require
 from tests.system.test_pystacks import WORKLOAD, _interpreter
 from tests.workloads.build import build_point
@@ -49,7 +50,8 @@ class _Probe:
         self.wholes: dict[int, Any] = {}
         self.raw: list[bytes] = []
         self.bpf = BPF(text=(REPO / "tests" / "workloads" / "pywalk.bpf.c").read_bytes(),
-                       cflags=[f"-I{REPO / 'bpf'}", f"-DGF_PY_MAX_DEPTH={MAX_DEPTH}"])
+                       cflags=[f"-I{REPO / 'bpf'}", f"-DGF_PY_MAX_DEPTH={MAX_DEPTH}",
+                               *task_fsbase_cflags(Btf.from_file())])
         try:
             config = self.bpf[b"py_config"]
             config[ctypes.c_int(0)] = ctypes.c_uint32(period)
@@ -108,7 +110,7 @@ def _python(python: str) -> str:
     return path
 
 
-@pytest.mark.parametrize("python", ["3.11", "3.12", "3.13", "/usr/bin/python3.11"])
+@pytest.mark.parametrize("python", ["3.9", "3.10", "3.11", "3.12", "3.13", "/usr/bin/python3.11"])
 def test_the_kernels_walk_finds_every_frame_the_interpreter_has(python: str,
                                                                  tmp_path: Path) -> None:
     library = build_point(tmp_path)

@@ -13,6 +13,7 @@ from gpuflight.producer.probe.btf import (
     BtfError,
     file_offsets,
     socket_offsets,
+    task_fsbase_cflags,
     task_pid_cflags,
 )
 from tests.conftest import require
@@ -168,3 +169,17 @@ def test_btf_rejects_malformed_blobs(blob: bytes) -> None:
 
 
 # -- on the kernel --------------------------------------------------------------------------
+
+
+def test_where_a_task_keeps_its_thread_pointer() -> None:
+    """The Python walk finds a CPython 3.9/3.10 thread by pthread_self(), the thread pointer:
+    task_struct.thread.fsbase, an 8-byte member of a member."""
+    members = {("task_struct", "thread"): (5120, 4096), ("thread_struct", "fsbase"): (40, 8)}
+    assert task_fsbase_cflags(_Members(members)) == ["-DGF_TASK_OFF_FSBASE=5160"]
+    with pytest.raises(BtfError, match=r"thread_struct\.fsbase is 4 bytes"):
+        task_fsbase_cflags(_Members({**members, ("thread_struct", "fsbase"): (40, 4)}))
+    with pytest.raises(BtfError, match="no member thread"):
+        task_fsbase_cflags(_Members({("thread_struct", "fsbase"): (40, 8)}))
+    require(None if VMLINUX.is_file() else f"{VMLINUX} is missing (a kernel without BTF)")
+    (flag,) = task_fsbase_cflags(Btf.from_file())
+    assert flag.startswith("-DGF_TASK_OFF_FSBASE=") and int(flag.rpartition("=")[2]) > 0
