@@ -115,11 +115,12 @@ class WorkerStats:
     late_paths: int = 0
     #: Jobs whose windows a tick could not write (logged; tried again on the next).
     tick_errors: int = 0
-    #: Times a partition was read again from its first message not taken: its messages
-    #: waited untaken while the worker took others (streams/stalls.py).
+    #: Times a partition was read again from its first message not taken: a message past it
+    #: came first (a gap in its offsets), or its messages waited untaken while the worker
+    #: took others (streams/stalls.py).
     rereads: int = 0
-    #: Messages of the events, NVML and metrics topics the worker never got (gaps in a
-    #: partition's offsets).
+    #: Messages of the events, NVML and metrics topics lost for good: gone from the log by
+    #: the time they were read again (retention), or a partition that could not be read again.
     skipped_messages: int = 0
     #: Dead letters by reason ("malformed", "late", "windows", "future").
     dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
@@ -258,6 +259,9 @@ class Worker:
         #: (topic, partition) → offset of the last message taken.
         self._positions: dict[tuple[str, int], int] = {}
         self._stalls = StallWatch(settings.stall_s)
+        #: Partitions read again after a gap: (the offset awaited, since when (monotonic),
+        #: the lowest offset past it left meanwhile).
+        self._awaiting: dict[tuple[str, int], tuple[int, float, int]] = {}
         self._watched = {self.topics.events, self.topics.nvml, self.topics.metrics}
         self._last_uncounted_ns = 0
 
@@ -267,13 +271,8 @@ class Worker:
         self.stats.messages += 1
         topic = message.topic
         where = (topic, message.partition)
-        last = self._positions.get(where)
-        if last is not None and message.offset > last + 1 and topic != self.settings.ticks_topic:
-            # Offsets of these topics have no gaps (no transactions, no compaction): messages
-            # were lost between the broker and the agent (or to retention): said and counted.
-            self.stats.skipped_messages += message.offset - last - 1
-            log.warning("partition %d of %s: offsets %d-%d never reached the worker",
-                        message.partition, topic, last + 1, message.offset - 1)
+        if topic in self._watched and not await self._in_order(where, message.offset):
+            return  # it comes again, after the messages before it
         self._positions[where] = message.offset
         try:
             if topic == self.topics.events:
@@ -692,6 +691,7 @@ class Worker:
         self._states.clear()
         self._clocks.clear()
         self._positions.clear()
+        self._awaiting.clear()
         self._stalls.forget()
         self._by_partition.clear()
         self._indexed.clear()
@@ -743,11 +743,65 @@ class Worker:
             await self.app.send(self.settings.ticks_topic, key=b"tick", value=b"",
                                 partition=partition)
 
+    async def _in_order(self, where: tuple[str, int], offset: int) -> bool:
+        """Whether the message at `offset` of partition `where` is to be taken now. Offsets
+        of the watched topics have no gaps (no transactions, no compaction): a message past
+        one never taken means messages were lost between the broker and the agent. The
+        partition is then read again from the first one missing, and what comes meanwhile
+        past it is left (it comes again); if that one never comes (gone: retention) within
+        stall_s, the partition goes on from the first message that did, and the loss is
+        said and counted."""
+        awaited = self._awaiting.get(where)
+        if awaited is not None:
+            start, since, lowest = awaited
+            if offset <= start:  # the read again began (or a seek went further back)
+                del self._awaiting[where]
+                return True
+            if time.monotonic() - since < self.settings.stall_s:
+                self._awaiting[where] = (start, since, min(lowest, offset))
+                return False
+            del self._awaiting[where]
+            lowest = min(lowest, offset)
+            self.stats.skipped_messages += lowest - start
+            log.warning("partition %d of %s: offsets %d-%d are gone (not in the log any more):"
+                        " not counted; going on from offset %d", where[1], where[0], start,
+                        lowest - 1, lowest)
+            self._positions[where] = lowest - 1
+            return not await self._seek(where, lowest)
+        last = self._positions.get(where)
+        if last is None or offset <= last + 1:
+            return True
+        log.warning("partition %d of %s: offsets %d-%d never reached the worker; reading it"
+                    " again from offset %d", where[1], where[0], last + 1, offset - 1, last + 1)
+        self.stats.rereads += 1
+        self._awaiting[where] = (last + 1, time.monotonic(), offset)
+        if await self._seek(where, last + 1):
+            return False
+        del self._awaiting[where]  # could not: the loss is counted, and the stream goes on
+        self.stats.skipped_messages += offset - last - 1
+        return True
+
+    async def _seek(self, where: tuple[str, int], offset: int) -> bool:
+        """Read partition `where` again from `offset` (on the consumer's own thread, as
+        Faust's recovery seeks); False where it could not be."""
+        from aiokafka.errors import KafkaError
+
+        consumer = self.app.consumer
+        tp = next((tp for tp in consumer.assignment()
+                   if (tp.topic, tp.partition) == where), None)
+        if tp is None:
+            return False  # revoked meanwhile: its new owner reads it
+        try:
+            await consumer.seek_wait({tp: offset})
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("partition %d of %s could not be read again from offset %d: %s: %s",
+                        where[1], where[0], offset, type(exc).__name__, exc)
+            return False
+        return True
+
     async def check_partitions(self) -> None:
         """Partitions of this worker whose messages wait untaken while it takes others
         (streams/stalls.py) are read again from their first message not taken."""
-        from aiokafka.errors import KafkaError
-
         consumer = getattr(self.app, "consumer", None)
         if consumer is None or getattr(self.app, "rebalancing", False):
             return
@@ -769,11 +823,7 @@ class Worker:
                         " again from offset %d", tp.partition, tp.topic,
                         stall.highwater - stall.next_offset, stall.waited_s,
                         _fetch_state(consumer, tp), next_offset)
-            try:  # on the consumer's own thread, as Faust's recovery seeks
-                await consumer.seek_wait({tp: next_offset})
-            except (KafkaError, TimeoutError) as exc:  # tried again after stall_s
-                log.warning("partition %d of %s could not be read again: %s: %s", tp.partition,
-                            tp.topic, type(exc).__name__, exc)
+            await self._seek((tp.topic, tp.partition), next_offset)  # else again in stall_s
 
     def lag_by_partition(self) -> dict[int, int]:
         """Messages of the events topic not taken yet, per partition this worker holds."""

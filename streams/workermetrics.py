@@ -143,10 +143,10 @@ def families(h: WorkerHealth, age_s: float = 0.0) -> Iterator[Metric]:
     yield counter("tick_errors", "Jobs whose windows a tick could not write (tried again).",
                   s.tick_errors)
     yield counter("partition_rereads",
-                  "Partitions read again: their messages waited untaken while others were taken.",
+                  "Partitions read again from a message never taken (a gap, or a stall).",
                   s.rereads)
     yield counter("skipped_messages",
-                  "Messages of the events, NVML and metrics topics that never reached the worker.",
+                  "Messages of the events, NVML and metrics topics lost: gone when read again.",
                   s.skipped_messages)
     lag = GaugeMetricFamily(f"{PREFIX}_consumer_lag_messages",
                             "Messages of the events topic not taken yet, per partition held.",

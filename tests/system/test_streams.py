@@ -781,13 +781,16 @@ def test_a_writer_that_dies_on_a_defect_ends_the_worker_in_one_line(
 
 
 @pytest.mark.kafka
+@pytest.mark.parametrize("then", ["nothing", "another"])
 def test_a_message_that_never_reaches_the_agent_is_read_again(
-        kafka_bootstrap: str, influx_url: str, names: str, tmp_path: Path) -> None:
+        then: str, kafka_bootstrap: str, influx_url: str, names: str, tmp_path: Path) -> None:
     """Faust's consumer hands the agent what its fetcher took; a message taken from the broker
     and never handed over (injected here: the second message of the events topic is dropped)
-    was lost for good: its host's windows closed on the wall clock without its launches. The
-    worker now sees its partition's messages wait untaken while it takes others (ticks), says so
-    with what the consumer knows of the partition, and reads the partition again from there."""
+    was lost for good: its host's windows closed on the wall clock without its launches. Now,
+    with `nothing` after it, the worker sees its partition's messages wait untaken while it
+    takes others (ticks) and says so with what the consumer knows of the partition; with
+    `another` after it, it sees the gap in the offsets at once. Either way it reads the
+    partition again from the message lost."""
     inject = tmp_path / "inject"
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(
@@ -818,17 +821,23 @@ def test_a_message_that_never_reaches_the_agent_is_read_again(
         wait_for(lambda: sum_of(influx_url, "launches", "count", "stalled:410", t0, host=host)
                  == 3, 90, "the first message's launches counted", worker)
         feed.events(host, 410, 1, launches([t0 + w * W for w in range(3, 8)], 410, 8, 64))
+        if then == "another":
+            feed.events(host, 410, 1, launches([t0 + w * W for w in range(8, 10)], 410, 8, 64))
         feed.flush()
+        total = 10 if then == "another" else 8
         wait_for(lambda: sum_of(influx_url, "launches", "count", "stalled:410", t0, host=host)
-                 == 8, 90, "the dropped message's launches counted", worker)
+                 == total, 90, "the dropped message's launches counted", worker)
     finally:
         worker.stop()
     output = worker.output()
     dropped = re.search(r"injected: offset (\d+) dropped", output)
     assert dropped, output[-3000:]
-    said = re.search(r"partition (\d+) of .*\.events\.v1: 1 messages waited \d+ s untaken "
-                     r"\(paused by Faust: False, .*\); reading it again from offset (\d+)", output)
-    assert said and said.group(2) == dropped.group(1), output[-3000:]
+    said = re.search(r"partition \d+ of .*\.events\.v1: 1 messages waited \d+ s untaken "
+                     r"\(paused by Faust: False, .*\); reading it again from offset (\d+)"
+                     if then == "nothing" else
+                     r"partition \d+ of .*\.events\.v1: offsets (\d+)-\1 never reached the"
+                     r" worker; reading it again from offset \1", output)
+    assert said and said.group(1) == dropped.group(1), output[-3000:]
     assert "Traceback" not in output, output[-3000:]
 
 

@@ -5,10 +5,16 @@ messages handled one by one. tests/system/test_streams.py runs it against Kafka 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
 import orjson
+from faust.types import TP
 
 from gpuflight.producer.contract import wire
 from gpuflight.streams import measurements as m
+from tests.support.streams_support import Harness, Message, launches
 
 
 def test_the_report_shows_a_table_per_device_when_there_are_several() -> None:
@@ -143,3 +149,59 @@ def test_nvml_samples_of_a_process_not_known_yet_wait_for_its_identity() -> None
     impatient.nvml("n1", 2_000, {43: 20})  # not waited for again
     jobs = [p.tags["job"] for p in impatient.points(m.GPU_PROCESS.name)]
     assert len(jobs) == 2 and len(set(jobs)) == 1 and jobs[0] != "train:43"
+
+
+class _Consumer:
+    """What the worker asks of Faust's consumer to read a partition again: its seeks."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.seeks: list[int] = []
+
+    def assignment(self) -> set[TP]:
+        return {TP(self.topic, 0)}
+
+    async def seek_wait(self, offsets: dict[TP, int]) -> None:
+        self.seeks += list(offsets.values())
+
+
+def _taking(**settings: Any) -> tuple[Harness, _Consumer, Callable[[int], int]]:
+    """A worker whose consumer records its seeks, and `give(offset)`: the events message at
+    that offset of partition 0 (one launch, of its own second), handed to the worker; the
+    events counted so far."""
+    harness = Harness(**settings)
+    consumer = _Consumer(harness.topics.events)
+    harness.app.consumer = consumer  # type: ignore[attr-defined]
+    harness.process("h", 7, 1, "train:7")
+    t0 = 1_700_000_000 * 10**9
+
+    def give(offset: int) -> int:
+        batch = wire.EventBatch("h", 7, 1, launches([t0 + offset * 10**9], 7, 8, 32))
+        asyncio.run(harness.worker.handle(
+            Message(harness.topics.events, 0, offset, b"h", wire.encode_events(batch))))
+        return harness.worker.stats.events
+
+    return harness, consumer, give
+
+
+def test_messages_the_consumer_lost_are_read_again_in_order() -> None:
+    """A message past one never taken: the partition is read again from the one missing, and
+    what comes past it meanwhile is left (it comes again after it); nothing counted twice."""
+    harness, consumer, give = _taking()
+    assert [give(0), give(1)] == [1, 2]
+    assert give(3) == 2 and consumer.seeks == [2]  # 2 never came: read again from it
+    assert give(4) == 2  # fetched before the seek: left, it comes again
+    assert [give(2), give(3), give(4)] == [3, 4, 5]
+    assert consumer.seeks == [2] and harness.worker.stats.rereads == 1
+    assert harness.worker.stats.skipped_messages == 0
+
+
+def test_messages_gone_from_the_log_are_counted_and_passed() -> None:
+    """Read again, the missing message never comes (retention took it): once stall_s has
+    passed, the partition goes on from the first message that did come, the loss counted."""
+    harness, consumer, give = _taking(stall_s=0.0)
+    assert [give(0), give(1)] == [1, 2]
+    assert give(4) == 2 and consumer.seeks == [2]
+    assert give(3) == 2 and consumer.seeks == [2, 3]  # 2 and … gone: on from 3 (the lowest)
+    assert [give(3), give(4)] == [3, 4]
+    assert harness.worker.stats.skipped_messages == 1  # offset 2
