@@ -786,7 +786,9 @@ class Worker:
         Faust's recovery seeks); False where it could not be."""
         from aiokafka.errors import KafkaError
 
-        consumer = self.app.consumer
+        consumer = getattr(self.app, "consumer", None)
+        if consumer is None:
+            return False  # none yet
         tp = next((tp for tp in consumer.assignment()
                    if (tp.topic, tp.partition) == where), None)
         if tp is None:

@@ -46,8 +46,6 @@ class PythonStacks:
         self._kernels = kernels
         self.samples = StackSamples(max_depth, self._memory, self._layout, clock_offset_ns,
                                     self._native if kernels is not None else None)
-        #: Whether the kernel's walk finds CPython 3.9/3.10 threads (by their thread pointer).
-        self._thread_pointer = thread_pointer_known()
         probes.start_stacks()
 
     def observe(self, pid: int) -> None:
@@ -62,7 +60,8 @@ class PythonStacks:
             return
         if runtime is None:
             return
-        if not runtime.walkable(self._thread_pointer):
+        # The kernel's BTF is read only once a 3.9/3.10 process needs it.
+        if not runtime.walkable(runtime.layout.frames == "object" and thread_pointer_known()):
             version = ".".join(map(str, runtime.layout.version))
             self.unwalkable[pid] = version
             log.info("process %d runs CPython %s: its code paths are its native callers "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import logging
 import os
 import sysconfig
@@ -67,9 +68,11 @@ def kernel_cflags(settings: CaptureSettings) -> list[str]:
     return flags
 
 
+@functools.cache
 def thread_pointer_known() -> bool:
     """Whether the kernel's walk can find CPython 3.9/3.10 threads (kernel_cflags gives it
-    the thread pointer's offset): the running kernel's BTF says where a task keeps it."""
+    the thread pointer's offset): the running kernel's BTF says where a task keeps it (read
+    once, ~50 ms)."""
     from gpuflight.producer.probe.btf import Btf, BtfError, task_fsbase_cflags
 
     try:

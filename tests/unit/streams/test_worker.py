@@ -205,3 +205,12 @@ def test_messages_gone_from_the_log_are_counted_and_passed() -> None:
     assert give(3) == 2 and consumer.seeks == [2, 3]  # 2 and … gone: on from 3 (the lowest)
     assert [give(3), give(4)] == [3, 4]
     assert harness.worker.stats.skipped_messages == 1  # offset 2
+
+
+def test_a_gap_that_cannot_be_read_again_is_counted_and_passed() -> None:
+    """No consumer to seek with (none yet, or the partition revoked): the messages missing are
+    counted as lost, and the one past them is taken."""
+    harness, _, give = _taking()
+    del harness.app.consumer  # type: ignore[attr-defined]
+    assert [give(0), give(3), give(4)] == [1, 2, 3]
+    assert harness.worker.stats.skipped_messages == 2 and harness.worker.stats.rereads == 1
