@@ -10,9 +10,11 @@ without a GPU each call fails at once, so what is left is the probe's cost), fiv
 interleaved, R rounds:
 - untraced;
 - under `gpuflight trace` (no code paths);
-- under `gpuflight trace --stacks F` at the defaults (one call in 100 walked, at most 2,000
-  walks a second a CPU: the period doubles past it);
-- the same without the bound on walks (`--stack-max-walks 0`: one call in 100, however many);
+- under `gpuflight trace --stacks F` at the defaults (`--stack-sampling auto`: the period each
+  CPU's walks, as the kernel times them, need to add at most `--stack-cost` 40 ns to a recorded
+  call; at most 2,000 walks a second a CPU);
+- under `gpuflight trace --stacks F --stack-sampling 100` (one call in 100, the fixed default
+  before the budget);
 - under `gpuflight trace --stacks F --stack-sampling 1` (every call walked: exact).
 Two figures a call: the loop's own wall-clock time (what the process pays: the probe's own
 cost is traced minus untraced), and the time of the capture's BPF programs per hit, from the
@@ -73,8 +75,8 @@ deep(depth)
 WAYS: dict[str, list[str] | None] = {
     "untraced": None,
     "trace": [],
-    "trace --stacks (default)": ["--stacks", "{stacks}"],
-    "trace --stacks --stack-max-walks 0": ["--stacks", "{stacks}", "--stack-max-walks", "0"],
+    "trace --stacks (default: auto, 40 ns)": ["--stacks", "{stacks}"],
+    "trace --stacks --stack-sampling 100": ["--stacks", "{stacks}", "--stack-sampling", "100"],
     "trace --stacks --stack-sampling 1": ["--stacks", "{stacks}", "--stack-sampling", "1"],
 }
 

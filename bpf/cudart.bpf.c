@@ -212,25 +212,58 @@ static __always_inline void gf_count_drop(u32 slot, u32 pid)
 #endif
 #include "pywalk.bpf.h"
 BPF_HASH(py_procs, u32, struct gf_py_offsets, 65536);
-/* py_config[0]: the period asked for; [1]: the most walks a CPU makes in a window (0: no
- * bound). */
-BPF_ARRAY(py_config, u32, 2);
-/* Each CPU's sampler. The period in force starts at the one asked for; each time the CPU has
- * walked its bound (py_config[1]) since the window (2^30 ns) began or the period last
- * changed, the period doubles, up to GF_PY_MAX_PERIOD; a window that ends under a quarter of
- * the bound halves it, down to the one asked for. A gap is drawn with the period in force,
- * and the sample that ends it weighs that period (`drawn`): every estimate stays unbiased,
- * whatever the rate did. */
+/* py_config[0]: the least period (the one asked for); [1]: the most walks a CPU makes in a
+ * window (0: no bound); [2]: the cost budget, in ns a recorded call, that the walks may add on
+ * average (0: none, the period is the one asked for). */
+BPF_ARRAY(py_config, u32, 3);
+/* Each CPU's sampler. The period in force starts at the least one. Within a window (2^30 ns)
+ * it doubles, up to GF_PY_MAX_PERIOD, each time the CPU has walked its bound (py_config[1])
+ * since the window began or the period last changed, and, with a budget, each time the walks
+ * timed since then (8 or more) took more than the budget a recorded call. When a window
+ * ends, the period becomes the least one that would have kept that window within both: its
+ * recorded calls over the bound, its walks' mean time over the budget (the period asked for
+ * at least). A gap is drawn with the period in force, and the sample that ends it weighs that
+ * period (`drawn`): every estimate stays unbiased, whatever the rate did. */
 struct gf_py_rate {
 	u32 left;   /* calls until the next sample */
 	u32 drawn;  /* the period the gap being counted down was drawn with */
 	u32 period; /* the period in force */
-	u32 walks;  /* walks in this window */
+	u32 walks;  /* walks since the window began or the bound last doubled the period */
 	u64 window; /* ktime >> 30 of this window */
 	u32 peak;   /* the highest period this CPU came to */
 	u32 raised; /* times the period doubled */
+	u64 spent;  /* ns the walks timed since the window began or the budget last doubled it */
+	u32 timed;  /* those walks */
+	u32 calls;  /* recorded calls since the window began */
+	u64 spent_total; /* ns every walk took: the summary's */
+	u64 calls_total; /* recorded calls (every one, sampled or not) */
+	u64 walks_total; /* walks */
+	u64 window_calls; /* recorded calls since the window began (not reset by the budget) */
+	u64 window_spent; /* ns of this window's walks (not reset by the budget) */
+	u64 window_walks; /* this window's walks (not reset) */
 };
 #define GF_PY_MAX_PERIOD (1u << 20)
+#define GF_PY_MIN_TIMED 8
+
+/* The least period that keeps `walks` walks of `spent` ns in all, over `calls` recorded calls,
+ * within the bound (`bound` walks a window) and the budget (`budget` ns a call). */
+static __always_inline u32 gf_py_period_for(u32 asked, u32 bound, u32 budget, u64 calls,
+					    u64 walks, u64 spent)
+{
+	u64 period = asked;
+	if (bound && calls > bound) {
+		u64 need = (calls + bound - 1) / bound;
+		if (need > period)
+			period = need;
+	}
+	if (budget && walks) {
+		u64 per_walk = spent / walks;
+		u64 need = (per_walk + budget - 1) / budget;
+		if (need > period)
+			period = need;
+	}
+	return period > GF_PY_MAX_PERIOD ? GF_PY_MAX_PERIOD : (u32)period;
+}
 BPF_PERCPU_ARRAY(py_rate, struct gf_py_rate, 1);
 BPF_PERCPU_ARRAY(py_scratch, struct gf_py_stack, 1);
 BPF_TABLE("lru_hash", u64, u8, py_seen, 65536);
@@ -244,23 +277,38 @@ BPF_PROG_ARRAY(py_walker, 1);
  * (the probe fires where %rsp is the entry's: it points at the return address). */
 static __always_inline void gf_py_mark(struct pt_regs *ctx, u64 id, u64 ts_ns, u64 caller)
 {
-	u32 zero = 0, one = 1;
+	u32 zero = 0, one = 1, two = 2;
 	struct gf_py_rate *r = py_rate.lookup(&zero);
 	u32 *asked = py_config.lookup(&zero);
 	u32 *bound = py_config.lookup(&one);
-	if (!r || !asked || !*asked || !bound)
+	u32 *budget = py_config.lookup(&two);
+	if (!r || !asked || !*asked || !bound || !budget)
 		return;
 	u64 window = ts_ns >> 30;
 	if (r->window != window) {
-		if (*bound && r->walks < *bound / 4 && r->period > *asked)
-			r->period /= 2;
+		if (r->window_calls) {
+			u32 next = gf_py_period_for(*asked, *bound, *budget, r->window_calls,
+						    r->window_walks, r->window_spent);
+			/* No walk to time in that window: its period is kept, not dropped. */
+			if (!*budget || r->window_walks || next > r->period)
+				r->period = next;
+		}
 		if (r->period < *asked)
 			r->period = *asked;
 		if (r->period > r->peak)
 			r->peak = r->period;
 		r->window = window;
 		r->walks = 0;
+		r->spent = 0;
+		r->timed = 0;
+		r->calls = 0;
+		r->window_calls = 0;
+		r->window_spent = 0;
+		r->window_walks = 0;
 	}
+	r->calls += 1;
+	r->window_calls += 1;
+	r->calls_total += 1;
 	u32 weight = 1;
 	if (r->period > 1) {
 		if (r->left > 1) {
@@ -303,8 +351,36 @@ static __always_inline void gf_py_follow(struct pt_regs *ctx)
 	py_walker.call(ctx, 0);
 }
 
+/* A walk took `spent` ns: counted, and with a budget (py_config[2]), a CPU whose timed walks
+ * take more than the budget a recorded call doubles its period at once. */
+static __always_inline void gf_py_timed(u64 spent)
+{
+	u32 zero = 0, two = 2;
+	struct gf_py_rate *r = py_rate.lookup(&zero);
+	u32 *budget = py_config.lookup(&two);
+	if (!r || !budget)
+		return;
+	r->spent += spent;
+	r->timed += 1;
+	r->window_spent += spent;
+	r->window_walks += 1;
+	r->spent_total += spent;
+	r->walks_total += 1;
+	if (*budget && r->timed >= GF_PY_MIN_TIMED && r->spent > (u64)*budget * r->calls &&
+	    r->period < GF_PY_MAX_PERIOD) {
+		r->period *= 2; /* from the next gap on */
+		r->raised += 1;
+		if (r->period > r->peak)
+			r->peak = r->period;
+		r->spent = 0;
+		r->timed = 0;
+		r->calls = 0;
+	}
+}
+
 int gf_py_walker(struct pt_regs *ctx)
 {
+	u64 began = bpf_ktime_get_ns();
 	u32 zero = 0;
 	struct gf_py_stack *s = py_scratch.lookup(&zero);
 	if (!s)
@@ -330,6 +406,7 @@ int gf_py_walker(struct pt_regs *ctx)
 	}
 	if (py_samples.ringbuf_output(s, offsetof(struct gf_py_stack, code), BPF_RB_NO_WAKEUP))
 		gf_count_drop(GF_DROP_PY_SAMPLES, pid);
+	gf_py_timed(bpf_ktime_get_ns() - began);
 	return 0;
 }
 #else

@@ -120,6 +120,10 @@ class CaptureSettings:
     #: the weights following, so estimates stay unbiased; 0: no bound. Every-call mode (1) has
     #: none.
     stack_max_walks: int = 2000
+    #: With a budget (ns, > 0), the sampling period adapts above `stack_period` (then the
+    #: least period) so that the walks, as the kernel times them, add at most this much to a
+    #: recorded call on average (bpf/cudart.bpf.c gf_py_period_for); 0: the period is fixed.
+    stack_budget_ns: int = 0
     #: The deepest Python stack walked, in frames (a power of two; deeper ones are cut there,
     #: and flagged).
     stack_depth: int = 64

@@ -36,7 +36,7 @@ from gpuflight.producer.http.routes import render as render_routes
 from gpuflight.producer.nvml import NvmlSampler, UtilizationFeed
 from gpuflight.producer.probe.holdguard import HoldGuard
 from gpuflight.producer.probe.preflight import TRACE_CAPABILITIES, check_can_probe
-from gpuflight.producer.probe.probes import CUDA_KINDS, DropCounts, Probes
+from gpuflight.producer.probe.probes import CUDA_KINDS, DropCounts, Probes, StackRate
 from gpuflight.producer.settings import CaptureSettings
 
 if TYPE_CHECKING:
@@ -81,7 +81,10 @@ class StackOptions:
 
     folded: Path | None = None
     profile: Path | None = None
-    period: int = 100
+    #: One call in `period` walked; with a budget (ns a recorded call, as the kernel times
+    #: the walks: settings.stack_budget_ns), the least period, the rate adapting above it.
+    period: int = 1
+    budget_ns: int = 40
     #: What --stacks folds by (codepaths.FOLDED_WEIGHTS).
     weight: str = "launches"
     #: The most stacks a CPU walks a second (settings.stack_max_walks).
@@ -266,12 +269,13 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
 
     assert capture.stacks is not None
     paths = capture.stacks.paths(usd_per_gpu_hour)
+    rate = capture.stacks.rate
     written = True
     outputs: list[tuple[Path | None, str, Callable[[Path], None]]] = [
         (stacks.folded, "--stacks", lambda target: write_folded(target, paths, stacks.weight)),
         (stacks.profile, "--profile", lambda target: write_profile(
             target, paths, duration_ns=int(wall_s * 1e9),
-            comments=[f"gpuflight trace, 1 call in {stacks.period} walked"])),
+            comments=[f"gpuflight trace, {_rate_words(stacks, rate)}"])),
     ]
     for target, what, write in outputs:
         if target is None:
@@ -283,11 +287,8 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
                       exc.strerror if isinstance(exc, OSError) else exc)
             written = False
     samples = capture.stacks.samples
-    peak, raised = capture.stacks.rate
-    out = [f"  code paths: {len(paths)} stack(s), {samples.walks:,} walk(s), 1 call in"
-           f" {stacks.period} walked"
-           + (f" (1 in up to {peak:,} on a CPU that reached {stacks.max_walks:,} walks a"
-              f" second: doubled {raised} time(s))" if peak > stacks.period else "")
+    out = [f"  code paths: {len(paths)} stack(s), {samples.walks:,} walk(s), "
+           f"{_rate_words(stacks, rate)}"
            + (f", {samples.unknown_stacks} sample(s) of unknown stacks"
               if samples.unknown_stacks else "")
            + (f", {samples.unjoined} sample(s) whose call was not recorded"
@@ -298,7 +299,8 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
         # made): a count estimated at v has a variance of Σ w(w-1) over its samples.
         value = path.values.get("launches", 0.0)
         spread = 2 * math.sqrt(path.values.get(LAUNCHES_VARIANCE, 0.0))
-        return f"{value:,.0f}" if stacks.period == 1 else f"{value:,.0f} ±{spread:,.0f}"
+        exact = stacks.period == 1 and not stacks.budget_ns
+        return f"{value:,.0f}" if exact else f"{value:,.0f} ±{spread:,.0f}"
 
     out.extend(_top_paths(paths, "launches", "of launches", launches))
     out.extend(_top_paths(paths, "gpu_ns", "of GPU time",
@@ -310,6 +312,20 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
                    " Python frames (autograd's backward threads, native threads): by native"
                    " caller only")
     return out, written
+
+
+def _rate_words(stacks: StackOptions, rate: StackRate) -> str:
+    """How many calls were walked, and why: the period asked for, or the cost budget's."""
+    if not stacks.budget_ns:
+        return f"1 call in {stacks.period:,} walked" + (
+            f" (1 in up to {rate.peak:,} on a CPU that reached {stacks.max_walks:,} walks a"
+            f" second: doubled {rate.raised} time(s))" if rate.peak > stacks.period else "")
+    if not rate.walks:
+        return f"no call walked (the rate kept to {stacks.budget_ns:,} ns a recorded call)"
+    return (f"1 call in {rate.calls / rate.walks:,.0f} walked on average (the rate kept the"
+            f" walks to {stacks.budget_ns:,} ns a recorded call: they took"
+            f" {rate.spent_ns / max(1, rate.calls):,.0f} ns, {rate.spent_ns / rate.walks:,.0f}"
+            f" ns a walk; a CPU's period reached {rate.peak:,})")
 
 
 def _top_paths(paths: Sequence[PathSample], value: str, what: str,
@@ -389,6 +405,7 @@ def run(
     base = settings or CaptureSettings()
     settings = replace(base, pids=frozenset(), follow_forks=True, hold_on_load=True,
                        stack_period=stacks.period if stacks is not None else None,
+                       stack_budget_ns=stacks.budget_ns if stacks is not None else 0,
                        stack_max_walks=(stacks.max_walks if stacks is not None
                                         else base.stack_max_walks))
     summary_sink = SummarySink()

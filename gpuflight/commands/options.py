@@ -108,6 +108,50 @@ def kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> Ka
     return settings
 
 
+#: `--stack-sampling auto`'s budget: what the walks may add to a recorded call, in ns as the
+#: kernel times them (bench/stack_cost.py: ~10 % of the probe's own cost on NVIDIA's driver).
+DEFAULT_STACK_COST_NS = 40
+
+
+def stack_sampling(text: str) -> int:
+    """`--stack-sampling`: `auto` (0: the rate the cost budget allows) or 1 call in N."""
+    if text == "auto":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto or a whole number of calls, got {text!r}") from None
+    if not 1 <= value <= 2**20:
+        raise argparse.ArgumentTypeError(f"must be auto or 1 to 2^20 calls, got {text}")
+    return value
+
+
+def add_stack_options(parser: argparse.ArgumentParser, sampling: str | None) -> None:
+    """Code paths' rate: `--stack-sampling auto|N` (default `sampling`; None: off unless
+    given), `--stack-cost NS`, `--stack-max-walks W`."""
+    parser.add_argument(
+        "--stack-sampling", type=stack_sampling, default=sampling, metavar="auto|N",
+        help="walk the Python stack of one call in N on average, each sample weighted N "
+        "(1: every call, exact), or auto: as often as --stack-cost allows, each sample "
+        "weighted by the period it was drawn with"
+        + (" (default %(default)s)" if sampling is not None else " (off unless given)"))
+    parser.add_argument(
+        "--stack-cost", type=positive_int, default=DEFAULT_STACK_COST_NS, metavar="NS",
+        help="with --stack-sampling auto: the most the walks may add to a recorded call, on "
+        "average, in ns as the kernel times them (default %(default)s)")
+    parser.add_argument(
+        "--stack-max-walks", type=non_negative_int, default=2000, metavar="W",
+        help="the most stacks a CPU walks a second when sampling: beyond, its period "
+        "doubles, the weights following (default %(default)s; 0: no bound)")
+
+
+def stack_rate(args: argparse.Namespace) -> tuple[int, int]:
+    """(the least period, the cost budget in ns: 0 for a fixed period) of --stack-sampling."""
+    sampling: int = args.stack_sampling  # argparse parses a default given as text, too
+    return (1, args.stack_cost) if sampling == 0 else (sampling, 0)
+
+
 def positive(text: str) -> float:
     value = float(text)
     if not (value > 0 and math.isfinite(value)):

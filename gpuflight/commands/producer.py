@@ -10,14 +10,15 @@ from gpuflight.commands.options import (
     add_capture_options,
     add_kafka_options,
     add_metrics_options,
+    add_stack_options,
     check_kafka,
     kafka_settings,
     metrics_endpoint,
     non_negative,
-    non_negative_int,
     pid,
     positive,
     positive_int,
+    stack_rate,
 )
 from gpuflight.producer.contract.errors import UsageError
 from gpuflight.producer.contract.files import check_target
@@ -68,14 +69,7 @@ def add_parser(sub: Subparsers) -> None:
     parser.add_argument("--top-feed", type=Path, default=None, metavar="SOCKET",
                         help="where `gpuflight top` reads this agent's rows (default "
                         "/run/gpuflight/top.sock)")
-    parser.add_argument("--stack-sampling", type=positive_int, default=None, metavar="N",
-                        help="code paths: walk the Python stack of one call in N on average and "
-                        "publish each process's paths with what their calls cost (off unless "
-                        "given; 1: every call)")
-    parser.add_argument("--stack-max-walks", type=non_negative_int, default=2000, metavar="W",
-                        help="the most stacks a CPU walks a second: beyond, its sampling "
-                        "period doubles, the weights following (default %(default)s; 0: no "
-                        "bound)")
+    add_stack_options(parser, None)  # code paths: each process's, published with their costs
     parser.add_argument("--proc", type=Path, default=Path("/proc"), help=argparse.SUPPRESS)
     add_capture_options(parser)
     parser.set_defaults(run=run)
@@ -89,9 +83,10 @@ def run(args: argparse.Namespace) -> int:
     check_target(args.output, "--output")
     check_target(args.status_file, "--status-file", replaced=True)
     pids = frozenset(args.pid) if args.pid else None
+    period, budget_ns = (None, 0) if args.stack_sampling is None else stack_rate(args)
     settings = CaptureSettings(
         proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages, http=args.http,
-        stack_period=args.stack_sampling, stack_max_walks=args.stack_max_walks,
+        stack_period=period, stack_budget_ns=budget_ns, stack_max_walks=args.stack_max_walks,
     )
     kafka = kafka_settings(args, args.buffer_mb) if args.kafka is not None else None
     if kafka is not None:

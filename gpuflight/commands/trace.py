@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 from gpuflight.commands.options import (
     add_capture_options,
     add_price_options,
-    non_negative_int,
+    add_stack_options,
     price_book,
+    stack_rate,
 )
 from gpuflight.producer.contract.errors import UsageError
 from gpuflight.producer.contract.files import check_target
@@ -49,13 +50,7 @@ def add_parser(sub: Subparsers) -> None:
                         help="write the code paths as a pprof profile (go tool pprof, "
                         "speedscope, Pyroscope): launches, GPU time, bytes, time blocked, "
                         "cost and calls per path")
-    parser.add_argument("--stack-sampling", type=int, default=100, metavar="N",
-                        help="walk the Python stack of one call in N on average, each "
-                        "sample weighted N (default %(default)s; 1: every call, exact)")
-    parser.add_argument("--stack-max-walks", type=non_negative_int, default=2000, metavar="W",
-                        help="the most stacks a CPU walks a second when sampling: beyond, "
-                        "its period doubles, the weights following (default %(default)s; "
-                        "0: no bound)")
+    add_stack_options(parser, "auto")
     add_capture_options(parser)
     parser.add_argument("--otlp", metavar="URL", default=None,
                         help="export each HTTP request as an OTLP span (with its GPU work) to "
@@ -91,12 +86,11 @@ def run(args: argparse.Namespace) -> int:
     if args.top and args.output is not None and str(args.output) == "-":
         raise UsageError("--output - writes to the terminal, which --top's screen owns: give "
                          "it a file")
-    if args.stack_sampling < 1:
-        raise UsageError("--stack-sampling is a whole number of calls, 1 or more")
     check_target(args.stacks, "--stacks")
     check_target(args.profile, "--profile")
-    stacks = (trace.StackOptions(args.stacks, args.profile, args.stack_sampling,
-                                 args.stacks_weight, args.stack_max_walks)
+    period, budget_ns = stack_rate(args)
+    stacks = (trace.StackOptions(args.stacks, args.profile, period=period, budget_ns=budget_ns,
+                                 weight=args.stacks_weight, max_walks=args.stack_max_walks)
               if args.stacks is not None or args.profile is not None else None)
     settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
     requests = request_options(args)

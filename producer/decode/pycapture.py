@@ -24,7 +24,7 @@ from gpuflight.producer.decode.pysamples import StackSamples
 from gpuflight.producer.decode.pystacks import ProcessMemory
 from gpuflight.producer.discover.pythons import PyLayout, PythonRuntime, find_python
 from gpuflight.producer.probe.compile import thread_pointer_known
-from gpuflight.producer.probe.probes import Probes
+from gpuflight.producer.probe.probes import Probes, StackRate
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,8 @@ class PythonStacks:
         self._proc_root = proc_root
         self._runtimes: dict[int, PythonRuntime] = {}
         self._memories: dict[int, ProcessMemory] = {}
-        #: (the highest sampling period a CPU came to, times a CPU's period was doubled),
-        #: read at the end (Probes.stack_rate).
-        self.rate: tuple[int, int] = (0, 0)
+        #: What the sampler did, read at the end (Probes.stack_rate).
+        self.rate = StackRate()
         #: Processes whose CPython was found but the kernel cannot walk (said once each).
         self.unwalkable: dict[int, str] = {}
         self._kernels = kernels

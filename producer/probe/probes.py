@@ -124,9 +124,24 @@ class SkippedFile:
     errno: int | None = None
 
 
+@dataclass(frozen=True)
+class StackRate:
+    """What the stack sampler did (bpf/cudart.bpf.c struct gf_py_rate, over every CPU)."""
+
+    #: The highest period a CPU came to, and how many times a CPU's period doubled (for the
+    #: bound on walks, or the cost budget).
+    peak: int = 0
+    raised: int = 0
+    #: Recorded calls the sampler saw, walks made, and the ns the kernel timed them at.
+    calls: int = 0
+    walks: int = 0
+    spent_ns: int = 0
+
+
 _U32 = struct.Struct("<I")
-#: struct gf_py_rate (bpf/cudart.bpf.c): left, drawn, period, walks, window, peak, raised.
-_PY_RATE = struct.Struct("<IIIIQII")
+#: struct gf_py_rate (bpf/cudart.bpf.c): left, drawn, period, walks, window, peak, raised,
+#: spent, timed, calls, spent_total, calls_total, walks_total, then the window's own counts.
+_PY_RATE = struct.Struct("<IIIIQIIQIIQQQQQQ")
 _U64 = struct.Struct("<Q")
 _ONE_BYTE = b"\x01"
 #: The tally's maps (bpf/cudart.bpf.c: BPF_TABLE_PINNED), pinned in settings.tally_dir.
@@ -290,11 +305,13 @@ class Probes:
             self._bpf.map("py_walker").update(_U32.pack(0), _U32.pack(fd))
         except OSError as exc:
             raise SetupError(f"the Python stack walker did not load: {exc}") from exc
-        self._bpf.map("py_config").update(_U32.pack(0), _U32.pack(max(1, period)))
+        budget = self._settings.stack_budget_ns
+        config = self._bpf.map("py_config")
+        config.update(_U32.pack(0), _U32.pack(max(1, period)))
         # Per window of 2^30 ns, as the kernel counts them; none when every call is asked for.
-        walks = self._settings.stack_max_walks if period > 1 else 0
-        self._bpf.map("py_config").update(
-            _U32.pack(1), _U32.pack(min(math.ceil(walks * (1 << 30) / 1e9), 2**32 - 1)))
+        walks = self._settings.stack_max_walks if period > 1 or budget else 0
+        config.update(_U32.pack(1), _U32.pack(min(math.ceil(walks * (1 << 30) / 1e9), 2**32 - 1)))
+        config.update(_U32.pack(2), _U32.pack(min(budget, 2**32 - 1)))
         depth = self._settings.stack_depth
         ring_bytes = self._settings.stack_ring_pages * mmap.PAGESIZE
         self._py_frames = RingBufferReader(self._bpf.map("py_frames").fd, ring_bytes,
@@ -311,17 +328,16 @@ class Probes:
         if self._settings.stack_period is not None:
             self._bpf.map("py_procs").delete(_U32.pack(pid))
 
-    def stack_rate(self) -> tuple[int, int]:
-        """(the highest sampling period any CPU came to, how many times a CPU's period was
-        doubled for reaching the bound on walks): what the bound did (0, 0 when not
-        sampling)."""
+    def stack_rate(self) -> StackRate:
+        """What the sampler did, summed over the CPUs (all 0 when not sampling)."""
         if self._py_samples is None:
-            return 0, 0
-        peak = raised = 0
+            return StackRate()
+        peak = raised = calls = walks = spent = 0
         for raw in self._bpf.map("py_rate").lookup_percpu(_U32.pack(0)):
             fields = _PY_RATE.unpack_from(raw)
             peak, raised = max(peak, fields[5]), raised + fields[6]
-        return peak, raised
+            spent, calls, walks = spent + fields[10], calls + fields[11], walks + fields[12]
+        return StackRate(peak, raised, calls, walks, spent)
 
     def drain_stacks(self) -> tuple[npt.NDArray[np.void], npt.NDArray[np.void]]:
         """(new stacks' frames, every sample's head) committed so far: the frames first, so

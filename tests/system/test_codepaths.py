@@ -23,8 +23,9 @@ pytestmark = pytest.mark.bpf
 WORKLOAD = REPO / "tests" / "workloads" / "pylaunch.py"
 
 
-def _trace(tmp_path: Path, period: int, calls: int, *extra: str,
+def _trace(tmp_path: Path, period: int | str, calls: int, *extra: str,
            python: str = sys.executable) -> tuple[list[str], str, Path]:
+    tmp_path.mkdir(exist_ok=True)
     runtime = build_simgpu(tmp_path / "gpu") / "libcudart.so.12"
     folded, profile = tmp_path / "paths.folded", tmp_path / "paths.pb.gz"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -192,6 +193,23 @@ def test_a_cpu_that_walks_its_bound_samples_less_and_the_estimates_stay_honest(
     walks = int(line.split(" walk(s)")[0].rsplit(" ", 1)[1].replace(",", ""))
     assert walks < calls // 20, line  # 1 in 2 would be ~19,000
     assert "1 in up to" in line and "doubled" in line, line
+    _estimates_hold(summary, calls)
+
+
+def _rate(summary: str) -> tuple[int, float, float, float]:
+    """(walks, the mean period, ns the walks took a recorded call, ns a walk took) of trace's
+    summary."""
+    (line,) = [s for s in summary.splitlines() if "code paths:" in s]
+
+    def number(before: str, after: str) -> float:
+        return float(line.split(before)[1].split(after)[0].replace(",", ""))
+
+    walks = int(line.split(" walk(s)")[0].rsplit(" ", 1)[1].replace(",", ""))
+    return (walks, number("1 call in ", " walked"), number("they took ", " ns"),
+            number(" ns, ", " ns a walk"))
+
+
+def _estimates_hold(summary: str, calls: int) -> None:
     for site, truth in (("hot (", calls), ("cold (", calls // 4)):
         (row,) = [s for s in summary.splitlines() if "±" in s and f" {site}" in s]
         figures = row.split("%", 1)[1].split()  # "25,136 ±5,184 hot (…"
@@ -199,3 +217,24 @@ def test_a_cpu_that_walks_its_bound_samples_less_and_the_estimates_stay_honest(
         spread = float(figures[1].removeprefix("±").replace(",", ""))
         # ± is two standard deviations: 6 of them (a false failure ~1 in 500 million).
         assert abs(estimate - truth) <= 3 * spread, (site, estimate, truth, spread)
+
+
+def test_the_default_rate_keeps_the_walks_within_their_cost_budget(tmp_path: Path) -> None:
+    """`--stack-sampling auto` (the default): each CPU's period is the least that keeps what
+    its walks take, as the kernel times them, within `--stack-cost` ns a recorded call. A
+    tight budget walks few calls and keeps to it; a loose one walks many more; the estimates
+    follow the periods in force, within their stated bounds, either way."""
+    calls, budget = 40_000, 8
+    _, tight, _ = _trace(tmp_path / "tight", "auto", calls, "--stack-cost", str(budget))
+    _, loose, _ = _trace(tmp_path / "loose", "auto", calls, "--stack-cost", "5000",
+                         "--stack-max-walks", "0")
+    tight_walks, tight_period, tight_took, a_walk = _rate(tight)
+    loose_walks, loose_period, _, _ = _rate(loose)
+    # A walk of pylaunch's ~10 frames takes ~0.5 µs on the 2-core VM: 1 call in ~60 for 8 ns.
+    assert tight_period >= a_walk / budget / 2, tight
+    # Within the budget, but for the few walks made before a CPU's period has risen to it.
+    assert tight_took <= 2 * budget, tight
+    # 5 µs a call: every call, or nearly, walked.
+    assert loose_period < 2 and loose_walks > 10 * tight_walks, (tight, loose)
+    _estimates_hold(tight, calls)
+    _estimates_hold(loose, calls)

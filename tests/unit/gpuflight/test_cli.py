@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -162,6 +163,11 @@ def test_streams_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None
     (["producer", "--output", "o", "--metrics-port", "0"], "a port is 1 to 65535, got '0'"),
     (["producer", "--output", "o", "--metrics-port", "65536"], "a port is 1 to 65535"),
     (["streams", "--metrics-port", "\u0669\u0660"], "a port is 1 to 65535"),
+    (["trace", "--stack-sampling", "0", "--", "true"], "must be auto or 1 to 2^20 calls, got 0"),
+    (["trace", "--stack-sampling", "often", "--", "true"],
+     "expected auto or a whole number of calls, got 'often'"),
+    (["producer", "--output", "o", "--stack-sampling", "auto", "--stack-cost", "0"],
+     "must be 1 or more, got 0"),
     (["streams", "--metrics-port", "9400", "--metrics-address", "localhost"],
      "expected an IP address, got 'localhost'"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
@@ -205,3 +211,28 @@ def test_a_replayed_timeline_is_one_hosts(tmp_path: Path,
                      "--timeline", str(timeline)]) == 2
     assert "replay --timeline needs --host" in _one_error_line(capsys)
     assert not timeline.exists()
+
+
+@pytest.mark.parametrize(("argv", "rate"), [
+    ([], (1, 40)),  # trace's default: as often as 40 ns a recorded call allows
+    (["--stack-sampling", "auto", "--stack-cost", "25"], (1, 25)),
+    (["--stack-sampling", "100"], (100, 0)),  # a fixed period: no budget
+    (["--stack-sampling", "1", "--stack-cost", "25"], (1, 0)),  # every call, exact
+])
+def test_the_stack_rate_is_auto_with_a_cost_budget_or_a_fixed_period(
+        argv: list[str], rate: tuple[int, int], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    from gpuflight.producer import trace
+
+    taken: list[trace.StackOptions | None] = []
+
+    def run(argv: list[str], **kw: object) -> SimpleNamespace:
+        stacks = kw["stacks"]
+        assert stacks is None or isinstance(stacks, trace.StackOptions)
+        taken.append(stacks)
+        return SimpleNamespace(exit_code=0)
+
+    monkeypatch.setattr(trace, "run", run)
+    assert cli.main(["trace", "--stacks", str(tmp_path / "f"), *argv, "--", "true"]) == 0
+    (stacks,) = taken
+    assert stacks is not None and (stacks.period, stacks.budget_ns) == rate
