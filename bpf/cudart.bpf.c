@@ -309,16 +309,16 @@ static __always_inline void gf_py_mark(struct pt_regs *ctx, u64 id, u64 ts_ns, u
 	r->calls += 1;
 	r->window_calls += 1;
 	r->calls_total += 1;
-	u32 weight = 1;
-	if (r->period > 1) {
-		if (r->left > 1) {
-			r->left -= 1;
-			return;
-		}
-		weight = r->drawn ? r->drawn : r->period;
-		r->drawn = r->period;
-		r->left = 1 + bpf_get_prandom_u32() % (2 * r->period - 1);
+	/* The gap being counted down ends here or not; whatever the period now, the sample that
+	 * ends it weighs the period it was drawn with (a CPU's first call: a gap of 1), and the
+	 * next is drawn with the period in force (1: every call). */
+	if (r->left > 1) {
+		r->left -= 1;
+		return;
 	}
+	u32 weight = r->drawn ? r->drawn : 1;
+	r->drawn = r->period;
+	r->left = r->period > 1 ? 1 + bpf_get_prandom_u32() % (2 * r->period - 1) : 1;
 	r->walks += 1;
 	if (*bound && r->walks >= *bound && r->period < GF_PY_MAX_PERIOD) {
 		r->period *= 2; /* from the next gap on */

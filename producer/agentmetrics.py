@@ -3,7 +3,8 @@
 What the agent already counts for its status file and its metrics.v1 records, as Prometheus
 metrics: events captured, aggregated, published and dropped (by reason), probes attached and
 single-stepped, library files probed and skipped, how full a drain found the ring, the Kafka
-queue and its delivery failures, the holds at library loads, HTTP requests. Taken on the
+queue and its delivery failures, the holds at library loads, HTTP requests, and with code
+paths on (`--stack-sampling`) what the stack sampler walked and what that cost. Taken on the
 agent's own thread when a scrape asks (producer/contract/exposition.py): nothing is read from
 BPF maps or librdkafka between scrapes, and nothing from the HTTP server's thread.
 """
@@ -22,6 +23,7 @@ from gpuflight.producer.contract.exposition import SnapshotExchange
 if TYPE_CHECKING:
     from gpuflight.producer.capture import Capture
     from gpuflight.producer.contract import wire
+    from gpuflight.producer.probe.probes import StackRate
     from gpuflight.producer.publish.kafkasink import KafkaSink
 
 PREFIX: Final = "gpuflight_agent"
@@ -52,6 +54,12 @@ class AgentHealth:
     kafka_failed_events: int = 0
     #: sink name → (1 if it failed and was switched off else 0, events it did not write).
     outputs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Code paths (None: off): what the sampler did, its budget (ns a recorded call; 0: a
+    #: fixed period), samples lost in the kernel and sampled calls whose event never came.
+    code_paths: StackRate | None = None
+    code_path_budget_ns: int = 0
+    code_path_samples_lost: int = 0
+    code_path_samples_unjoined: int = 0
 
 
 def take(capture: Capture, kafka: KafkaSink | None, record: wire.MetricsRecord,
@@ -68,6 +76,8 @@ def take(capture: Capture, kafka: KafkaSink | None, record: wire.MetricsRecord,
         stepped[kind] += len(attached.stepped)
         unprobed[kind] += len(attached.unprobed)
     stats = capture.stats
+    drops = capture.drops()
+    stacks = capture.stacks
     return AgentHealth(
         started_unix_s=started_unix_s,
         record=record,
@@ -76,12 +86,16 @@ def take(capture: Capture, kafka: KafkaSink | None, record: wire.MetricsRecord,
         stepped=dict(stepped),
         unprobed=dict(unprobed),
         files_skipped=len(capture.probes.failed),
-        stepped_calls=capture.drops().stepped,
+        stepped_calls=drops.stepped,
         ring_fill_max=capture.probes.take_ring_fill_max(),
         holds=stats.held_released,
         held_s=stats.held_ns_total / 1e9,
         kafka_failed_events=kafka.failed_events if kafka is not None else 0,
         outputs={s.name: (int(s.failure is not None), s.lost) for s in capture.sinks},
+        code_paths=capture.probes.stack_rate() if stacks is not None else None,
+        code_path_budget_ns=capture.settings.stack_budget_ns,
+        code_path_samples_lost=drops.py_samples,
+        code_path_samples_unjoined=stacks.samples.unjoined if stacks is not None else 0,
     )
 
 
@@ -175,3 +189,32 @@ def families(h: AgentHealth, age_s: float = 0.0) -> Iterator[Metric]:
         lost.add_metric([name], n)
     yield failed
     yield lost
+    if h.code_paths is not None:
+        yield from _code_paths(h)
+
+
+def _code_paths(h: AgentHealth) -> Iterator[Metric]:
+    rate = h.code_paths
+    assert rate is not None
+    yield CounterMetricFamily(f"{PREFIX}_code_path_calls",
+                              "Recorded calls the Python stack sampler counted down.",
+                              value=rate.calls)
+    yield CounterMetricFamily(f"{PREFIX}_code_path_walks", "Python stacks walked (samples).",
+                              value=rate.walks)
+    yield CounterMetricFamily(f"{PREFIX}_code_path_walk_seconds",
+                              "Time the kernel took walking them (what sampling adds to the "
+                              "sampled processes, less the countdown).",
+                              value=round(rate.spent_ns / 1e9, 9))
+    yield GaugeMetricFamily(f"{PREFIX}_code_path_period_max",
+                            "The highest sampling period (1 call in N) a CPU came to.",
+                            value=rate.peak)
+    yield GaugeMetricFamily(f"{PREFIX}_code_path_cost_budget_seconds",
+                            "What the walks may add to a recorded call on average "
+                            "(--stack-cost; 0: a fixed period, --stack-sampling N).",
+                            value=h.code_path_budget_ns / 1e9)
+    yield CounterMetricFamily(f"{PREFIX}_code_path_samples_lost",
+                              "Samples lost in the kernel, their ring full.",
+                              value=h.code_path_samples_lost)
+    yield CounterMetricFamily(f"{PREFIX}_code_path_samples_unjoined",
+                              "Sampled calls whose event never came (counted as calls alone).",
+                              value=h.code_path_samples_unjoined)

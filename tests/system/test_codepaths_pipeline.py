@@ -29,6 +29,7 @@ from tests.support.capture import GPUFLIGHT, read_events, wait_for_probe_release
 from tests.support.counting import events_from_json
 from tests.support.grafana_eval import influxql, interpolate, present
 from tests.support.influx_fixture import DATABASE
+from tests.support.promlint import lint, samples, scrape
 from tests.support.streams_support import StreamWorker, read_topic, rows, wait_for
 from tests.workloads.build import build_simgpu
 from tests.workloads.pylaunch import UPLOAD
@@ -54,10 +55,13 @@ def test_each_user_function_gets_what_its_calls_did(kafka_bootstrap: str, influx
     streams.start()
     wait_for_probe_releases()
     log, out = tmp_path / "producer.log", tmp_path / "node.jsonl"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
     with log.open("wb") as log_out:
         producer = subprocess.Popen(
             [*GPUFLIGHT, "-v", "producer", "--kafka", kafka_bootstrap, "--topic-prefix", prefix,
-             "--output", str(out), "--stack-sampling", "1"],
+             "--output", str(out), "--stack-sampling", "1", "--metrics-port", str(port)],
             stdout=log_out, stderr=subprocess.STDOUT, start_new_session=True)
     workload = None
     try:
@@ -79,6 +83,15 @@ def test_each_user_function_gets_what_its_calls_did(kafka_bootstrap: str, influx
         calls = 1 + CALLS + CALLS // 4 + 2 * (CALLS // 10) + 1
         wait_for(lambda: len([e for e in read_events(out) if e.get("pid") == workload.pid])
                  == calls, 60, "the calls in --output")
+        # Every recorded call walked (1 in 1), and what the walks took, on the agent's /metrics.
+        text = scrape(f"http://127.0.0.1:{port}/metrics")
+        assert lint(text) == []
+        got = samples(text)
+        walks = got[("gpuflight_agent_code_path_walks_total", ())]
+        assert got[("gpuflight_agent_code_path_calls_total", ())] == walks >= calls, text
+        assert got[("gpuflight_agent_code_path_walk_seconds_total", ())] > 0
+        assert got[("gpuflight_agent_code_path_period_max", ())] == 1
+        assert got[("gpuflight_agent_code_path_cost_budget_seconds", ())] == 0
     finally:
         if workload is not None and workload.poll() is None:
             workload.kill()

@@ -84,3 +84,31 @@ def test_nothing_is_served_before_the_first_snapshot() -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(agentmetrics.AgentCollector(exchange))
     assert generate_latest(registry) == b""
+
+
+def test_the_stack_sampler_s_walks_and_their_cost_with_code_paths_on() -> None:
+    """`--stack-sampling`: what the sampler counted down, walked and spent, from the kernel's
+    per-CPU counters summed (Probes.stack_rate), its budget and what it lost; nothing of it
+    without code paths."""
+    from dataclasses import replace
+
+    from gpuflight.producer.probe.probes import StackRate
+
+    p = "gpuflight_agent_code_path_"
+    assert not any(name.startswith(p) for name, _ in samples(_text(_health())))
+    health = replace(_health(), code_paths=StackRate(peak=64, raised=3, calls=120_000,
+                                                     walks=2_500, spent_ns=3_250_000),
+                     code_path_budget_ns=40, code_path_samples_lost=2,
+                     code_path_samples_unjoined=9)
+    text = _text(health)
+    assert lint(text) == []
+    got = {k: v for k, v in samples(text).items() if k[0].startswith(p)}
+    assert got == {
+        (f"{p}calls_total", ()): 120_000,
+        (f"{p}walks_total", ()): 2_500,
+        (f"{p}walk_seconds_total", ()): 0.00325,
+        (f"{p}period_max", ()): 64,
+        (f"{p}cost_budget_seconds", ()): 4e-08,
+        (f"{p}samples_lost_total", ()): 2,
+        (f"{p}samples_unjoined_total", ()): 9,
+    }
