@@ -239,8 +239,8 @@ struct gf_py_rate {
 	u64 calls_total; /* recorded calls (every one, sampled or not) */
 	u64 walks_total; /* walks */
 	u64 window_calls; /* recorded calls since the window began (not reset by the budget) */
-	u64 window_spent; /* ns of this window's walks (not reset by the budget) */
-	u64 window_walks; /* this window's walks (not reset) */
+	u64 window_spent; /* ns of this window's walks of known stacks (not reset by the budget) */
+	u64 window_walks; /* those walks */
 };
 #define GF_PY_MAX_PERIOD (1u << 20)
 #define GF_PY_MIN_TIMED 8
@@ -287,10 +287,12 @@ static __always_inline void gf_py_mark(struct pt_regs *ctx, u64 id, u64 ts_ns, u
 	u64 window = ts_ns >> 30;
 	if (r->window != window) {
 		if (r->window_calls) {
+			int timed = r->window_walks >= GF_PY_MIN_TIMED;
 			u32 next = gf_py_period_for(*asked, *bound, *budget, r->window_calls,
-						    r->window_walks, r->window_spent);
-			/* No walk to time in that window: its period is kept, not dropped. */
-			if (!*budget || r->window_walks || next > r->period)
+						    timed ? r->window_walks : 0, r->window_spent);
+			/* Too few walks in that window to time (a process's first, cold ones): its
+			 * period is kept, not moved by them. */
+			if (!*budget || timed || next > r->period)
 				r->period = next;
 		}
 		if (r->period < *asked)
@@ -352,20 +354,24 @@ static __always_inline void gf_py_follow(struct pt_regs *ctx)
 }
 
 /* A walk took `spent` ns: counted, and with a budget (py_config[2]), a CPU whose timed walks
- * take more than the budget a recorded call doubles its period at once. */
-static __always_inline void gf_py_timed(u64 spent)
+ * take more than the budget a recorded call doubles its period at once. The walk of a new
+ * stack (`fresh`: its frames sent too, once) is counted, not timed: the rate follows what the
+ * walks cost once a process's stacks are known, not its first, cold ones. */
+static __always_inline void gf_py_timed(u64 spent, int fresh)
 {
 	u32 zero = 0, two = 2;
 	struct gf_py_rate *r = py_rate.lookup(&zero);
 	u32 *budget = py_config.lookup(&two);
 	if (!r || !budget)
 		return;
+	r->spent_total += spent;
+	r->walks_total += 1;
+	if (fresh)
+		return;
 	r->spent += spent;
 	r->timed += 1;
 	r->window_spent += spent;
 	r->window_walks += 1;
-	r->spent_total += spent;
-	r->walks_total += 1;
 	if (*budget && r->timed >= GF_PY_MIN_TIMED && r->spent > (u64)*budget * r->calls &&
 	    r->period < GF_PY_MAX_PERIOD) {
 		r->period *= 2; /* from the next gap on */
@@ -398,15 +404,16 @@ int gf_py_walker(struct pt_regs *ctx)
 	u8 one = 1;
 	if (!py_seen.lookup(&s->stack_id)) {
 		s->flags |= GF_PY_NEW;
-		if (py_frames.ringbuf_output(s, offsetof(struct gf_py_stack, frame),
-					     BPF_RB_NO_WAKEUP) == 0)
+		/* A new stack wakes its reader (once caught up): its code objects are read while
+		 * the process lives (producer/decode/pycapture.py). New stacks are rare. */
+		if (py_frames.ringbuf_output(s, offsetof(struct gf_py_stack, frame), 0) == 0)
 			py_seen.update(&s->stack_id, &one); /* else sent again with the next */
 		else
 			gf_count_drop(GF_DROP_PY_SAMPLES, pid);
 	}
 	if (py_samples.ringbuf_output(s, offsetof(struct gf_py_stack, code), BPF_RB_NO_WAKEUP))
 		gf_count_drop(GF_DROP_PY_SAMPLES, pid);
-	gf_py_timed(bpf_ktime_get_ns() - began);
+	gf_py_timed(bpf_ktime_get_ns() - began, s->flags & GF_PY_NEW);
 	return 0;
 }
 #else

@@ -1,9 +1,14 @@
 """Code paths during a capture (issue 28, settings.stack_period): each process's CPython is
 found by the first scan of it that shows it (a shared libpython is mapped after the exec a
 traced command is first scanned at) and its layout handed to the kernel's walk; the samples
-and stacks the kernel sends are taken each turn, after the turn's events, and symbolised at
-once, while the process is alive; each sample is joined to its call's event
-(producer/decode/pysamples.py).
+and stacks the kernel sends are taken each turn, after the turn's events, and each sample is
+joined to its call's event (producer/decode/pysamples.py).
+
+A stack's code objects are read from the process's memory, which its exit takes away. A turn
+of the capture loop may take tens of ms (attaching a library's probes, reading its kernels'
+names), as long as a short process lives: so a thread of its own (`gf-stacks`) reads each new
+stack's code objects as its frames arrive (the kernel wakes it), and the turn names the stack
+from what it read.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -46,12 +53,44 @@ class PythonStacks:
         self.samples = StackSamples(max_depth, self._memory, self._layout, clock_offset_ns,
                                     self._native if kernels is not None else None)
         probes.start_stacks()
+        #: Held by the reader thread and the capture's while either reads a process's memory
+        #: or its code objects (the caches of both, the processes' runtimes and memories).
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # close() wakes it
+        self._reader: threading.Thread | None = None
+        fd = probes.stack_frames_fd()
+        if fd is not None:
+            self._reader = threading.Thread(target=self._read_ahead, args=(fd,),
+                                            name="gf-stacks", daemon=True)
+            self._reader.start()
+
+    def _read_ahead(self, fd: int) -> None:
+        """The stacks' reader: each new stack's code objects read as its frames arrive."""
+        with select.epoll() as wake:
+            wake.register(fd, select.EPOLLIN)
+            wake.register(self._kick, select.EPOLLIN)
+            while not self._stop.is_set():
+                try:
+                    wake.poll(1.0)
+                    frames = self._probes.take_stack_frames()
+                    if len(frames):
+                        with self._lock:
+                            self.samples.read_codes(frames)
+                except Exception as exc:  # a figure's name at worst: never the capture's end
+                    log.debug("the stacks' reader: %s", exc)
+                    if self._stop.wait(0.1):
+                        return
 
     def observe(self, pid: int) -> None:
         """A process scanned: its CPython, once found, is walked from then on (until then,
         and for a process that runs none, its calls get their native caller alone)."""
         if pid in self._runtimes or pid in self.unwalkable:
             return
+        with self._lock:
+            self._observe(pid)
+
+    def _observe(self, pid: int) -> None:
         try:
             runtime = find_python(self._proc_root, pid)
         except Exception as exc:  # a file that cannot be read: native callers only
@@ -75,7 +114,8 @@ class PythonStacks:
         waiting for their events (`add_events`)."""
         frames, heads = self._probes.drain_stacks()
         if len(frames):
-            self.samples.add_frames(frames)
+            with self._lock:
+                self.samples.add_frames(frames)
         if len(heads):
             self.samples.add_samples(heads)
         self.samples.end_turn()
@@ -95,12 +135,13 @@ class PythonStacks:
 
     def forget(self, pids: Iterable[int]) -> None:
         for pid in pids:
-            self._runtimes.pop(pid, None)
-            self.unwalkable.pop(pid, None)
-            memory = self._memories.pop(pid, None)
-            if memory is not None:
-                memory.close()
-            self.samples.forget(pid)
+            with self._lock:
+                self._runtimes.pop(pid, None)
+                self.unwalkable.pop(pid, None)
+                memory = self._memories.pop(pid, None)
+                if memory is not None:
+                    memory.close()
+                self.samples.forget(pid)
             with contextlib.suppress(OSError):
                 self._probes.forget_python(pid)
 
@@ -113,9 +154,17 @@ class PythonStacks:
         return self.samples.samples(usd_per_gpu_hour)
 
     def close(self) -> None:
-        for memory in self._memories.values():
-            memory.close()
-        self._memories.clear()
+        self._stop.set()
+        if self._reader is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._kick, 1)
+            self._reader.join(timeout=5)
+        with contextlib.suppress(OSError):
+            os.close(self._kick)
+        with self._lock:
+            for memory in self._memories.values():
+                memory.close()
+            self._memories.clear()
 
     def _native(self, pid: int, address: int) -> PathFrame:
         """A call's native caller as a frame: its function (short name) in its library."""

@@ -145,6 +145,21 @@ class StackSamples:
                 self._frames[stack_id] = self._symbolise(whole)
                 self._stacks_of.setdefault(int(whole["pid"]), set()).add(stack_id)
 
+    def read_codes(self, records: Any) -> None:
+        """Records of `py_frames` just out of the ring: their code objects read now, while
+        their processes live (`add_frames` names the stacks from them later)."""
+        for whole in np.atleast_1d(records):
+            pid, depth = int(whole["pid"]), int(whole["depth"])
+            if int(whole["flags"]) & (NO_THREAD | NO_PYTHON):
+                continue
+            layout = self._layout(pid)
+            memory = self._memory(pid) if layout is not None else None
+            if layout is None or memory is None:
+                continue
+            for code in whole["code"][:depth].tolist():
+                if code:
+                    self._code(memory, layout, pid, int(code))
+
     def add_samples(self, heads: Any) -> None:
         """Records of `py_samples` (every sample's head): each finds its call's event among
         those priced in this turn and the last, or waits for it."""

@@ -215,6 +215,8 @@ class Probes:
         #: The code paths' rings (start_stacks), when stacks are sampled.
         self._py_frames: RingBufferReader | None = None
         self._py_samples: RingBufferReader | None = None
+        self._py_lock = threading.Lock()
+        self._py_moved: list[npt.NDArray[np.void]] = []
 
     def drain_events(self, max_events: int | None = None) -> npt.NDArray[np.void]:
         """The events committed so far (EVENT_DTYPE, up to `max_events`), oldest first. None
@@ -345,7 +347,28 @@ class Probes:
         head may still come before its frames; producer/decode/pysamples.py waits)."""
         if self._py_frames is None or self._py_samples is None:
             return np.zeros(0, py_stack_dtype(1)), np.zeros(0, py_head_dtype())
-        return self._py_frames.drain(None), self._py_samples.drain(None)
+        self.take_stack_frames()
+        with self._py_lock:
+            moved, self._py_moved = self._py_moved, []
+        frames = (np.zeros(0, py_stack_dtype(self._settings.stack_depth)) if not moved else moved[0]
+                  if len(moved) == 1 else np.concatenate(moved))
+        return frames, self._py_samples.drain(None)
+
+    def stack_frames_fd(self) -> int | None:
+        """What to wait on for new stacks' frames (the kernel wakes it for each, once the
+        reader has caught up); None when not sampling."""
+        return None if self._py_frames is None else self._py_frames.fileno()
+
+    def take_stack_frames(self) -> npt.NDArray[np.void]:
+        """Move the new stacks' frames the ring holds out of it (either thread: the stacks'
+        reader reads their code objects at once; drain_stacks hands them on); what it moved."""
+        with self._py_lock:
+            if self._py_frames is None:
+                return np.zeros(0, py_stack_dtype(1))
+            batch = self._py_frames.drain(None)
+            if len(batch):
+                self._py_moved.append(batch)
+            return batch
 
     def take_ring_fill_max(self) -> float:
         """The fullest (0..1) a drain found the events ring since the last call; 0 before

@@ -59,8 +59,8 @@ def test_a_shared_libpython_is_walked_from_the_command_s_start(version: str,
     it after the exec at which `trace` first scans the command. Its CPython was looked for on
     that scan alone, so every path was its native caller alone; it is now found by the first
     scan that shows it. 3.9 and 3.10 too: their threads are found by the thread pointer. (A
-    stack is named from the process's memory when its first sample is read, within a few ms:
-    the workload lives longer than that, as programs do; docs/commands.md says so.)"""
+    stack's code objects are read from the process's memory as its first walk arrives: the
+    workload lives longer than that, as programs do; docs/commands.md says so.)"""
     python = _interpreter(version)
     require(None if python and Path(python).exists() else f"no CPython {version} here (pyenv)")
     assert python is not None
