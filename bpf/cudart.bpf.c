@@ -200,8 +200,8 @@ static __always_inline void gf_count_drop(u32 slot, u32 pid)
  * caller), its weight and its stack's id; a stack's frames go on `py_frames` before its first
  * sample's head, and only then (py_seen). Each ring's records are of one size, for the bulk
  * reader (producer/probe/ringbuf.py). A process with no
- * layout gets its native caller alone. A call not sampled pays three array lookups (its
- * CPU's sampler, the period asked for, the bound) and a countdown.
+ * layout gets its native caller alone. A call not sampled pays four array lookups (its
+ * CPU's sampler, the period asked for, the bound, the budget) and a countdown.
  */
 #ifndef GF_PY_STACKS
 #define GF_PY_STACKS 0

@@ -109,7 +109,8 @@ def kafka_settings(args: argparse.Namespace, buffer_mb: int | None = None) -> Ka
 
 
 #: `--stack-sampling auto`'s budget: what the walks may add to a recorded call, in ns as the
-#: kernel times them (bench/stack_cost.py: ~10 % of the probe's own cost on NVIDIA's driver).
+#: kernel times them (4 to 6 % of the probe's own 0.7 to 1 µs on NVIDIA's driver, measured with the
+#: walks' other costs under 10 %: bench/results/stack_cost.md).
 DEFAULT_STACK_COST_NS = 40
 
 
