@@ -263,6 +263,9 @@ class Worker:
         #: the lowest offset past it left meanwhile).
         self._awaiting: dict[tuple[str, int], tuple[int, float, int]] = {}
         self._watched = {self.topics.events, self.topics.nvml, self.topics.metrics}
+        #: Where each partition's log began, for those the group never committed (read once
+        #: per assignment: where the worker's reading of it starts).
+        self._log_starts: dict[Any, int] = {}
         self._last_uncounted_ns = 0
 
     # -- the agent -----------------------------------------------------------------------------
@@ -693,6 +696,7 @@ class Worker:
         self._positions.clear()
         self._awaiting.clear()
         self._stalls.forget()
+        self._log_starts.clear()
         self._by_partition.clear()
         self._indexed.clear()
         self._inflight.clear()
@@ -808,12 +812,16 @@ class Worker:
         if consumer is None or getattr(self.app, "rebalancing", False):
             return
         committed = getattr(consumer, "_committed_offset", {})
+        assigned = [tp for tp in consumer.assignment() if tp.topic in self._watched]
+        starts = await self._starts_of(consumer, [
+            tp for tp in assigned
+            if (tp.topic, tp.partition) not in self._positions and committed.get(tp) is None])
         now = time.monotonic()
-        for tp in consumer.assignment():
-            if tp.topic not in self._watched:
-                continue
+        for tp in assigned:
             last = self._positions.get((tp.topic, tp.partition))
-            next_offset = last + 1 if last is not None else committed.get(tp)
+            since = committed.get(tp)
+            next_offset = (last + 1 if last is not None else
+                           since if since is not None else starts.get(tp))
             highwater = consumer.highwater(tp)
             if next_offset is None or highwater is None:
                 continue
@@ -826,6 +834,26 @@ class Worker:
                         stall.highwater - stall.next_offset, stall.waited_s,
                         _fetch_state(consumer, tp), next_offset)
             await self._seek((tp.topic, tp.partition), next_offset)  # else again in stall_s
+
+    async def _starts_of(self, consumer: Any, tps: list[Any]) -> dict[Any, int]:
+        """Where the logs of partitions `tps` begin: the worker's first message of a partition
+        the group never committed (Faust's seek after an assignment leaves such a partition
+        alone, so what its fetcher took and dropped before the partition was active never
+        comes again: the stall watch must know where it starts). Nothing when the worker
+        starts at the end of the logs (settings.from_beginning off)."""
+        from aiokafka.errors import KafkaError
+
+        if not self.settings.from_beginning:
+            return {}
+        unknown = [tp for tp in tps if tp not in self._log_starts]
+        if unknown:
+            try:
+                found = await consumer.earliest_offsets(*unknown)
+            except (KafkaError, TimeoutError) as exc:
+                log.debug("where %d partitions begin is not known yet: %s", len(unknown), exc)
+                found = {}
+            self._log_starts.update({tp: int(o) for tp, o in found.items() if o is not None})
+        return {tp: self._log_starts[tp] for tp in tps if tp in self._log_starts}
 
     def lag_by_partition(self) -> dict[int, int]:
         """Messages of the events topic not taken yet, per partition this worker holds."""
