@@ -725,6 +725,7 @@ def requests_board() -> dict[str, Any]:
 
 
 CODE_PATHS_TITLE: Final = "Functions ranked by GPU cost"
+ROUTE_CODE_PATHS_TITLE: Final = "Functions by route, ranked by GPU cost"
 
 
 def code_paths_board() -> dict[str, Any]:
@@ -751,6 +752,21 @@ def code_paths_board() -> dict[str, Any]:
                         "at the price of the job's GPU model. A function is a path's innermost "
                         "Python frame outside site-packages and the standard library; each "
                         "window keeps the 10 costliest apart and sums the rest as [other]."),
+        table(lay, ROUTE_CODE_PATHS_TITLE, [target(
+            "A", f'SELECT sum("{Fields.COST_USD}") AS "cost_usd", sum("{Fields.GPU_NS}") / '
+                 f'1000000000 AS "gpu_seconds", sum("{Fields.LAUNCHES}") AS "launches", '
+                 f'sum("{Fields.BYTES}") AS "bytes_copied", sum("{Fields.CALLS}") AS "calls" '
+                 f'FROM "{m.ROUTE_CODE_PATHS.name}" {f} GROUP BY "{Tags.JOB}", "{Tags.ROUTE}", '
+                 f'"{Tags.FUNCTION}"', table=True)],
+            unit(m.ROUTE_CODE_PATHS, Fields.COST_USD), "cost_usd", width=24,
+            overrides=[("gpu_seconds", "s"), ("launches", "short"), ("bytes_copied", "bytes"),
+                       ("calls", "short")],
+            transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True}}}],
+            description="What each function's calls made for requests of each HTTP route "
+                        "cost over the time range (a call shared by requests in flight gives "
+                        "each its share). Each window keeps the 5 costliest functions of a "
+                        "route apart and sums the rest as [other]; calls made for no request "
+                        "are in the table above only."),
         timeseries(lay, "GPU time/s by function", [target(
             "A", f'SELECT sum("{Fields.GPU_NS}") / 1000000000 / $__interval_ms * 1000 AS '
                  f'"gpu_seconds_per_s" FROM "{cp.name}" {f} {by_function}',

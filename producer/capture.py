@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from gpuflight.producer.contract.abi import EVENT_DTYPE, LOADER_LISTEN, LOADER_MAPPED
 from gpuflight.producer.contract.errors import SetupError
+from gpuflight.producer.decode.codepaths import top_functions
 from gpuflight.producer.decode.enrich import Enricher
 from gpuflight.producer.decode.sinks import EventSink, Guarded
 from gpuflight.producer.discover import procmaps
@@ -132,12 +133,15 @@ class Capture:
             self.probes.add_to_scope(settings.pids)
         #: Code paths: the Python stacks of sampled calls (settings.stack_period).
         self.stacks: PythonStacks | None = None
+        self._paths_by_route = False
         if settings.stack_period is not None:
             from gpuflight.producer.decode.pycapture import PythonStacks
 
             self.stacks = PythonStacks(self.probes, settings.proc_root, settings.stack_depth,
                                        self.enricher.clock_offset_ns, self.enricher.kernels)
-            if any(sink.takes_paths() for sink in self.sinks):
+            # Published paths are per (stack, route): each batch's routes are read.
+            self._paths_by_route = any(sink.takes_paths() for sink in self.sinks)
+            if self._paths_by_route:
                 self.stacks.samples.publish()
         #: The HTTP capture and the attribution of events to requests (settings.http).
         self.http_probes: HttpProbes | None = None
@@ -459,14 +463,9 @@ class Capture:
             if len(drained) == 0 and len(self._held) == 0:
                 break
             self.enricher.enrich(drained)
-            if self.stacks is not None:
-                self.stacks.add_events(drained)
             events = self._hold_back(drained, cut) if requests is not None else drained
             if len(events):
-                attribution = requests.attribute(events) if requests is not None else None
-                for sink in self.sinks:
-                    sink.write(events, attribution)
-                total += len(events)
+                total += self._hand_on(events)
                 self.stats.batches += 1
             if len(drained) == 0 or (len(drained) < BATCH_EVENTS and not until_empty):
                 break
@@ -479,6 +478,20 @@ class Capture:
             requests.settle()
             self._hand_on_requests(requests, cut)
         return total
+
+    def _hand_on(self, events: npt.NDArray[np.void]) -> int:
+        """Enriched events, held back until their requests are known: attributed, to the code
+        paths (per route) and the sinks."""
+        requests = self.requests
+        attribution = requests.attribute(events) if requests is not None else None
+        if self.stacks is not None:
+            wanted = self._paths_by_route or self.stacks.samples.per_request
+            calls = (requests.call_shares(events, attribution)
+                     if requests is not None and attribution is not None and wanted else None)
+            self.stacks.add_events(events, calls)
+        for sink in self.sinks:
+            sink.write(events, attribution)
+        return len(events)
 
     def _hand_on_aggregates(self, everything: bool) -> None:
         """What the kernel counted under overload instead of recording (bpf/cudart.bpf.c,
@@ -521,8 +534,13 @@ class Capture:
                 sink.write_paths(pid, paths)
 
     def _hand_on_requests(self, requests: RequestTracker, before_ns: int | None = None) -> None:
-        for pid, (answered, unattributed) in requests.take_answered(before_ns).items():
-            self.stats.requests += len(answered)
+        samples = self.stacks.samples if self.stacks is not None else None
+        for pid, (taken, unattributed) in requests.take_answered(before_ns).items():
+            self.stats.requests += len(taken)
+            answered = taken
+            if samples is not None and samples.per_request:  # with their code paths (spans)
+                answered = [replace(a, code_paths=top_functions(
+                    samples.take_request_paths(a.request.request_id))) for a in taken]
             for sink in self.sinks:
                 sink.write_requests(pid, answered, unattributed)
 
@@ -557,18 +575,16 @@ class Capture:
         back for their requests, and the requests still open (ended as incomplete: their
         connections outlived the capture). A second call finds nothing more."""
         self.drain(until_empty=True)
+        if self.requests is not None:
+            self.drain(until_empty=True)  # a last HTTP drain for the events held back
+            if len(self._held):
+                held, self._held = self._held, self._held[:0]
+                self.stats.events += self._hand_on(held)
         if self.stacks is not None:  # every busy span ends: its calls' paths are priced
             self.stacks.finish()
             self._hand_on_paths(self.stacks)
         if self.requests is None:
             return
-        self.drain(until_empty=True)  # a last HTTP drain for the events held back
-        if len(self._held):
-            held, self._held = self._held, self._held[:0]
-            attribution = self.requests.attribute(held)
-            for sink in self.sinks:
-                sink.write(held, attribution)
-            self.stats.events += len(held)
         if not self._finished:
             self._finished = True
             if self.utilization is not None:  # NVML's word on the last batches, if it has it

@@ -107,7 +107,8 @@ def replay(
     timeout_s: float = 30.0,
 ) -> ReplayStats:
     """`processes`: only these (host, pid, start_time); `profile`: write the range's code
-    paths there (pprof), merged by stack."""
+    paths there (pprof), merged by (stack, route): a sample of a route's requests is labelled
+    with it (`route`, what `go tool pprof -tagfocus` picks)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     if sum(x is not None for x in (output, to_topic, timeline, profile)) != 1:
@@ -132,7 +133,8 @@ def replay(
     elif timeline is not None:
         # Process and thread names are the host's, which this machine cannot read.
         writer = TimelineSink(timeline, names, read_names=False)
-    paths: dict[tuple[tuple[str, str, int | None], ...], dict[str, float]] = {}
+    paths: dict[tuple[tuple[tuple[str, str, int | None], ...], str | None],
+                dict[str, float]] = {}
     republisher = None
     if to_topic is not None:
         republisher = KafkaSink(kafka, create_topics=False)
@@ -207,7 +209,7 @@ def replay(
             stats.paths += len(in_range)
             if profile is not None:
                 for path in in_range:
-                    sums = paths.setdefault(path.frames, {})
+                    sums = paths.setdefault((path.frames, path.route), {})
                     for name, value in path.values.items():
                         sums[name] = sums.get(name, 0.0) + value
             elif writer is not None:
@@ -230,8 +232,8 @@ def replay(
                 republisher.produce_batch(to_topic, kept)
         if profile is not None:
             write_profile(profile, [
-                PathSample(tuple(PathFrame(*frame) for frame in frames), values)
-                for frames, values in paths.items()],
+                PathSample(tuple(PathFrame(*frame) for frame in frames), values, route)
+                for (frames, route), values in paths.items()],
                 time_ns=from_ns, duration_ns=to_ns - from_ns,
                 comments=[f"gpuflight replay of {kafka.topics.events}"])
     finally:

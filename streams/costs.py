@@ -1,6 +1,7 @@
-"""`gpuflight report --by route|job|namespace|team|function` and `gpuflight cost`: what requests,
-jobs and code paths cost on the GPU over a time range, from the stream app's `routes`,
-`job_cost` and `code_paths` points in InfluxDB (InfluxQL, as the dashboards read them).
+"""`gpuflight report --by route|job|namespace|team|function|route,function` and `gpuflight
+cost`: what requests, jobs and code paths cost on the GPU over a time range, from the stream
+app's `routes`, `job_cost`, `code_paths` and `route_code_paths` points in InfluxDB (InfluxQL,
+as the dashboards read them).
 
 Every figure is a sum of window points, so it is exact over any range of whole windows:
 requests, GPU-seconds, kernel launches, bytes copied, USD. Per request: those sums / requests.
@@ -10,7 +11,8 @@ the windows' medians, and p99 the worst window's (percentiles of windows do not 
 By route, the GPU time is the requests' (exact and their shares). By job, namespace or team it
 is the jobs' whole GPU time: their requests' and what no request explains (idle or background
 work), shown apart as "no request". By function, each user function's sampled calls
-(estimates; "[other]" holds what each window did not keep apart).
+(estimates; "[other]" holds what each window did not keep apart); by route and function,
+those of the calls made for each route's requests (the costliest routes first).
 """
 
 from __future__ import annotations
@@ -227,6 +229,8 @@ class FunctionRow:
     calls: float = 0.0
     cost_usd: float = 0.0
     cost_per_hour_usd: float = 0.0
+    #: Per (route, function): the route its calls were made for.
+    route: str | None = None
 
 
 @dataclass
@@ -234,27 +238,41 @@ class FunctionTable:
     since_ns: int
     until_ns: int
     rows: list[FunctionRow]
+    #: Rows per (route, function) (`route_code_paths`), else per function.
+    by_route: bool = False
 
 
 def function_table(settings: InfluxSettings, since_ns: int, until_ns: int, *,
-                   host: str | None = None, job: str | None = None) -> FunctionTable:
-    """What each user function's code paths cost in [since, until) (`code_paths`)."""
+                   host: str | None = None, job: str | None = None,
+                   by_route: bool = False) -> FunctionTable:
+    """What each user function's code paths cost in [since, until) (`code_paths`); with
+    `by_route`, per (route, function), of the calls made for requests (`route_code_paths`)."""
     where = _where(since_ns, until_ns, host, job)
     db = InfluxQL.from_settings(settings, timeout_s=QUERY_TIMEOUT_S)
     hours = (until_ns - since_ns) / 3.6e12
+    measurement = m.ROUTE_CODE_PATHS if by_route else m.CODE_PATHS
+    group = f"{Tags.ROUTE}, {Tags.FUNCTION}" if by_route else Tags.FUNCTION
     rows = []
     for r in db.rows(
             f"SELECT sum({Fields.LAUNCHES}) AS launches, sum({Fields.GPU_NS}) AS gpu_ns,"
             f" sum({Fields.BYTES}) AS bytes, sum({Fields.BLOCKED_NS}) AS blocked,"
             f" sum({Fields.CALLS}) AS calls, sum({Fields.COST_USD}) AS cost"
-            f" FROM {m.CODE_PATHS.name} {where} GROUP BY {Tags.FUNCTION}"):
+            f" FROM {measurement.name} {where} GROUP BY {group}"):
         cost = r.number("cost") or 0.0
         rows.append(FunctionRow(
             r.text(Tags.FUNCTION) or m.NO_LABEL, r.number("launches") or 0.0,
             (r.number("gpu_ns") or 0.0) / 1e9, r.number("bytes") or 0.0,
-            (r.number("blocked") or 0.0) / 1e9, r.number("calls") or 0.0, cost, cost / hours))
-    rows.sort(key=lambda r: (-r.gpu_seconds, -r.calls, r.function))
-    return FunctionTable(since_ns, until_ns, rows)
+            (r.number("blocked") or 0.0) / 1e9, r.number("calls") or 0.0, cost, cost / hours,
+            (r.text(Tags.ROUTE) or m.NO_LABEL) if by_route else None))
+    if by_route:  # the costliest routes first, each route's functions costliest first
+        route_gpu: dict[str | None, float] = {}
+        for row in rows:
+            route_gpu[row.route] = route_gpu.get(row.route, 0.0) + row.gpu_seconds
+        rows.sort(key=lambda r: (-route_gpu[r.route], r.route or "", -r.gpu_seconds,
+                                 -r.calls, r.function))
+    else:
+        rows.sort(key=lambda r: (-r.gpu_seconds, -r.calls, r.function))
+    return FunctionTable(since_ns, until_ns, rows, by_route)
 
 
 def render_functions(table: FunctionTable) -> str:
@@ -266,15 +284,26 @@ def render_functions(table: FunctionTable) -> str:
               _num(100 * r.gpu_seconds / total_gpu if total_gpu else None) + "%",
               _num(r.bytes_copied, 0), _num(r.blocked_seconds, 3), _num(r.calls, 0),
               _usd(r.cost_usd), _usd(r.cost_per_hour_usd)] for r in table.rows]
+    if table.by_route:
+        headers.insert(0, "route")
+        for line, r in zip(lines, table.rows, strict=True):
+            line.insert(0, r.route or m.NO_LABEL)
     out = tabulate(lines, headers=headers, tablefmt="simple",
                    colalign=("left", *["right"] * (len(headers) - 1)))
     if not table.rows:
-        out += ("\nno code paths in that time range (the producer samples them with"
+        out += ("\nno code paths of requests in that time range (the producer samples them"
+                " with --stack-sampling N; routes need HTTP captured)" if table.by_route else
+                "\nno code paths in that time range (the producer samples them with"
                 " --stack-sampling N)")
     return out
 
 
 def render_functions_json(table: FunctionTable) -> str:
-    return orjson.dumps({"by": Tags.FUNCTION, "since_ns": table.since_ns,
-                         "until_ns": table.until_ns, "rows": [asdict(r) for r in table.rows]},
+    rows = [asdict(r) for r in table.rows]
+    if not table.by_route:
+        for row in rows:
+            del row["route"]
+    return orjson.dumps({"by": f"{Tags.ROUTE},{Tags.FUNCTION}" if table.by_route else
+                         Tags.FUNCTION, "since_ns": table.since_ns,
+                         "until_ns": table.until_ns, "rows": rows},
                         option=orjson.OPT_INDENT_2).decode()

@@ -541,6 +541,16 @@ CODE_PATHS: Final = Measurement(
     ),
 )
 
+#: What each code path of a (window, job) made for requests of a route cost: CODE_PATHS per
+#: (route, user function), for processes serving HTTP. Bounded: MAX_ROUTES routes a window
+#: (more: "[other]") and the TOP_ROUTE_FUNCTIONS costliest functions of each, the rest as
+#: "[other]" (streams/paths.py). A call shared by requests in flight gives each its share.
+ROUTE_CODE_PATHS: Final = Measurement(
+    "route_code_paths",
+    (Tags.HOST, Tags.JOB, Tags.NAMESPACE, Tags.TEAM, Tags.ROUTE, Tags.FUNCTION),
+    CODE_PATHS.fields,
+)
+
 #: The slowest requests of a (window, job, route), rank 0 the slowest: what a user follows to
 #: their trace backend (trace_id and the caller's span, when the request carried a W3C
 #: traceparent; absent otherwise). Bounded: at most REQUEST_SAMPLES per (window, job, route).
@@ -604,6 +614,7 @@ ALL: Final[Mapping[str, Measurement]] = MappingProxyType(
             STREAMS,
             ROUTES,
             CODE_PATHS,
+            ROUTE_CODE_PATHS,
             REQUEST_SAMPLES_M,
             JOB_COST,
         )

@@ -113,7 +113,13 @@ its last message (`gpuflight producer --stack-sampling N`), one per distinct sta
   {"ts_ns": int,                          # wall clock: the latest of its sampled calls
    "frames": [[FUNCTION, FILE, LINE|null], ...],   # root first, at most MAX_PATH_FRAMES;
                                           # the last, with no line, is the native caller
-   "values": {VALUE: number, ...}}        # PATH_VALUES, each weighted by 1/p (estimates)
+   "values": {VALUE: number, ...},        # PATH_VALUES, each weighted by 1/p (estimates)
+   "route": ROUTE}                        # optional: the calls were made for requests of it
+
+Added within v1 to paths: "route". A process serving HTTP has one path per (stack, route):
+what its sampled calls made for requests of that route cost (a call shared by requests in
+flight gives each its share), and one without "route" for calls made for no request. An
+older reader sums a stack's paths as before.
 
 A message may carry paths and nothing else ("count": 0). Each message carries its paths'
 frames whole, so any replayed range decodes on its own; an older reader ignores them.
@@ -295,6 +301,8 @@ class PathRecord:
                       msgspec.Meta(max_length=MAX_PATH_FRAMES)]
     values: Annotated[Mapping[PathValue, Annotated[float, msgspec.Meta(ge=0, le=2.0**63)]],
                       msgspec.Meta(max_length=len(PATH_VALUES))]
+    #: The route of the requests the calls were made for (None: made for no request).
+    route: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)] | None = None
 
 
 @dataclass(frozen=True)
@@ -488,9 +496,15 @@ def encode_events(batch: EventBatch) -> bytes:
     if len(batch.aggregates):
         message["aggregates"] = _aggregates_json(batch.aggregates)
     if batch.paths:
-        message["paths"] = [{"ts_ns": p.ts_ns, "frames": p.frames, "values": _costs_json(p.values)}
-                            for p in batch.paths]
+        message["paths"] = [_path_json(p) for p in batch.paths]
     return orjson.dumps(message, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _path_json(path: PathRecord) -> dict[str, Any]:
+    out = {"ts_ns": path.ts_ns, "frames": path.frames, "values": _costs_json(path.values)}
+    if path.route is not None:
+        out["route"] = path.route
+    return out
 
 
 def _aggregates_json(aggregates: npt.NDArray[np.void]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpuflight.producer.contract.files import open_output
+from gpuflight.producer.contract.userfunction import user_function
 
 #: What a sample carries, in pprof's (type, unit) terms, in this order (launches first: the
 #: default). `calls`: every probed call the walks stand for, whatever it did.
@@ -58,6 +59,27 @@ class PathSample:
 
     frames: tuple[PathFrame, ...]
     values: Mapping[str, float]
+    #: The route of the requests its calls were made for (pprof: the sample's `route` label).
+    route: str | None = None
+
+
+#: The user functions a request's span names.
+SPAN_FUNCTIONS: Final = 5
+
+
+def top_functions(samples: Iterable[PathSample],
+                  limit: int = SPAN_FUNCTIONS) -> tuple[tuple[str, float, float], ...]:
+    """`samples` folded to their user functions (producer/contract/userfunction.py): the
+    `limit` costliest (GPU time, then calls), each (function, launches, GPU ns)."""
+    sums: dict[str, list[float]] = {}
+    for sample in samples:
+        function = user_function([(f.function, f.file, f.line) for f in sample.frames])
+        row = sums.setdefault(function, [0.0, 0.0, 0.0])
+        row[0] += sample.values.get("launches", 0.0)
+        row[1] += sample.values.get("gpu_ns", 0.0)
+        row[2] += sample.values.get("calls", 0.0)
+    ranked = sorted(sums.items(), key=lambda kv: (-kv[1][1], -kv[1][2], kv[0]))
+    return tuple((function, row[0], row[1]) for function, row in ranked[:limit])
 
 
 def folded_lines(samples: Iterable[PathSample], weight: str = "launches") -> list[str]:
@@ -179,8 +201,10 @@ def profile(samples: Sequence[PathSample], *, time_ns: int = 0, duration_ns: int
                 out.location.add(id=location).line.add(function_id=function,
                                                        line=frame.line or 0)
             ids.append(location)
-        out.sample.add(location_id=ids,
-                       value=[round(sample.values.get(kind, 0.0)) for kind, _ in VALUE_TYPES])
+        added = out.sample.add(location_id=ids, value=[round(sample.values.get(kind, 0.0))
+                                                       for kind, _ in VALUE_TYPES])
+        if sample.route is not None:
+            added.label.add(key=strings("route"), str=strings(sample.route))
     out.time_nanos = time_ns
     out.duration_nanos = duration_ns
     out.comment.extend(strings(c) for c in comments)

@@ -30,6 +30,7 @@ from gpuflight.producer.decode.kernels import KernelNames
 from gpuflight.producer.decode.pysamples import StackSamples
 from gpuflight.producer.decode.pystacks import ProcessMemory
 from gpuflight.producer.discover.pythons import PyLayout, PythonRuntime, find_python
+from gpuflight.producer.http.attribution import CallShares
 from gpuflight.producer.probe.compile import thread_pointer_known
 from gpuflight.producer.probe.probes import Probes, StackRate
 
@@ -129,9 +130,10 @@ class PythonStacks:
         except OSError as exc:  # a figure for the summary: never worth the capture's end
             log.warning("the stack sampler's rate could not be read: %s", exc)
 
-    def add_events(self, events: npt.NDArray[np.void]) -> None:
-        """A drained batch, enriched: what the sampled calls among it cost."""
-        self.samples.add_events(events)
+    def add_events(self, events: npt.NDArray[np.void], calls: CallShares | None = None) -> None:
+        """A drained batch, enriched: what the sampled calls among it cost (`calls`: the
+        requests its events were made for, when HTTP is captured)."""
+        self.samples.add_events(events, calls)
 
     def forget(self, pids: Iterable[int]) -> None:
         for pid in pids:

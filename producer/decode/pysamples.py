@@ -50,6 +50,7 @@ from gpuflight.producer.decode.pystacks import (
     locate,
 )
 from gpuflight.producer.discover.pythons import PyLayout
+from gpuflight.producer.http.attribution import CallSet, CallShares
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,12 @@ _CALLS: Final = len(COST_FIELDS)
 _LAUNCH_VAR: Final = _CALLS + 1
 _WIDTH: Final = _CALLS + 2
 _COPIES: Final = [FIELD[f] for f in ("h2d_bytes", "d2h_bytes", "d2d_bytes", "other_copy_bytes")]
+#: Requests whose sampled calls' paths are kept for their spans, until taken (beyond: the
+#: oldest are dropped, counted in `request_paths_dropped`).
+MAX_REQUESTS_KEPT: Final = 100_000
+#: A share of a call's cost this small is no route's.
+_NO_SHARE: Final = 1e-9
+I64 = npt.NDArray[np.int64]
 
 
 def head_dtype() -> np.dtype[np.void]:
@@ -123,13 +130,29 @@ class StackSamples:
         #: until that busy span ends, so that its GPU time is split over all of its work.
         self._held: dict[int, list[npt.NDArray[np.void]]] = {}
         self._held_events: dict[int, int] = {}
-        #: Events priced in this turn and the turn before, with their costs, for heads read
-        #: after their event.
-        self._priced: list[tuple[npt.NDArray[np.void], npt.NDArray[np.float64]]] = []
-        self._priced_before: list[tuple[npt.NDArray[np.void], npt.NDArray[np.float64]]] = []
-        #: What each (pid, stack) cost since `take_paths` (when the capture publishes), and
-        #: the latest of its sampled calls; None: nobody takes them.
-        self._fresh: dict[tuple[int, int], tuple[npt.NDArray[np.float64], int]] | None = None
+        #: Beside each held part: what each event was made for (a key of `_calls`; 0: no
+        #: request).
+        self._held_calls: dict[int, list[I64]] = {}
+        #: The requests events were made for, by key (each batch's get keys of their own,
+        #: dropped once no event kept has them: `end_turn`).
+        self._calls: dict[int, CallSet] = {}
+        self._next_call = 1
+        #: Keep what each request's sampled calls cost, for its span (`take_request_paths`).
+        self.per_request = False
+        #: Per request (its span), what each stack's sampled calls made for it cost, until
+        #: `take_request_paths`.
+        self._by_request: dict[int, dict[int, npt.NDArray[np.float64]]] = {}
+        #: Requests whose paths were dropped untaken (MAX_REQUESTS_KEPT).
+        self.request_paths_dropped = 0
+        #: Events priced in this turn and the turn before, with their costs and what they were
+        #: made for, for heads read after their event.
+        self._priced: list[tuple[npt.NDArray[np.void], npt.NDArray[np.float64], I64]] = []
+        self._priced_before: list[
+            tuple[npt.NDArray[np.void], npt.NDArray[np.float64], I64]] = []
+        #: What each (pid, stack, route) cost since `take_paths` (when the capture publishes),
+        #: and the latest of its sampled calls; None: nobody takes them.
+        self._fresh: dict[tuple[int, int, str | None],
+                          tuple[npt.NDArray[np.float64], int]] | None = None
         #: Paths of processes forgotten since the last take (their frames are gone since).
         self._forgotten: dict[int, list[wire.PathRecord]] = {}
         #: Samples of stacks whose frames never came (lost to a full ring): counted here.
@@ -170,26 +193,36 @@ class StackSamples:
                 self._heads[stack_id] = self._heads.get(stack_id, 0) + 1
             keys[int(head["pid"]), int(head["tid"]), int(head["ts_ns"]) + self._offset] = (
                 stack_id, weight)
-        for events, costs in (*self._priced_before, *self._priced):
+        for events, costs, calls in (*self._priced_before, *self._priced):
             if not keys:
                 break
-            self._join(events, costs, keys)
+            self._join(events, costs, calls, keys)
         self._pending.update(keys)
         while len(self._pending) > MAX_UNJOINED:
             oldest = next(iter(self._pending))
             self._unjoined(oldest, *self._pending.pop(oldest))
 
-    def add_events(self, events: npt.NDArray[np.void]) -> None:
+    def add_events(self, events: npt.NDArray[np.void], calls: CallShares | None = None) -> None:
         """A batch of enriched events (records.EVENT_DTYPE), in ring order: each process's
         are held until its next drain, then priced (costs.event_costs over the whole busy
-        span), and the sampled calls among them give their paths what they cost."""
+        span), and the sampled calls among them give their paths what they cost. `calls`: the
+        requests each event was made for, with their routes (HTTP captured): a published path
+        is then per route, and each request gets its calls' paths (`take_request_paths`)."""
         if len(events) == 0:
             return
+        keys = np.zeros(len(events), dtype=np.int64)
+        if calls is not None and len(calls.sets) > 1:
+            first = self._next_call
+            self._calls.update(enumerate(calls.sets[1:], start=first))
+            self._next_call += len(calls.sets) - 1
+            keys = np.where(calls.keys > 0, calls.keys + (first - 1), 0)
         pids = events["pid"]
         unique = np.unique(pids).tolist()
         for pid in unique:
-            part = events if len(unique) == 1 else events[pids == pid]
+            mine = None if len(unique) == 1 else pids == pid
+            part = events if mine is None else events[mine]
             self._held.setdefault(pid, []).append(part)
+            self._held_calls.setdefault(pid, []).append(keys if mine is None else keys[mine])
             self._held_events[pid] = self._held_events.get(pid, 0) + len(part)
             last = np.flatnonzero(drains(part))
             if len(last) or self._held_events[pid] >= MAX_HELD_EVENTS:
@@ -198,8 +231,15 @@ class StackSamples:
 
     def end_turn(self) -> None:
         """A turn's events and heads are read: events priced the turn before are kept no
-        longer (a call's head is sent right after its event, in the same program)."""
+        longer (a call's head is sent right after its event, in the same program), nor what
+        no event kept was made for."""
         self._priced_before, self._priced = self._priced, []
+        if self._calls:
+            kept = [keys for parts in self._held_calls.values() for keys in parts]
+            kept += [keys for _, _, keys in self._priced_before]
+            floor = min((int(k[k > 0].min()) for k in kept if k.any()), default=self._next_call)
+            for key in [k for k in self._calls if k < floor]:  # oldest first, as added
+                del self._calls[key]
 
     def settle(self, pids: Iterable[int] | None = None) -> None:
         """Price what `pids` (default: every process) hold now: their busy spans end at their
@@ -212,20 +252,25 @@ class StackSamples:
         """Price `pid`'s held events but the last `keep` (held on)."""
         parts = self._held.pop(pid)
         held = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        call_parts = self._held_calls.pop(pid)
+        calls = call_parts[0] if len(call_parts) == 1 else np.concatenate(call_parts)
         self._held_events.pop(pid)
         if keep:
             self._held[pid] = [held[len(held) - keep:]]
+            self._held_calls[pid] = [calls[len(calls) - keep:]]
             self._held_events[pid] = keep
-            held = held[:len(held) - keep]
+            held, calls = held[:len(held) - keep], calls[:len(calls) - keep]
         costs = event_costs(held)  # one process, whole busy spans
-        self._priced.append((held, costs))
+        self._priced.append((held, costs, calls))
         if self._pending:
-            self._join(held, costs, self._pending)
+            self._join(held, costs, calls, self._pending)
 
-    def _join(self, events: npt.NDArray[np.void], costs: npt.NDArray[np.float64],
+    def _join(self, events: npt.NDArray[np.void], costs: npt.NDArray[np.float64], calls: I64,
               waiting: dict[tuple[int, int, int], tuple[int, float]]) -> None:
-        """The events of `waiting`'s calls among `events` (one process's, priced: `costs`)
-        give their paths what they cost, times their weight (found ones leave `waiting`)."""
+        """The events of `waiting`'s calls among `events` (one process's, priced: `costs`;
+        what they were made for: `calls`) give their paths what they cost, times their weight,
+        split over their requests' routes, and to each request its share (found ones leave
+        `waiting`)."""
         ts = events["ts_ns"]
         times = np.fromiter((key[2] for key in waiting), dtype=np.uint64, count=len(waiting))
         tids, pids = events["tid"], events["pid"]
@@ -238,17 +283,57 @@ class StackSamples:
                 row[:_CALLS] = weight * costs[i]
                 row[_CALLS] = weight
                 row[_LAUNCH_VAR] = weight * (weight - 1) * costs[i, FIELD["launches"]]
-                self._add(pid, stack_id, row, int(ts[i]))
+                self._add_call(pid, stack_id, row, int(ts[i]),
+                               self._calls.get(int(calls[i]), ()))
 
-    def _add(self, pid: int, stack_id: int, row: npt.NDArray[np.float64], ts_ns: int) -> None:
+    def _add_call(self, pid: int, stack_id: int, row: npt.NDArray[np.float64], ts_ns: int,
+                  made_for: CallSet) -> None:
+        """A sampled call's cost (`row`), to its stack, and when HTTP is captured to the
+        requests it was made for (their spans) and to its path per route (when publishing)."""
+        if self.per_request:
+            for rid, _, share in made_for:
+                self._for_request(rid, stack_id, row * share)
+        by_route: dict[str, float] = {}
+        if self._fresh is not None:  # a trace's paths are per stack alone
+            for _, route, share in made_for:
+                if route:
+                    by_route[route] = by_route.get(route, 0.0) + share
+        rest = 1.0
+        for route, share in sorted(by_route.items()):
+            self._add(pid, stack_id, route, row * share, ts_ns)
+            rest -= share
+        if rest > _NO_SHARE:
+            self._add(pid, stack_id, None, row if rest == 1.0 else row * rest, ts_ns)
+
+    def _for_request(self, rid: int, stack_id: int, row: npt.NDArray[np.float64]) -> None:
+        stacks = self._by_request.get(rid)
+        if stacks is None:
+            if len(self._by_request) >= MAX_REQUESTS_KEPT:
+                del self._by_request[next(iter(self._by_request))]
+                self.request_paths_dropped += 1
+            stacks = self._by_request[rid] = {}
+        was = stacks.get(stack_id)
+        stacks[stack_id] = row if was is None else was + row
+
+    def take_request_paths(self, rid: int) -> list[PathSample]:
+        """The code paths of the sampled calls made for request `rid` so far (its share of
+        shared ones), with what they cost; forgotten here once taken."""
+        stacks = self._by_request.pop(rid, None)
+        if not stacks:
+            return []
+        return [PathSample(self._frames.get(stack_id, (UNKNOWN_STACK,)), _named(values))
+                for stack_id, values in stacks.items()]
+
+    def _add(self, pid: int, stack_id: int, route: str | None, row: npt.NDArray[np.float64],
+             ts_ns: int) -> None:
         if self._fresh is None:
             self._stack_values(stack_id)[:] += row
             return
-        was = self._fresh.get((pid, stack_id))
+        was = self._fresh.get((pid, stack_id, route))
         if was is not None:
             row = row + was[0]
             ts_ns = max(ts_ns, was[1])
-        self._fresh[pid, stack_id] = (row, ts_ns)
+        self._fresh[pid, stack_id, route] = (row, ts_ns)
 
     def add(self, raw: bytes) -> None:
         """One record of either ring, told apart by its size."""
@@ -302,8 +387,8 @@ class StackSamples:
         if not self._fresh:
             return out
         fresh, self._fresh = self._fresh, {}
-        for (pid, stack_id), (values, ts_ns) in fresh.items():
-            out.setdefault(pid, []).append(self._record(stack_id, values, ts_ns))
+        for (pid, stack_id, route), (values, ts_ns) in fresh.items():
+            out.setdefault(pid, []).append(self._record(stack_id, values, ts_ns, route))
         return out
 
     def forget(self, pid: int) -> None:
@@ -317,19 +402,20 @@ class StackSamples:
         self.settle([pid])
         for waiting in [k for k in self._pending if k[0] == pid]:
             self._unjoined(waiting, *self._pending.pop(waiting))
-        for key in [k for k in self._fresh if k[0] == pid]:
-            values, ts_ns = self._fresh.pop(key)
-            self._forgotten.setdefault(pid, []).append(self._record(key[1], values, ts_ns))
+        for path in [k for k in self._fresh if k[0] == pid]:
+            values, ts_ns = self._fresh.pop(path)
+            self._forgotten.setdefault(pid, []).append(
+                self._record(path[1], values, ts_ns, path[2]))
         for stack_id in self._stacks_of.pop(pid, ()):
             self._frames.pop(stack_id, None)
 
     def _record(self, stack_id: int, values: npt.NDArray[np.float64],
-                ts_ns: int) -> wire.PathRecord:
+                ts_ns: int, route: str | None) -> wire.PathRecord:
         frames = self._frames.get(stack_id, (UNKNOWN_STACK,))
         return wire.PathRecord(
             ts_ns, tuple((f.function[:MAX_TEXT], f.file[:MAX_TEXT], _line(f.line))
                          for f in frames[-wire.MAX_PATH_FRAMES:]),
-            {name: value for name, value in _named(values).items() if value})
+            {name: value for name, value in _named(values).items() if value}, route)
 
     def _stack_values(self, stack_id: int) -> npt.NDArray[np.float64]:
         values = self._values.get(stack_id)
@@ -341,7 +427,7 @@ class StackSamples:
         """A sampled call (pid, tid, time) whose event never came: its calls alone."""
         row = np.zeros(_WIDTH)
         row[_CALLS] = weight
-        self._add(key[0], stack_id, row, key[2])
+        self._add(key[0], stack_id, None, row, key[2])
         self.unjoined += 1
 
     def _symbolise(self, whole: Any) -> tuple[PathFrame, ...]:

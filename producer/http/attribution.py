@@ -308,3 +308,45 @@ def kernel_launches(attr: Attribution, events: npt.NDArray[np.void]) -> dict[int
             per = out.setdefault(rid, {})
             per[handle] = per.get(handle, 0.0) + share
     return out
+
+
+# -- what a call was made for -----------------------------------------------------------------
+
+#: The requests a call was made for: (request id, route, share of its cost), the shares summing
+#: to 1 (exact: one request, share 1; shared: each request in flight its part).
+CallSet = tuple[tuple[int, str, float], ...]
+
+
+@dataclass(frozen=True)
+class CallShares:
+    """Per event of a batch, the requests it was made for, with their routes: `sets[keys[i]]`
+    (`sets[0]` is empty: no request). What a sampled call's code path costs goes to them (per
+    route, and per request for its span)."""
+
+    keys: I64
+    sets: tuple[CallSet, ...]
+
+
+def call_shares(request_id: npt.NDArray[np.uint64], request_set: I64,
+                sets: tuple[tuple[tuple[int, float], ...], ...],
+                route_of: Mapping[int, str]) -> CallShares:
+    """The requests of a batch's events, from their attribution (wire.EventAttribution's
+    columns: an exact request id, or 1 + the index of a shared set), with each request's route
+    ("" where not known)."""
+    keys = np.zeros(len(request_id), dtype=np.int64)
+    found: list[CallSet] = [()]
+
+    def named(members: Iterable[tuple[int, float]]) -> CallSet:
+        return tuple((rid, route_of.get(rid, ""), share) for rid, share in members)
+
+    exact = np.flatnonzero(request_id)
+    if len(exact):
+        rids, inverse = np.unique(request_id[exact], return_inverse=True)
+        keys[exact] = len(found) + inverse
+        found += [named([(rid, 1.0)]) for rid in rids.tolist()]
+    shared = np.flatnonzero(request_set > 0)
+    if len(shared):
+        ids, inverse = np.unique(request_set[shared], return_inverse=True)
+        keys[shared] = len(found) + inverse
+        found += [named(sets[i - 1]) for i in ids.tolist()]
+    return CallShares(keys, tuple(found))

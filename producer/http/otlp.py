@@ -4,9 +4,11 @@ The span joins the caller's trace when the request carried a valid W3C `tracepar
 trace id, and the caller's span as parent); otherwise it starts a trace of its own. Its span
 id is the request's id. Attributes follow OpenTelemetry's HTTP conventions (`http.request.method`,
 `http.route`, `url.path`, `http.response.status_code`, `server.port`) and add gpuflight's:
-launches, kernels, top kernels, GPU-seconds, bytes copied, CPU time blocked, cost, and how the
-request's share was attributed. A request whose caller did not sample its trace is not
-exported (the backend would hold the span without its trace), unless asked.
+launches, kernels, top kernels, GPU-seconds, bytes copied, CPU time blocked, cost, how the
+request's share was attributed, and, when code paths are sampled (`trace --stacks`), the user
+functions whose calls cost it most (`gpuflight.code.*`: estimates, each sample weighted by
+1/p). A request whose caller did not sample its trace is not exported (the backend would hold
+the span without its trace), unless asked.
 
 opentelemetry's SDK and exporters are imported when an exporter is made, not with this module:
 capture's start-up does not pay for them. Spans go out in batches from a background thread
@@ -49,6 +51,8 @@ class RequestSpan:
     attribution: str = "none"
     #: Where its GPU time came from: "nvml", "queued", "mixed", or None.
     gpu_source: str | None = None
+    #: Its costliest code paths' user functions: (function, launches, GPU ns).
+    code_paths: Sequence[tuple[str, float, float]] = ()
 
 
 class OtlpExporter:
@@ -159,6 +163,11 @@ def span_attributes(item: RequestSpan) -> dict[str, Any]:
     if item.top_kernels:
         attrs["gpuflight.gpu.top_kernels"] = [name for name, _ in item.top_kernels]
         attrs["gpuflight.gpu.top_kernel_launches"] = [float(n) for _, n in item.top_kernels]
+    if item.code_paths:
+        attrs["gpuflight.code.top_functions"] = [name for name, _, _ in item.code_paths]
+        attrs["gpuflight.code.top_function_launches"] = [float(n) for _, n, _ in item.code_paths]
+        attrs["gpuflight.code.top_function_gpu_seconds"] = [
+            float(ns) / 1e9 for _, _, ns in item.code_paths]
     return attrs
 
 
@@ -214,7 +223,7 @@ class SpanSink:
             if self._prices is not None and self._gpu_name:
                 usd = self._prices.cost(a.record.cost_of("gpu_ns") / 1e9, self._gpu_name)
             self._exporter.export(RequestSpan(a.request, dict(a.record.cost), named, usd,
-                                              a.mode, a.record.gpu_source))
+                                              a.mode, a.record.gpu_source, a.code_paths))
 
     def tick(self) -> None:
         pass

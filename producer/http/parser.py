@@ -165,6 +165,7 @@ class OpenRequest:
     pid: int
     tid: int
     start_ns: int
+    route: str = ""
 
 
 @dataclass
@@ -352,7 +353,7 @@ class HttpParser:
         for conn in self._conns.values():
             if pid is not None and conn.pid != pid:
                 continue
-            out.extend(OpenRequest(p.request_id, conn.pid, p.tid, p.start_ns)
+            out.extend(OpenRequest(p.request_id, conn.pid, p.tid, p.start_ns, p.route)
                        for p in conn.pending)
         return out
 

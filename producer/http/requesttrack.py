@@ -68,6 +68,9 @@ class Answered:
     mode: str
     #: (kernel handle, launches) of the kernels it launched (shares as fractions).
     kernels: Mapping[int, float] = field(default_factory=dict)
+    #: Its costliest code paths' user functions (when code paths are sampled): (function,
+    #: launches, GPU ns), estimates, the costliest first.
+    code_paths: tuple[tuple[str, float, float], ...] = ()
 
 
 @dataclass
@@ -201,6 +204,17 @@ class RequestTracker:
             self.events_shared += len(shared)
             self.events_unattributed += int((a.mode == attr.UNATTRIBUTED).sum())
         return EventAttribution(request_id, request_set, tuple(sets))
+
+    def call_shares(self, events: npt.NDArray[np.void],
+                    attribution: EventAttribution) -> attr.CallShares:
+        """The requests, and their routes, of a batch `attribute` just gave `attribution` (its
+        requests are all still known: answered and not handed on, or in flight)."""
+        route_of: dict[int, str] = {}
+        for pid in np.unique(events["pid"]).tolist():
+            for r in (*self._answered.get(pid, ()), *self.parser.open_requests(pid)):
+                route_of[r.request_id] = r.route
+        return attr.call_shares(attribution.request_id, attribution.request_set,
+                                attribution.sets, route_of)
 
     def _table(self, pid: int) -> attr.RequestTable:
         """The requests of `pid` answered and not handed on yet, and those in flight."""

@@ -513,14 +513,17 @@ def _code(error: Any) -> int | None:
 
 
 def _merged_paths(paths: Sequence[wire.PathRecord]) -> tuple[wire.PathRecord, ...]:
-    """A process's paths of several turns, one per stack (values summed, the latest time)."""
-    merged: dict[tuple[tuple[str, str, int | None], ...], wire.PathRecord] = {}
+    """A process's paths of several turns, one per (stack, route) (values summed, the latest
+    time)."""
+    merged: dict[tuple[tuple[tuple[str, str, int | None], ...], str | None],
+                 wire.PathRecord] = {}
     for path in paths:
-        was = merged.get(path.frames)
-        merged[path.frames] = path if was is None else wire.PathRecord(
+        key = (path.frames, path.route)
+        was = merged.get(key)
+        merged[key] = path if was is None else wire.PathRecord(
             max(was.ts_ns, path.ts_ns), path.frames,
             {k: was.values.get(k, 0.0) + path.values.get(k, 0.0)
-             for k in {*was.values, *path.values}})
+             for k in {*was.values, *path.values}}, path.route)
     return tuple(merged.values())
 
 
@@ -532,7 +535,8 @@ def _path_messages(paths: Sequence[wire.PathRecord]) -> list[tuple[wire.PathReco
     part: list[wire.PathRecord] = []
     size = 0
     for path in paths:
-        weight = 64 + sum(len(f[0]) + len(f[1]) + 16 for f in path.frames)
+        weight = 64 + len(path.route or "") + sum(len(f[0]) + len(f[1]) + 16
+                                                   for f in path.frames)
         if part and (size + weight > PATH_MESSAGE_BYTES or len(part) >= wire.MAX_PATHS):
             out.append(tuple(part))
             part, size = [], 0

@@ -207,3 +207,139 @@ def test_each_user_function_gets_what_its_calls_did(kafka_bootstrap: str, influx
     gpu = {s.tags[Tags.FUNCTION]: sum(present(s.numbers("gpu_seconds_per_s")))
            for s in seen["GPU time/s by function"]}
     assert sum(gpu.values()) == pytest.approx(busy_s, rel=1e-6)  # 1 s intervals
+
+
+#: The function of each call the demo server makes (gpuflight/demo/serve.py's Gpu).
+SERVED_BY = {"cudaLaunchKernel": f"Gpu.launch ({SERVE})", "cudaMemcpy": f"Gpu.copy ({SERVE})",
+             "cudaStreamSynchronize": f"Gpu.sync ({SERVE})"}
+
+
+def test_each_route_gets_what_its_functions_calls_did(kafka_bootstrap: str, influx_url: str,
+                                                      tmp_path: Path) -> None:
+    """A real HTTP server (gpuflight.demo.serve: a thread per connection) under the node agent
+    with every call walked: each call's path goes to the route of the request it was made for
+    (route_code_paths), exactly what the agent attributed; the warm-up calls made for no
+    request count for their functions (code_paths) and for no route. `report --by
+    route,function` and the dashboard's table read the same."""
+    lib = build_simgpu(tmp_path / "gpu") / "libcudart.so.12"
+    prefix = f"routes{os.getpid()}{time.time_ns() % 10**6}"
+    slurm = f"r{time.time_ns() % 10**9}"
+    streams = StreamWorker(kafka_bootstrap, influx_url, prefix, f"{prefix}-app", tmp_path)
+    streams.start()
+    wait_for_probe_releases()
+    log, out = tmp_path / "producer.log", tmp_path / "node.jsonl"
+    with log.open("wb") as log_out:
+        producer = subprocess.Popen(
+            [*GPUFLIGHT, "-v", "producer", "--kafka", kafka_bootstrap, "--topic-prefix", prefix,
+             "--output", str(out), "--stack-sampling", "1"],
+            stdout=log_out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = None
+    try:
+        wait_for(lambda: "ready" in log.read_text(errors="replace")
+                 or producer.poll() is not None, 120, "the producer to be ready")
+        assert producer.poll() is None, log.read_text(errors="replace")[-3000:]
+        server = subprocess.Popen(
+            [sys.executable, "-m", "gpuflight.demo.serve", "--runtime", str(lib), "--clients",
+             "3", "--requests", "40", "--hold"], stdin=subprocess.PIPE, text=True, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), "SLURM_JOB_ID": slurm})
+        wait_for(lambda: any("attached" in line and str(lib) in line
+                             for line in log.read_text(errors="replace").splitlines()),
+                 120, "the producer to attach to the simulated GPU")
+        assert server.stdin is not None
+        server.stdin.write("go\n")
+        server.stdin.close()
+        assert server.wait(300) == 0
+        wait_for(lambda: len([e for e in read_events(out) if e.get("pid") == server.pid
+                              and e["type"] == "request"]) == 120, 60, "the requests")
+    finally:
+        if server is not None and server.poll() is None:
+            server.kill()
+        os.killpg(producer.pid, signal.SIGTERM)
+        producer.wait(120)
+    assert producer.returncode == 0, log.read_text(errors="replace")[-3000:]
+    mine = [e for e in read_events(out) if e.get("pid") == server.pid]
+    route_of = {r["request_id"]: r["route"] for r in mine if r["type"] == "request"}
+    calls = [e for e in mine if e["type"] != "request"]
+    # What the agent attributed, by (route, function): a call shared by requests in flight
+    # gives each its share.
+    want: dict[tuple[str, str], list[float]] = {}
+    for e in calls:
+        shares = ([(e["request_id"], 1.0)] if "request_id" in e else
+                  [(rid, share) for rid, share in e.get("requests", ())])
+        for rid, share in shares:
+            sums = want.setdefault((route_of[rid], SERVED_BY[e["api"]]), [0.0, 0.0])
+            sums[0] += share
+            sums[1] += share * (e["type"] == "launch")
+    assert {route for route, _ in want} == {"/v1/embed/{id}", "/v1/generate/{id}"}
+    made_for_requests = sum(v[0] for v in want.values())
+    warm_up = [e for e in calls if "request_id" not in e and "requests" not in e]
+    assert warm_up and len(warm_up) + made_for_requests == pytest.approx(len(calls))
+    job = f"slurm:{slurm}"
+
+    def by_route() -> dict[tuple[str, str], dict[str, float]]:
+        found = rows(influx_url, f"SELECT sum({Fields.LAUNCHES}) AS launches,"
+                                 f" sum({Fields.CALLS}) AS calls FROM route_code_paths"
+                                 f" WHERE {Tags.JOB} = '{job}'"
+                                 f" GROUP BY {Tags.ROUTE}, {Tags.FUNCTION}")
+        return {(r[Tags.ROUTE], r[Tags.FUNCTION]): r for r in found}
+
+    def every_call() -> float:
+        found = rows(influx_url, f"SELECT sum({Fields.CALLS}) AS calls FROM code_paths"
+                                 f" WHERE {Tags.JOB} = '{job}'")
+        return found[0]["calls"] if found else 0.0
+
+    try:
+        got = wait_for(lambda: (g := by_route()) and sum(r["calls"] for r in g.values())
+                       == pytest.approx(made_for_requests) and every_call() == len(calls)
+                       and g, 120, "every call's path in InfluxDB", streams)
+    finally:
+        assert streams.stop() == 0, streams.output()[-3000:]
+    assert set(got) == set(want)
+    for key, (n, launched) in want.items():
+        assert got[key]["calls"] == pytest.approx(n), key
+        assert got[key]["launches"] == pytest.approx(launched), key
+    generate_launches = want["/v1/generate/{id}", SERVED_BY["cudaLaunchKernel"]][1]
+    assert generate_launches == 29 * 24  # the server's plan: 29 /generate requests, 24 each
+
+    report = subprocess.run(
+        [*GPUFLIGHT, "report", "--by", "route,function", "--job", job, "--influx", influx_url,
+         "--bucket", "gpuflight/autogen", "--since", "1h", "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "GPUFLIGHT_INFLUX_TOKEN": ""})
+    assert report.returncode == 0, report.stderr
+    table = {(r["route"], r["function"]): r for r in json.loads(report.stdout)["rows"]}
+    assert {k: pytest.approx(r["launches"]) for k, r in table.items()} == {
+        k: v[1] for k, v in want.items()}
+    routes = [route for route, _ in table]
+    assert routes == sorted(routes, key=routes.index)  # each route's functions together
+
+    # The job's profile from Kafka: each sample of a route's requests labelled with it.
+    profile = tmp_path / "job.pb.gz"
+    done = subprocess.run(
+        [*GPUFLIGHT, "profile", "--kafka", kafka_bootstrap, "--topic-prefix", prefix, "--job",
+         job, "--output", str(profile)], capture_output=True, text=True, timeout=120,
+        check=False)
+    assert done.returncode == 0, done.stderr
+    got_profile = read_profile(profile)
+    strings = list(got_profile.string_table)
+    launches_at = [strings[t.type] for t in got_profile.sample_type].index("launches")
+    labelled: dict[str | None, int] = {}
+    for sample in got_profile.sample:
+        route = {strings[x.key]: strings[x.str] for x in sample.label}.get("route")
+        labelled[route] = labelled.get(route, 0) + sample.value[launches_at]
+    per_route: dict[str | None, float] = {}
+    for (route, _), (_, launched) in want.items():
+        per_route[route] = per_route.get(route, 0.0) + launched
+    per_route[None] = sum(e["type"] == "launch" for e in warm_up)
+    assert labelled == per_route
+
+    board = json.loads((generate.DASHBOARD_DIR / "paths.json").read_text())
+    since, until = min(e["ts_ns"] for e in calls) - 60 * W, time.time_ns()
+    chosen = {"host": [socket.gethostname()], "job": [job]}
+    (panel,) = [p for p in board["panels"] if p["title"] == generate.ROUTE_CODE_PATHS_TITLE]
+    series = influxql(influx_url, DATABASE, interpolate(panel["targets"][0]["query"], chosen,
+                                                        since, until, 1.0))
+    shown = {(s.tags[Tags.ROUTE], s.tags[Tags.FUNCTION]):
+             dict(zip(s.columns, s.values[0], strict=True)) for s in series}
+    assert {k: pytest.approx(r["launches"]) for k, r in shown.items()} == {
+        k: v[1] for k, v in want.items()}

@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import REPO
 from tests.support.otlp_fixture import Collector, attributes, running_collector
 from tests.workloads.build import build_simgpu
-from tests.workloads.http_servers import TRACE_ID
+from tests.workloads.http_servers import TRACE_ID, WORK, kind_of
 
 pytestmark = pytest.mark.bpf
 
@@ -50,12 +50,13 @@ Traced = tuple[list[dict[str, Any]], dict[str, Any], str]
 @pytest.fixture(scope="module")
 def traced_with_otlp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tuple[Traced, Collector, Path]]:
-    """The threaded servers traced with --output, --otlp and --timeline (the Perfetto trace's
-    path, third)."""
+    """The threaded servers traced with --output, --otlp, --timeline (the Perfetto trace's
+    path, third) and every call's code path (--stacks, --stack-sampling 1)."""
     tmp = tmp_path_factory.mktemp("threaded")
     timeline = tmp / "timeline.pftrace"
     with running_collector(tmp) as collector:
-        yield (_trace(tmp, "threaded", "--otlp", collector.http, "--timeline", str(timeline)),
+        yield (_trace(tmp, "threaded", "--otlp", collector.http, "--timeline", str(timeline),
+                      "--stacks", str(tmp / "stacks.folded"), "--stack-sampling", "1"),
                collector, timeline)
 
 
@@ -193,6 +194,17 @@ class TestThreadPerRequest:
                 assert r["gpu_source"] in ("queued", None)
                 assert attrs["gpuflight.gpu.top_kernel_launches"] == [5.0]
                 assert int(span["endTimeUnixNano"]) == r["end_ns"]
+            # Every call walked: each span names the functions its calls went through
+            # (gpuflight/demo/serve.py's Gpu), with the launches each made for it.
+            launched = dict(zip(attrs.get("gpuflight.code.top_functions", ()),
+                                attrs.get("gpuflight.code.top_function_launches", ()),
+                                strict=True))
+            work = WORK[kind_of(r["path"])]
+            want = {"Gpu.launch (demo/serve.py)": float(work[0])} if work[0] else {}
+            assert {f: n for f, n in launched.items() if n} == want, (r["path"], attrs)
+            assert {f.split(" ")[0] for f in launched} == {
+                name for name, n in zip(("Gpu.launch", "Gpu.copy", "Gpu.copy", "Gpu.sync"),
+                                        work, strict=True) if n}, r["path"]
 
 
 def test_asyncio_server_shares_sum_to_the_totals(tmp_path: Path) -> None:

@@ -8,10 +8,11 @@ import orjson
 import pytest
 
 from gpuflight.producer.contract.abi import EVENT_DTYPE
+from gpuflight.producer.contract.userfunction import user_function
 from gpuflight.producer.contract.wire import PathRecord
 from gpuflight.streams import measurements as m
 from gpuflight.streams import paths
-from gpuflight.streams.paths import OTHER, PathWindow, to_points, user_function
+from gpuflight.streams.paths import OTHER, PathWindow, to_points
 from gpuflight.streams.windows import JobState, WindowSettings
 
 W = 1_000_000_000
@@ -100,6 +101,40 @@ def test_a_function_that_leaves_the_top_is_written_as_zeros(
     assert sum(float(v) for v in again.values()) == 55.0  # what the window did, once
 
 
+def test_paths_of_requests_are_written_per_route_each_route_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path with a route counts for its function (code_paths, whatever the route) and for
+    (route, function) (route_code_paths): each route's costliest TOP_ROUTE_FUNCTIONS and
+    [other], routes beyond MAX_ROUTES as [other], one that leaves a route's top zeroed."""
+    monkeypatch.setattr(paths, "TOP_ROUTE_FUNCTIONS", 1)
+    monkeypatch.setattr(paths, "MAX_ROUTES", 2)
+    tags = {m.Tags.HOST: "h", m.Tags.JOB: "j", m.Tags.NAMESPACE: "-", m.Tags.TEAM: "-"}
+    win = PathWindow()
+    for route, name, gpu_ns in (("/a", "f", 30), ("/a", "g", 20), ("/b", "f", 5), ("/c", "g", 1),
+                                (None, "f", 100)):
+        win.add(PathRecord(1, ((name, "/srv/x.py", 1),), {"gpu_ns": gpu_ns, "calls": 1},
+                           route=route))
+
+    def written(window: PathWindow) -> dict[tuple[str, ...], float]:
+        return {(p.measurement, p.tags.get(m.Tags.ROUTE, ""), p.tags[m.Tags.FUNCTION]):
+                float(p.fields[m.Fields.GPU_NS])
+                for p in to_points(window, 0, tags=tags, window_s=1.0, usd_per_gpu_hour=None)}
+
+    by_route = m.ROUTE_CODE_PATHS.name
+    assert written(win) == {
+        (m.CODE_PATHS.name, "", "f (srv/x.py)"): 135.0,
+        (m.CODE_PATHS.name, "", "g (srv/x.py)"): 21.0,
+        (by_route, "/a", "f (srv/x.py)"): 30.0, (by_route, "/a", OTHER): 20.0,
+        (by_route, "/b", "f (srv/x.py)"): 5.0,
+        (by_route, OTHER, "g (srv/x.py)"): 1.0}  # /c: beyond two routes
+    win.add(PathRecord(1, (("g", "/srv/x.py", 1),), {"gpu_ns": 50}, route="/a"))
+    win = PathWindow.from_dict(orjson.loads(orjson.dumps(win.to_dict())))  # a restart
+    again = written(win)
+    assert {k: v for k, v in again.items() if k[:2] == (by_route, "/a")} == {
+        (by_route, "/a", "g (srv/x.py)"): 70.0, (by_route, "/a", OTHER): 30.0,
+        (by_route, "/a", "f (srv/x.py)"): 0.0}
+
+
 def test_the_function_table_shows_each_functions_share_and_says_when_empty() -> None:
     from gpuflight.streams.costs import (
         FunctionRow,
@@ -118,5 +153,15 @@ def test_the_function_table_shows_each_functions_share_and_says_when_empty() -> 
     assert OTHER in lines[3] and "25.0%" in lines[3]
     back = orjson.loads(render_functions_json(FunctionTable(0, 10**13, rows)))
     assert back["by"] == "function" and back["rows"][0]["gpu_seconds"] == 3.0
+    assert "route" not in back["rows"][0]
     empty = render_functions(FunctionTable(0, 10**13, []))
     assert empty.splitlines()[-1].startswith("no code paths in that time range")
+    routed = [FunctionRow("f (srv/x.py)", 5, 2.0, route="/v1/a"),
+              FunctionRow("g (srv/x.py)", 1, 1.0, route="/v1/b")]
+    lines = render_functions(FunctionTable(0, 10**13, routed, by_route=True)).splitlines()
+    assert lines[0].split()[:2] == ["route", "function"]
+    assert lines[2].split()[:2] == ["/v1/a", "f"] and "66.7%" in lines[2]
+    back = orjson.loads(render_functions_json(FunctionTable(0, 10**13, routed, by_route=True)))
+    assert back["by"] == "route,function" and back["rows"][1]["route"] == "/v1/b"
+    assert "routes need HTTP captured" in render_functions(
+        FunctionTable(0, 10**13, [], by_route=True))

@@ -469,6 +469,8 @@ PATHS = (
                      "calls": 300.0}),
     wire.PathRecord(1_796_000_000_000_001_000, (("+0x6f7a", "libffi.so.8", None),),
                     {"calls": 100.0, "bytes": 65536.0}),
+    wire.PathRecord(1_796_000_000_000_001_500, (("+0x6f7a", "libffi.so.8", None),),
+                    {"calls": 7.0}, route="/v1/generate/{id}"),
 )
 
 
@@ -479,7 +481,8 @@ def test_code_paths_round_trip_with_or_without_events() -> None:
     # Zero values are left out on the wire, as request costs are.
     assert back.paths == (PATHS[0].__class__(PATHS[0].ts_ns, PATHS[0].frames,
                                              {k: v for k, v in PATHS[0].values.items() if v}),
-                          PATHS[1])
+                          *PATHS[1:])
+    assert back.paths[2].route == "/v1/generate/{id}" and back.paths[1].route is None
     only = wire.EventBatch("h", 4242, 1, sample(20)[:0], paths=PATHS[1:])
     back = wire.decode_events(wire.encode_events(only))
     assert len(back.events) == 0 and back.paths == PATHS[1:]
@@ -498,6 +501,8 @@ def test_code_paths_round_trip_with_or_without_events() -> None:
     lambda m: m["paths"][0].update(frames=[["f", "file", -3]]),
     lambda m: m["paths"][0].update(frames=[["f", "file"]]),
     lambda m: m["paths"][0].pop("ts_ns"),
+    lambda m: m["paths"][2].update(route=""),
+    lambda m: m["paths"][2].update(route=7),
     lambda m: m.update(paths={"a": 1}),
     lambda m: m.update(paths=[m["paths"][0]] * (wire.MAX_PATHS + 1)),
 ])
@@ -524,15 +529,18 @@ def test_the_kafka_sink_sends_paths_merged_in_messages_of_their_own(
     sink.write(sample()[:5])
     sink.write_paths(4242, [PATHS[0], *many])
     sink.write_paths(4242, [PATHS[0]])  # the same stack again, a turn later: summed
+    sink.write_paths(4242, [PATHS[1], PATHS[2]])  # one stack, two routes: kept apart
     sink.flush_pending()
     batches = [wire.decode_events(v) for t, v, _ in sent if t.endswith(".events.v1")]
     with_events = [b for b in batches if len(b.events)]
     assert len(with_events) == 1 and with_events[0].paths == ()
     paths = [p for b in batches for p in b.paths]
     assert len(batches) > 3 and all(len(b.events) == 0 for b in batches if b.paths)
-    assert sorted(p.frames for p in paths) == sorted(p.frames for p in (PATHS[0], *many))
+    assert sorted(p.frames for p in paths) == sorted(p.frames for p in (*PATHS, *many))
     (twice,) = [p for p in paths if p.frames == PATHS[0].frames]
     assert twice.values["launches"] == 600.0 and twice.values["calls"] == 600.0
+    by_route = {p.route: p.values for p in paths if p.frames == PATHS[1].frames}
+    assert by_route == {None: PATHS[1].values, "/v1/generate/{id}": {"calls": 7.0}}
     for _, _, delivered in sent:
         delivered(None, None)
     assert sink.delivered_events == 5  # paths are no events

@@ -13,6 +13,7 @@ from gpuflight.producer.decode.codepaths import (
     PathSample,
     folded_lines,
     read_profile,
+    top_functions,
     write_profile,
 )
 
@@ -67,6 +68,25 @@ def test_the_profile_parses_back_with_every_sample_and_value(tmp_path: Path) -> 
     assert len(got.location) == 4 and len(got.function) == 4  # each frame once
     assert strings[got.default_sample_type] == "launches"
     assert [strings[c] for c in got.comment] == ["gpuflight trace of train.py"]
+
+
+def test_a_routes_samples_carry_its_label(tmp_path: Path) -> None:
+    path = tmp_path / "p.pb.gz"
+    write_profile(path, [PathSample((TRAIN,), {"launches": 2.0}, "/v1/generate/{id}"),
+                         PathSample((TRAIN,), {"launches": 3.0})])
+    got = read_profile(path)
+    strings = list(got.string_table)
+    labels = [{strings[x.key]: strings[x.str] for x in s.label} for s in got.sample]
+    assert labels == [{"route": "/v1/generate/{id}"}, {}]
+
+
+def test_a_requests_top_functions_are_its_paths_folded_costliest_first() -> None:
+    lib = PathFrame("Linear.forward", "/usr/lib/python3/dist-packages/torch/linear.py", 125)
+    got = top_functions([
+        PathSample((TRAIN, FORWARD, lib, GEMM), {"launches": 3.0, "gpu_ns": 5.0, "calls": 3}),
+        PathSample((TRAIN, FORWARD), {"launches": 1.0, "gpu_ns": 1.0, "calls": 1}),
+        PathSample((TRAIN,), {"launches": 7.0, "gpu_ns": 2.0, "calls": 7})], limit=2)
+    assert got == (("Model.forward (m/model.py)", 4.0, 6.0), ("train (m/train.py)", 7.0, 2.0))
 
 
 def test_the_files_are_never_written_through_a_symlink(tmp_path: Path) -> None:

@@ -237,3 +237,61 @@ def test_a_line_read_out_of_range_is_published_as_none() -> None:
     from gpuflight.producer.decode.pysamples import _line
 
     assert [_line(x) for x in (0, 41, -3, 2**31, None)] == [0, 41, None, None, None]
+
+
+def test_published_paths_are_per_route_a_shared_call_split_by_its_shares() -> None:
+    """With the requests each event was made for, a stack's sampled calls give each route
+    its calls' cost (a call shared by requests in flight: each its share), and the calls made
+    for no request a path of no route; the routes of a stack sum to it. Each request gets
+    its share too (its span), once."""
+    from gpuflight.producer.http.attribution import CallShares
+
+    samples = _samples()
+    samples.publish()
+    samples.per_request = True
+    samples.add_frames(_frames(1))
+    events = build_events([call(100), call(200), call(300), call(400, type_=EventType.SYNC,
+                                                                 duration_ns=100)])
+    # 100: request 7 of /a; 200: 7, 8 of /a and 9 of /b in flight; 300, 400: none.
+    sets = ((), ((7, "/a", 1.0),), ((7, "/a", 1 / 3), (8, "/a", 1 / 3), (9, "/b", 1 / 3)))
+    samples.add_events(events, CallShares(np.array([1, 2, 0, 0]), sets))
+    samples.add_samples(_heads((1, 3, 100), (1, 3, 200), (1, 3, 300)))
+    (seven,) = samples.take_request_paths(7)
+    assert seven.values["launches"] == pytest.approx(3 + 1) and seven.values["calls"] == 4
+    assert samples.take_request_paths(7) == []  # taken once
+    assert samples.take_request_paths(9)[0].values["launches"] == pytest.approx(1)
+    paths = {p.route: p for p in samples.take_paths()[PID]}
+    assert set(paths) == {"/a", "/b", None}
+    assert paths["/a"].values["launches"] == pytest.approx(3 + 3 * 2 / 3)
+    assert paths["/b"].values["launches"] == pytest.approx(3 / 3)
+    assert paths[None].values["launches"] == 3
+    assert sum(p.values["calls"] for p in paths.values()) == pytest.approx(9)
+    assert {p.frames for p in paths.values()} == {(("[unknown code]", "", None),) * 2}
+    assert paths["/b"].ts_ns == 200 and paths[None].ts_ns == 300
+
+
+def test_what_calls_were_made_for_is_kept_no_longer_than_their_events(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch's requests are kept while an event of it is held or may still be joined
+    (priced in this turn or the last); requests' paths never taken are bounded."""
+    from gpuflight.producer.http.attribution import CallShares
+
+    monkeypatch.setattr(pysamples, "MAX_REQUESTS_KEPT", 1)
+    samples = _samples()
+    samples.per_request = True
+    samples.add_frames(_frames(1))
+    one = CallShares(np.array([1]), ((), ((7, "/a", 1.0),)))
+    samples.add_events(build_events([call(100)]), one)  # held: no drain yet
+    samples.end_turn()
+    assert list(samples._calls.values()) == [((7, "/a", 1.0),)]
+    samples.add_events(build_events([call(200, type_=EventType.SYNC, duration_ns=10)]),
+                       CallShares(np.array([1]), ((), ((8, "/b", 1.0),))))  # priced: both
+    samples.end_turn()
+    assert len(samples._calls) == 2  # priced in the last turn: a head may still come
+    samples.add_samples(_heads((1, 1, 100), (1, 1, 200)))
+    samples.end_turn()
+    samples.end_turn()
+    assert samples._calls == {}
+    # Request 7's paths were pushed out by 8's (one kept): dropped, counted.
+    assert samples.take_request_paths(7) == [] and samples.request_paths_dropped == 1
+    assert samples.take_request_paths(8)[0].values["calls"] == 1

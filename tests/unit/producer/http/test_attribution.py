@@ -251,3 +251,19 @@ def test_attributed_plus_unattributed_is_always_the_total(
             assert sum(share for _, share in attr.shares(i)) == pytest.approx(1.0)
         else:
             assert attr.mode[i] == UNATTRIBUTED and attr.shares(i) == []
+
+
+def test_call_shares_name_each_events_requests_with_their_routes() -> None:
+    from gpuflight.producer.http.attribution import call_shares
+
+    calls = call_shares(
+        np.array([0, 7, 7, 8, 0, 0, 9], dtype=np.uint64),
+        np.array([0, 0, 0, 0, 1, 2, 0], dtype=np.int64),
+        (((7, 1 / 3), (8, 1 / 3), (10, 1 / 3)), ((7, 0.5), (11, 0.5))),
+        {7: "/a", 8: "/b", 10: "/a", 11: "/c"})
+    got = [calls.sets[k] for k in calls.keys.tolist()]
+    assert got[:4] == [(), ((7, "/a", 1.0),), ((7, "/a", 1.0),), ((8, "/b", 1.0),)]
+    assert got[4] == ((7, "/a", 1 / 3), (8, "/b", 1 / 3), (10, "/a", 1 / 3))
+    assert got[5] == ((7, "/a", 0.5), (11, "/c", 0.5))
+    assert got[6] == ((9, "", 1.0),)  # a request whose route is not known
+    assert calls.sets[0] == () and len(calls.sets) == 6  # each request and set once

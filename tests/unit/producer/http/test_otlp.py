@@ -32,7 +32,9 @@ def spans() -> list[RequestSpan]:
     return [
         RequestSpan(request(11, TraceContext(TRACE, PARENT, 1)), COSTS,
                     [("gemm_kernel", 10.0), ("softmax", 2.0)], cost_usd=0.0002,
-                    attribution="exact", gpu_source="nvml"),
+                    attribution="exact", gpu_source="nvml",
+                    code_paths=[("Model.forward (srv/model.py)", 10.0, 2e8),
+                                ("tokenize (srv/text.py)", 2.0, 5e7)]),
         RequestSpan(request(12), {"launches": 0.5, "gpu_ns": 1e6}, attribution="shared"),
         RequestSpan(request(13, TraceContext(TRACE, PARENT, 0))),  # not sampled by its caller
         RequestSpan(request(14, status=503), attribution="none"),
@@ -57,6 +59,11 @@ def test_span_attributes() -> None:
     assert "gpuflight.cost_usd" not in span_attributes(spans()[1])
     assert attrs["gpuflight.gpu.seconds_source"] == "nvml"
     assert "gpuflight.gpu.seconds_source" not in span_attributes(spans()[1])
+    assert attrs["gpuflight.code.top_functions"] == ["Model.forward (srv/model.py)",
+                                                     "tokenize (srv/text.py)"]
+    assert attrs["gpuflight.code.top_function_launches"] == [10.0, 2.0]
+    assert attrs["gpuflight.code.top_function_gpu_seconds"] == [0.2, 0.05]
+    assert not any(k.startswith("gpuflight.code.") for k in span_attributes(spans()[1]))
 
 
 def test_bad_endpoints_are_usage_errors() -> None:
