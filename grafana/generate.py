@@ -696,15 +696,18 @@ def requests_board() -> dict[str, Any]:
         table(lay, "Slowest requests, with their traces", [target(
             "A", f'SELECT "{Tags.JOB}", "{Tags.ROUTE}", "{Fields.LATENCY_NS}", "{Fields.STATUS}", '
                  f'"{Fields.METHOD}", "{Fields.COST_USD}", "{Fields.GPU_NS}", "{Fields.LAUNCHES}", '
-                 f'"{Fields.TRACE_ID}", "{Fields.REQUEST_ID}" FROM "{m.REQUEST_SAMPLES_M.name}" '
-                 f'{f}', table=True)],
+                 f'"{Fields.TOP_FUNCTION}", "{Fields.TRACE_ID}", "{Fields.REQUEST_ID}" FROM '
+                 f'"{m.REQUEST_SAMPLES_M.name}" {f}', table=True)],
             unit(m.REQUEST_SAMPLES_M, Fields.LATENCY_NS), Fields.LATENCY_NS, width=24,
             overrides=[(Fields.STATUS, "short"), (Fields.COST_USD, usd_unit),
                        (Fields.LAUNCHES, "short"), (Fields.TRACE_ID, "string"),
-                       (Fields.REQUEST_ID, "string"), (Fields.METHOD, "string")],
-            description="The slowest requests of each route and window. trace_id (when the "
-                        "client sent a W3C traceparent) opens the trace in your trace backend "
-                        "($trace_url); request_id is the span id of its OTLP span."),
+                       (Fields.REQUEST_ID, "string"), (Fields.METHOD, "string"),
+                       (Fields.TOP_FUNCTION, "string")],
+            description="The slowest requests of each route and window. top_function (code "
+                        "paths sampled: producer --stack-sampling) is the user function whose "
+                        "calls cost the request most. trace_id (when the client sent a W3C "
+                        "traceparent) opens the trace in your trace backend ($trace_url); "
+                        "request_id is the span id of its OTLP span."),
     ]
     (slowest,) = [p for p in panels if p["title"].startswith("Slowest")]
     for override in slowest["fieldConfig"]["overrides"]:

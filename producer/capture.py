@@ -161,6 +161,8 @@ class Capture:
 
             self.requests = RequestTracker(self.enricher.clock_offset_ns,
                                            host_salt=socket.gethostname().encode())
+            if self.stacks is not None:  # each request names its costliest code paths
+                self.stacks.samples.per_request = True
             if not settings.http_on_listen:
                 self._start_http()
 
@@ -538,9 +540,9 @@ class Capture:
         for pid, (taken, unattributed) in requests.take_answered(before_ns).items():
             self.stats.requests += len(taken)
             answered = taken
-            if samples is not None and samples.per_request:  # with their code paths (spans)
-                answered = [replace(a, code_paths=top_functions(
-                    samples.take_request_paths(a.request.request_id))) for a in taken]
+            if samples is not None and samples.per_request:  # with their code paths
+                answered = [replace(a, record=replace(a.record, code_paths=top_functions(
+                    samples.take_request_paths(a.request.request_id)))) for a in taken]
             for sink in self.sinks:
                 sink.write_requests(pid, answered, unattributed)
 

@@ -439,8 +439,6 @@ def run(
     capture = Capture(settings, sinks, enricher)
     if capture.requests is not None and options.otlp:
         capture.requests.count_kernels = True
-        if capture.stacks is not None:  # each span names its costliest code paths
-            capture.stacks.samples.per_request = True
     pid, release = _spawn_held(argv, command_stdio)
     capture.probes.add_to_scope([pid])
     capture.watch_http([pid])

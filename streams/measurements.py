@@ -169,6 +169,7 @@ class Fields:
     UNPRICED_GPU_NS: Final = "unpriced_gpu_ns"
     REQUEST_ID: Final = "request_id"
     TRACE_ID: Final = "trace_id"
+    TOP_FUNCTION: Final = "top_function"
     PARENT_SPAN_ID: Final = "parent_span_id"
     STATUS: Final = "status"
     METHOD: Final = "method"
@@ -567,6 +568,7 @@ REQUEST_SAMPLES_M: Final = Measurement(
         _float(Fields.LAUNCHES),
         _float(Fields.GPU_NS, "ns"),
         _float(Fields.COST_USD, "usd"),
+        _str(Fields.TOP_FUNCTION),
     ),
 )
 

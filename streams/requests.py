@@ -96,20 +96,24 @@ class Sample:
     trace_id: str | None
     parent_span_id: str | None
     costs: list[float]
+    #: The user function whose sampled calls cost it most (code paths sampled), if any.
+    top_function: str | None = None
 
     def key(self) -> tuple[int, int]:
         return (-self.latency_ns, self.request_id)
 
     def to_list(self) -> list[Any]:
         return [self.request_id, self.method, self.status, self.latency_ns, self.trace_id,
-                self.parent_span_id, self.costs]
+                self.parent_span_id, self.costs, self.top_function]
 
     @classmethod
     def from_list(cls, row: Sequence[Any]) -> Sample:
-        rid, method, status, latency, trace, parent, costs = row
+        rid, method, status, latency, trace, parent, costs, *more = row  # a state of before
+        top = more[0] if more else None  # top_function: none
         return cls(int(rid), str(method), int(status), int(latency),
                    None if trace is None else str(trace),
-                   None if parent is None else str(parent), [_number(c) for c in costs])
+                   None if parent is None else str(parent), [_number(c) for c in costs],
+                   None if top is None else str(top))
 
 
 @dataclass
@@ -137,7 +141,7 @@ class RouteStats:
         self.latency[b] = self.latency.get(b, 0) + 1
         self._keep([Sample(request.request_id, request.method, request.status,
                            request.duration_ns, request.trace_id, request.parent_span_id,
-                           costs)])
+                           costs, request.code_paths[0][0] if request.code_paths else None)])
 
     def add_costs(self, costs: Sequence[float]) -> None:
         for i, c in enumerate(costs):
@@ -339,6 +343,8 @@ def to_points(win: RequestWindow, window_start_ns: int, *, host: str, job: str,
                 sample_fields[Fields.TRACE_ID] = sample.trace_id
             if sample.parent_span_id:
                 sample_fields[Fields.PARENT_SPAN_ID] = sample.parent_span_id
+            if sample.top_function:
+                sample_fields[Fields.TOP_FUNCTION] = sample.top_function
             points.append(Point(m.REQUEST_SAMPLES_M.name,
                                 {**who, Tags.ROUTE: route, Tags.RANK: str(rank)},
                                 sample_fields, t))

@@ -76,8 +76,11 @@ process (producer/http/parser.py), with what its CUDA calls cost:
    "complete": bool,             # false: the response was not seen whole
    "port": int,                  # the server's port (0: unknown)
    "cost": {COST: number, ...},  # what its CUDA calls cost: exact, plus its shares
-   "gpu_source": str|null}       # gpu_ns from "nvml" (per-process utilisation), "queued"
+   "gpu_source": str|null,       # gpu_ns from "nvml" (per-process utilisation), "queued"
                                  # (time its process had work queued), "mixed"; null: none
+   "code_paths": [[FUNCTION, LAUNCHES, GPU_NS], ...]}  # optional, added within v1: the
+                                 # user functions whose sampled calls cost it most (at most
+                                 # MAX_REQUEST_PATHS, costliest first; estimates)
 
 COST names are REQUEST_COST_FIELDS (producer/contract/costs.py's COST_FIELDS): launches, weight
 (blocks x threads), graph_launches, kernels, h2d_bytes, d2h_bytes, d2d_bytes,
@@ -340,6 +343,12 @@ class EventBatch:
 #: Where a request's GPU time came from (RequestRecord.gpu_source).
 GpuSource = Literal["nvml", "queued", "mixed"]
 RequestId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+#: The user functions a request names (RequestRecord.code_paths).
+MAX_REQUEST_PATHS: Final = 5
+#: (user function, launches, GPU ns) of a request's code paths.
+RequestPath = tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_FRAME_TEXT)],
+                    Annotated[float, msgspec.Meta(ge=0, le=2.0**63)],
+                    Annotated[float, msgspec.Meta(ge=0, le=2.0**63)]]
 Share = Annotated[float, msgspec.Meta(gt=0, le=1)]
 _COST_NAMES = "|".join(REQUEST_COST_FIELDS)
 CostName = Annotated[str, msgspec.Meta(pattern=f"^({_COST_NAMES})\\Z")]
@@ -380,6 +389,10 @@ class RequestRecord:
     #: Where its gpu_ns came from: NVML per-process utilisation, the time its process had work
     #: queued, both (batches of each), or None (no GPU time).
     gpu_source: GpuSource | None = None
+    #: The user functions whose sampled calls cost it most: (function, launches, GPU ns),
+    #: the costliest first (code paths sampled; none: not sampled, or no sampled call).
+    code_paths: Annotated[tuple[RequestPath, ...],
+                          msgspec.Meta(max_length=MAX_REQUEST_PATHS)] = ()
 
     @property
     def duration_ns(self) -> int:
@@ -433,6 +446,8 @@ class EventAttribution:
 def _request_json(r: RequestRecord) -> dict[str, Any]:
     out = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
     out["cost"] = {k: v for k, v in r.cost.items() if v}
+    if not r.code_paths:
+        del out["code_paths"]  # an older reader's message, byte for byte
     return out
 
 

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from gpuflight.producer.contract.files import open_output
 from gpuflight.producer.contract.userfunction import user_function
+from gpuflight.producer.contract.wire import MAX_REQUEST_PATHS
 
 #: What a sample carries, in pprof's (type, unit) terms, in this order (launches first: the
 #: default). `calls`: every probed call the walks stand for, whatever it did.
@@ -63,12 +64,8 @@ class PathSample:
     route: str | None = None
 
 
-#: The user functions a request's span names.
-SPAN_FUNCTIONS: Final = 5
-
-
 def top_functions(samples: Iterable[PathSample],
-                  limit: int = SPAN_FUNCTIONS) -> tuple[tuple[str, float, float], ...]:
+                  limit: int = MAX_REQUEST_PATHS) -> tuple[tuple[str, float, float], ...]:
     """`samples` folded to their user functions (producer/contract/userfunction.py): the
     `limit` costliest (GPU time, then calls), each (function, launches, GPU ns)."""
     sums: dict[str, list[float]] = {}

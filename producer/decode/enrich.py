@@ -293,6 +293,7 @@ def request_event(pid: int, r: RequestRecord) -> Event:
         "trace_id": r.trace_id, "parent_span_id": r.parent_span_id, "complete": r.complete,
         "port": r.port, "cost": {k: v for k, v in r.cost.items() if v},
         "gpu_source": r.gpu_source,
+        **({"code_paths": [list(p) for p in r.code_paths]} if r.code_paths else {}),
     }
 
 

@@ -223,7 +223,8 @@ class SpanSink:
             if self._prices is not None and self._gpu_name:
                 usd = self._prices.cost(a.record.cost_of("gpu_ns") / 1e9, self._gpu_name)
             self._exporter.export(RequestSpan(a.request, dict(a.record.cost), named, usd,
-                                              a.mode, a.record.gpu_source, a.code_paths))
+                                              a.mode, a.record.gpu_source,
+                                              a.record.code_paths))
 
     def tick(self) -> None:
         pass

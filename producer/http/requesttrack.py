@@ -68,9 +68,6 @@ class Answered:
     mode: str
     #: (kernel handle, launches) of the kernels it launched (shares as fractions).
     kernels: Mapping[int, float] = field(default_factory=dict)
-    #: Its costliest code paths' user functions (when code paths are sampled): (function,
-    #: launches, GPU ns), estimates, the costliest first.
-    code_paths: tuple[tuple[str, float, float], ...] = ()
 
 
 @dataclass

@@ -300,6 +300,23 @@ def test_each_route_gets_what_its_functions_calls_did(kafka_bootstrap: str, infl
         assert got[key]["launches"] == pytest.approx(launched), key
     generate_launches = want["/v1/generate/{id}", SERVED_BY["cudaLaunchKernel"]][1]
     assert generate_launches == 29 * 24  # the server's plan: 29 /generate requests, 24 each
+    # Each request names its functions: Gpu.launch with exactly the launches made for it.
+    requests = {r["request_id"]: r for r in mine if r["type"] == "request"}
+    for rid, r in requests.items():
+        named = {f: n for f, n, _ in r.get("code_paths", ())}
+        launched = sum(e["type"] == "launch" and e.get("request_id") == rid for e in calls)
+        assert named.get(SERVED_BY["cudaLaunchKernel"], 0.0) == launched, r
+        assert bool(named) == (r["route"] != "/healthz"), r
+    # The slowest requests of each window name the function that cost them most.
+    slowest = rows(influx_url, f"SELECT {Fields.TOP_FUNCTION}, {Fields.REQUEST_ID} FROM"
+                               f" request_samples WHERE {Tags.JOB} = '{job}'")
+    by_hex = {f"{rid:016x}": r for rid, r in requests.items()}
+    named_slowest = [s for s in slowest if s.get(Fields.TOP_FUNCTION)]
+    assert named_slowest
+    for s in slowest:
+        r = by_hex[s[Fields.REQUEST_ID]]
+        assert s.get(Fields.TOP_FUNCTION) == (r["code_paths"][0][0] if "code_paths" in r
+                                              else None), (s, r)
 
     report = subprocess.run(
         [*GPUFLIGHT, "report", "--by", "route,function", "--job", job, "--influx", influx_url,

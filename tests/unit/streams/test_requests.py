@@ -178,6 +178,25 @@ def test_points_and_cost_by_hand() -> None:
     assert job_point.tags[Tags.NAMESPACE] == m.NO_LABEL
 
 
+def test_a_slow_request_names_the_function_that_cost_it_most_and_an_old_state_reads() -> None:
+    import dataclasses
+
+    win = RequestWindow()
+    named = dataclasses.replace(done(1, "/infer", T0, T0 + 9_000, launches=3, gpu_ns=5.0),
+                                code_paths=(("Model.forward (srv/model.py)", 3.0, 5.0),))
+    win.route("/infer").add(named)
+    win.route("/infer").add(done(2, "/infer", T0, T0 + 1_000, launches=1))
+    back = RequestWindow.from_dict(orjson.loads(orjson.dumps(win.to_dict())))
+    samples = {p.fields[Fields.REQUEST_ID]: p.fields for p in rq.to_points(
+        back, T0, host="h", job="j", labels=Labels(), window_s=1.0, usd_per_gpu_hour=None)
+        if p.measurement == m.REQUEST_SAMPLES_M.name}
+    assert samples["0000000000000001"][Fields.TOP_FUNCTION] == "Model.forward (srv/model.py)"
+    assert Fields.TOP_FUNCTION not in samples["0000000000000002"]
+    # A sample stored before top_function (seven items) reads as one without it.
+    old = rq.Sample.from_list([5, "GET", 200, 10, None, None, [0.0] * len(rq.COSTS)])
+    assert old.top_function is None and old.latency_ns == 10
+
+
 def test_malformed_dicts_are_value_errors() -> None:
     with pytest.raises(ValueError, match="version"):
         RequestWindow.from_dict({"v": 99})

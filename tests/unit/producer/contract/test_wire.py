@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from gpuflight.producer.contract.abi import (
     EventType,
 )
 from gpuflight.producer.contract.errors import UsageError
-from gpuflight.producer.decode.enrich import to_events
+from gpuflight.producer.decode.enrich import request_event, to_events
 from gpuflight.producer.publish import identity
 from gpuflight.producer.publish.kafkasink import KafkaSettings, KafkaSink, load_config
 from tests.conftest import one_line
@@ -256,6 +257,18 @@ def test_requests_and_attribution_round_trip_exactly() -> None:
     assert lines[0]["request_id"] == 11 and "requests" not in lines[0]
     assert lines[5]["requests"] == [[11, 0.5], [12, 0.5]] and "request_id" not in lines[5]
     assert "request_id" not in lines[20] and "requests" not in lines[20]
+    # A request's code paths (additive): round trip, and left out when it has none.
+    named = dataclasses.replace(request_record(11), code_paths=(
+        ("Model.forward (srv/model.py)", 24.0, 5.5e5), ("tokenize (srv/text.py)", 0.0, 0.0)))
+    again = wire.decode_events(wire.encode_events(wire.EventBatch(
+        "h", 4242, 1, events[:0], requests=(named, request_record(12)))))
+    assert again.requests == (named, request_record(12))
+    message = orjson.loads(wire.encode_events(wire.EventBatch(
+        "h", 4242, 1, events[:0], requests=(named, request_record(12)))))
+    assert "code_paths" in message["requests"][0] and "code_paths" not in message["requests"][1]
+    assert request_event(4242, named)["code_paths"] == [
+        ["Model.forward (srv/model.py)", 24.0, 5.5e5], ["tokenize (srv/text.py)", 0.0, 0.0]]
+    assert "code_paths" not in request_event(4242, request_record(12))
     # A message without them decodes as before: no attribution, no requests.
     plain = wire.decode_events(wire.encode_events(wire.EventBatch("h", 4242, 1, events)))
     assert (plain.attribution, plain.requests, plain.unattributed) == (None, (), {})
@@ -286,6 +299,9 @@ def test_requests_without_events_and_a_selection() -> None:
     lambda m: m["requests"][0].update(cost={"dollars": 1}),
     lambda m: m["requests"][0].update(cost={"launches": -1}),
     lambda m: m["requests"][0].pop("route"),
+    lambda m: m["requests"][0].update(code_paths=[["f", 1.0, 2.0]] * 6),
+    lambda m: m["requests"][0].update(code_paths=[["f", -1.0, 2.0]]),
+    lambda m: m["requests"][0].update(code_paths=[["", 1.0, 2.0]]),
     lambda m: m.update(requests={"a": 1}),
     lambda m: m.update(request_sets=[[[11, 0.5]], [[11, 1.0]]]),
     lambda m: m.update(request_sets=[[]]),
