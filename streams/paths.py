@@ -42,7 +42,6 @@ _GPU: Final = PATH_VALUES.index("gpu_ns")
 _CALLS: Final = PATH_VALUES.index("calls")
 
 
-
 @dataclass
 class PathWindow:
     """A window's code paths: per user function, PATH_VALUES summed, and per (route, user
