@@ -271,6 +271,86 @@ BPF_RINGBUF_OUTPUT(py_samples, GF_PY_STACKS_PAGES);
 BPF_RINGBUF_OUTPUT(py_frames, GF_PY_STACKS_PAGES);
 BPF_PROG_ARRAY(py_walker, 1);
 
+/* Backward passes (PyTorch's autograd): a process's entry to the autograd engine
+ * (gf_backward_enter, on torch::autograd::Engine::execute): the thread that entered it, that
+ * thread's thread pointer and state, and its innermost frame and instruction then. The thread
+ * waits inside the engine (the GIL released) while the engine's device threads run the pass;
+ * they have no Python frames. A call sampled on such a thread is walked from that frame
+ * (GF_PY_BACKWARD) if the entering thread is still at it, at the same instruction: still in
+ * the engine (gf_py_inside). Once it has left, the entry is stale and matches nothing; no
+ * return probe (a uretprobe breaks the C++ exceptions the engine may throw through it). An
+ * entry still inside is kept when another thread enters: a reentrant pass (checkpointing)
+ * enters from a device thread, which has its own frames, and the outer pass goes on after it;
+ * of two passes at once from two threads, the first is the one known. */
+struct gf_py_backward {
+	u32 tid;
+	u32 pad;
+	u64 fsbase;
+	u64 tstate;
+	u64 frame;
+	u64 instr;
+};
+BPF_TABLE("lru_hash", u32, struct gf_py_backward, py_backward, 16384);
+
+/* The innermost frame of the thread that entered the engine, if it is still inside: 0 if not. */
+static __always_inline u64 gf_py_inside(const struct gf_py_offsets *o,
+					const struct gf_py_backward *b, u64 *tstate)
+{
+	*tstate = gf_py_thread_state(o, b->tid, b->fsbase, b->tstate);
+	u64 top = gf_py_top(o, *tstate);
+	if (!top || top != b->frame || gf_py_instr(o, top) != b->instr)
+		return 0;
+	return top;
+}
+
+int gf_backward_enter(struct pt_regs *ctx)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 pid = id >> 32;
+	struct gf_py_offsets *o = py_procs.lookup(&pid);
+	if (!o)
+		return 0;
+	struct gf_py_backward *known = py_backward.lookup(&pid);
+	u64 ignored;
+	if (known && known->tid != (u32)id && gf_py_inside(o, known, &ignored))
+		return 0; /* reentrant, or another thread's pass still running */
+	struct gf_py_backward b = {};
+	b.tid = (u32)id;
+	b.fsbase = gf_py_fsbase();
+	b.tstate = gf_py_thread_state(o, b.tid, b.fsbase, 0);
+	b.frame = gf_py_top(o, b.tstate);
+	if (!b.frame) { /* entered from C++ alone: no stack to give its threads' calls */
+		py_backward.delete(&pid);
+		return 0;
+	}
+	b.instr = gf_py_instr(o, b.frame);
+	py_backward.update(&pid, &b);
+	return 0;
+}
+
+/* The thread state and innermost frame to walk for a call on thread `tid` of `pid`: its own;
+ * or, on a thread with no Python frame while another thread of the process is inside the
+ * autograd engine, that thread's (`*flags` GF_PY_BACKWARD). */
+static __always_inline u64 gf_py_walked(const struct gf_py_offsets *o, u32 pid, u32 tid,
+					u64 *frame, u32 *flags)
+{
+	u64 tstate = gf_py_thread_state(o, tid, gf_py_fsbase(), 0);
+	*frame = gf_py_top(o, tstate);
+	*flags = 0;
+	if (*frame)
+		return tstate;
+	struct gf_py_backward *b = py_backward.lookup(&pid);
+	if (!b || b->tid == tid)
+		return tstate;
+	u64 other = 0;
+	u64 top = gf_py_inside(o, b, &other);
+	if (!top)
+		return tstate;
+	*frame = top;
+	*flags = GF_PY_BACKWARD;
+	return other;
+}
+
 /* The call being recorded (`ts_ns`: its event's) is sampled or not; if it is, its key waits
  * in the CPU's scratch for gf_py_follow, at the end of the program. `caller`: the call's
  * return address where the probe read it already, else 0: read here, for sampled calls only
@@ -394,7 +474,11 @@ int gf_py_walker(struct pt_regs *ctx)
 	u32 pid = s->pid;
 	struct gf_py_offsets *o = py_procs.lookup(&pid);
 	if (o) {
-		gf_py_walk(o, gf_py_thread_state(o, s->tid, 0), s);
+		u64 frame = 0;
+		u32 flags = 0;
+		u64 tstate = gf_py_walked(o, pid, s->tid, &frame, &flags);
+		gf_py_walk(o, tstate, frame, s);
+		s->flags |= flags;
 	} else {
 		s->tstate = 0;
 		s->depth = 0;
@@ -1700,6 +1784,23 @@ static __always_inline int gf_loader_notify(u16 reason)
 	loader_events.ringbuf_submit(e, 0);
 	return 0;
 }
+
+#if GF_PY_STACKS
+/* A walked Python process is about to exit (CPython's Py_FinalizeEx, then libc's _exit; or
+ * _exit alone: os._exit): the code objects its stacks' frames point to go with it, and user
+ * space reads them when the frames arrive (a thread woken for it). A trace holds the process
+ * at each like a dlopen (GF_LOADER_EXIT) until it has read every stack sent before: a script
+ * that launches from new code and exits at once still gets its names. */
+int gf_exit_hold(struct pt_regs *ctx)
+{
+#ifdef GF_HOLDS
+	u32 pid = bpf_get_current_pid_tgid() >> 32;
+	if (py_procs.lookup(&pid))
+		gf_loader_notify(GF_LOADER_EXIT);
+#endif
+	return 0;
+}
+#endif
 
 /* ld.so calls _dl_debug_state() twice per dlopen that maps something: with r_state RT_ADD
  * before it maps anything (nothing to attach to yet: not a notification, not a hold), then

@@ -413,6 +413,7 @@ struct gf_file_id {
 enum gf_loader_reason {
 	GF_LOADER_MAPPED = 0, /* the link map changed, or an exec: rescan the process */
 	GF_LOADER_LISTEN = 1, /* a first listen(2) in scope: the HTTP capture is wanted */
+	GF_LOADER_EXIT = 2,   /* a walked Python process exits: its new stacks are to be read */
 };
 
 struct gf_loader_event {

@@ -38,6 +38,7 @@
 #define GF_PY_NO_THREAD 2 /* no thread state of the caller (not a Python thread yet) */
 #define GF_PY_NEW 4       /* the first sample of this stack: its frames follow the head */
 #define GF_PY_NO_PYTHON 8 /* a process with no CPython known: its native caller alone */
+#define GF_PY_BACKWARD 16 /* the frames of the thread that entered the autograd engine */
 
 /* A process's layout (producer/discover/pythons.py PyLayout; GF_PY_NONE: not there). */
 struct gf_py_offsets {
@@ -84,23 +85,29 @@ static __always_inline u64 gf_py_read(u64 address)
 	return value;
 }
 
-/* The thread state of thread `tid` (the caller): `hint` (a cache's word) if it is still that
- * thread's, else found in the interpreter's list; 0 if none. */
-static __always_inline u64 gf_py_thread_state(const struct gf_py_offsets *o, u32 tid, u64 hint)
+/* The calling thread's thread pointer (pthread_self() on x86-64), 0 if not known. */
+static __always_inline u64 gf_py_fsbase(void)
+{
+	u64 fsbase = 0;
+#ifdef GF_TASK_OFF_FSBASE
+	bpf_probe_read_kernel(&fsbase, sizeof(fsbase),
+			      (u8 *)bpf_get_current_task() + GF_TASK_OFF_FSBASE);
+#endif
+	return fsbase;
+}
+
+/* The thread state of thread `tid` (whose thread pointer is `fsbase`): `hint` (a cache's
+ * word) if it is still that thread's, else found in the interpreter's list; 0 if none. */
+static __always_inline u64 gf_py_thread_state(const struct gf_py_offsets *o, u32 tid,
+					      u64 fsbase, u64 hint)
 {
 	u64 want = tid;
 	u16 at = o->tstate_native_thread_id;
 	if (at == GF_PY_NONE) { /* 3.9/3.10: by pthread_self(), the thread pointer */
-#ifdef GF_TASK_OFF_FSBASE
 		at = o->tstate_thread_id;
-		want = 0;
-		bpf_probe_read_kernel(&want, sizeof(want),
-				      (u8 *)bpf_get_current_task() + GF_TASK_OFF_FSBASE);
+		want = fsbase;
 		if (at == GF_PY_NONE || !want)
 			return 0;
-#else
-		return 0;
-#endif
 	}
 	if (hint && gf_py_read(hint + at) == want)
 		return hint;
@@ -116,12 +123,31 @@ static __always_inline u64 gf_py_thread_state(const struct gf_py_offsets *o, u32
 	return 0;
 }
 
+/* The innermost frame of thread state `tstate` (0: none, a thread not running Python). */
+static __always_inline u64 gf_py_top(const struct gf_py_offsets *o, u64 tstate)
+{
+	if (!tstate)
+		return 0;
+	if (o->tstate_cframe != GF_PY_NONE) {
+		u64 cframe = gf_py_read(tstate + o->tstate_cframe);
+		return cframe ? gf_py_read(cframe + o->cframe_current_frame) : 0;
+	}
+	return gf_py_read(tstate + o->tstate_current_frame);
+}
+
+/* The instruction frame `frame` is at (a pointer into its code, or f_lasti). */
+static __always_inline u64 gf_py_instr(const struct gf_py_offsets *o, u64 frame)
+{
+	u64 instr = gf_py_read(frame + o->frame_instr);
+	return o->instr_bytes == 4 ? (u32)instr : instr;
+}
+
 /* Fill `s` (its pid, tid and ts_ns set by the caller) with the frames of thread state
- * `tstate`: frame i of the chain at index i, a shim frame (owned by the C stack) with code 0
+ * `tstate` from its frame `frame` (gf_py_top) outwards: frame i of the chain at index i, a shim frame (owned by the C stack) with code 0
  * (user space skips those). One index for both keeps the verifier's work linear in the
  * bound: a separate count of kept frames made its states grow with each step, and 64 steps
  * were over its budget (bcc 0.26 cannot pass bpf_loop a callback). */
-static __always_inline void gf_py_walk(const struct gf_py_offsets *o, u64 tstate,
+static __always_inline void gf_py_walk(const struct gf_py_offsets *o, u64 tstate, u64 frame,
 				       struct gf_py_stack *s)
 {
 	s->tstate = tstate;
@@ -130,13 +156,6 @@ static __always_inline void gf_py_walk(const struct gf_py_offsets *o, u64 tstate
 	if (!tstate) {
 		s->flags = GF_PY_NO_THREAD;
 		return;
-	}
-	u64 frame;
-	if (o->tstate_cframe != GF_PY_NONE) {
-		u64 cframe = gf_py_read(tstate + o->tstate_cframe);
-		frame = cframe ? gf_py_read(cframe + o->cframe_current_frame) : 0;
-	} else {
-		frame = gf_py_read(tstate + o->tstate_current_frame);
 	}
 	u64 last = 0;
 	u32 i;
@@ -168,7 +187,8 @@ static __always_inline u64 gf_py_hash(const struct gf_py_stack *s)
 {
 	u64 h = 0xcbf29ce484222325ULL;
 	h = (h ^ s->pid) * 0x100000001b3ULL;
-	h = (h ^ (s->flags & (GF_PY_TRUNCATED | GF_PY_NO_THREAD | GF_PY_NO_PYTHON))) *
+	h = (h ^ (s->flags & (GF_PY_TRUNCATED | GF_PY_NO_THREAD | GF_PY_NO_PYTHON |
+			      GF_PY_BACKWARD))) *
 	    0x100000001b3ULL;
 	h = (h ^ s->caller) * 0x100000001b3ULL;
 	for (u32 i = 0; i < GF_PY_MAX_DEPTH; i++) {

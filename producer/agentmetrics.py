@@ -40,8 +40,8 @@ class AgentHealth:
 
     started_unix_s: float
     record: wire.MetricsRecord
-    #: kind ("runtime" | "driver" | "loader") → probed files, probes, probes single-stepped,
-    #: functions defined but not probed.
+    #: kind ("runtime" | "driver" | "loader" | "autograd") → probed files, probes, probes
+    #: single-stepped, functions defined but not probed.
     files: dict[str, int] = field(default_factory=dict)
     probes: dict[str, int] = field(default_factory=dict)
     stepped: dict[str, int] = field(default_factory=dict)

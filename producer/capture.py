@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from gpuflight.producer.contract.abi import EVENT_DTYPE, LOADER_LISTEN, LOADER_MAPPED
+from gpuflight.producer.contract.abi import EVENT_DTYPE
 from gpuflight.producer.contract.errors import SetupError
 from gpuflight.producer.decode.codepaths import top_functions
 from gpuflight.producer.decode.enrich import Enricher
@@ -70,6 +70,9 @@ class CaptureStats:
     #: How long the holds lasted (from the probe's stop to our SIGCONT), in all and the longest.
     held_ns_total: int = 0
     held_ns_max: int = 0
+    #: Holds at a walked process's exit (code paths: its new stacks read), not counted above.
+    held_at_exit: int = 0
+    held_at_exit_ns: int = 0
     #: HTTP requests answered (with the HTTP capture on).
     requests: int = 0
     #: Events the kernel counted under overload instead of recording them (in aggregates
@@ -105,7 +108,12 @@ class Capture:
         self.enricher = enricher or Enricher()
         #: What each library file defines, kept across runs (settings.verdict_cache_dir).
         self.verdicts = procmaps.open_verdict_store(settings.verdict_cache_dir)
-        self._classifier = procmaps.Classifier(store=self.verdicts)
+        # Code paths: PyTorch's autograd engine is probed; with holds (trace), where a
+        # process exits too.
+        hooks = frozenset() if settings.stack_period is None else frozenset(
+            ("autograd", "exit") if settings.hold_on_load and settings.filter_pids
+            else ("autograd",))
+        self._classifier = procmaps.Classifier(store=self.verdicts, hooks=hooks)
         self._scanned: set[int] = set()
         #: pid → the text ranges of probed CUDA files registered for it (probes.set_text_ranges).
         self._text: dict[int, frozenset[tuple[int, int]]] = {}
@@ -386,7 +394,11 @@ class Capture:
         if notes:
             if any(n.listen for n in notes):
                 self._start_http()  # before the process can accept anything
-            self._scan({n.pid for n in notes})
+            self._scan({n.pid for n in notes if not n.exiting})
+            if self.stacks is not None and any(n.exiting for n in notes):
+                # Held at its exit: the code objects of every stack sent so far are read
+                # before it goes on to free them.
+                self.stacks.settle()
             for note in notes:
                 if note.held:
                     self._release(note)
@@ -410,17 +422,21 @@ class Capture:
         pid = note.pid
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-            self.stats.held_released += 1
-            if note.ts_ns:
-                held = max(0, time.monotonic_ns() - note.ts_ns)
+            held = max(0, time.monotonic_ns() - note.ts_ns) if note.ts_ns else 0
+            if note.exiting:
+                log.debug("process %d held at its exit %.1f ms", pid, held / 1e6)
+                self.stats.held_at_exit += 1
+                self.stats.held_at_exit_ns += held
+            else:
+                self.stats.held_released += 1
+            if note.ts_ns and not note.exiting:
                 self.stats.held_ns_total += held
                 self.stats.held_ns_max = max(self.stats.held_ns_max, held)
                 log.debug("process %d held %.1f ms", pid, held / 1e6)
         holds = self.probes.holds
         if holds is not None:
-            reason = LOADER_LISTEN if note.listen else LOADER_MAPPED
             try:
-                holds.delete(hold_key(pid, reason, note.ts_ns))
+                holds.delete(hold_key(pid, note.reason, note.ts_ns))
             except OSError as exc:  # kept: a watchdog would continue a running process
                 log.debug("the hold of process %d is not forgotten: %s", pid, exc)
 

@@ -5,7 +5,7 @@ then renamed: producer/contract/files.py) when the producer is ready, whenever t
 library files changes, at most every `interval_s` otherwise, and when it stops:
 
     {"v": 1, "state": "ready" | "stopped", "pid": AGENT PID, "started_ns", "updated_ns",
-     "libraries": [{"path", "kind": "runtime" | "driver" | "loader", "probes": N,
+     "libraries": [{"path", "kind": "runtime" | "driver" | "loader" | "autograd", "probes": N,
                     "unprobed": {FUNCTION: "why", ...},
                     "stepped": N (functions probed where the kernel single-steps)}, ...],
      "skipped": [{"file": "MAJOR:MINOR:INODE", "path", "kind", "reason"}, ...],

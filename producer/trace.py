@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from gpuflight.producer.capture import Capture
 from gpuflight.producer.contract.errors import SetupError, UsageError
 from gpuflight.producer.contract.pricing import PriceBook
 from gpuflight.producer.decode.codepaths import PathSample
 from gpuflight.producer.decode.enrich import Enricher
-from gpuflight.producer.decode.pysamples import LAUNCHES_VARIANCE, NO_FRAMES
+from gpuflight.producer.decode.pysamples import IN_BACKWARD, LAUNCHES_VARIANCE, NO_FRAMES
 from gpuflight.producer.decode.sinks import EventSink, JsonLinesSink, SummarySink
 from gpuflight.producer.decode.summary import ProbedFile, Summary, render
 from gpuflight.producer.discover import procmaps
@@ -139,12 +139,17 @@ EXIT_OUTPUT_INCOMPLETE = 74
 EXIT_NOT_TRACED = 69
 
 
+#: What each kind of file is, in the summary's words.
+_WHAT: Final = {"runtime": "CUDA library", "driver": "CUDA library", "loader": "dynamic loader",
+                "autograd": "PyTorch's autograd engine", "exit": "exit hook"}
+
+
 def attach_report(probes: Probes) -> tuple[list[str], bool]:
     """The summary's lines about files that could not be probed, in full or in part, and
     whether nothing was traced at all: no CUDA file probed, and some file skipped."""
     lines: list[str] = []
     for skipped in sorted(probes.failed.values(), key=lambda s: s.library.path):
-        what = "CUDA library" if skipped.library.kind in CUDA_KINDS else "dynamic loader"
+        what = _WHAT.get(skipped.library.kind, "library")
         lines.append(f"  NOT PROBED: {what} {skipped.library.path} ({skipped.library.kind}): "
                      f"{skipped.reason}")
     for attached in sorted(probes.attached.values(), key=lambda a: a.library.path):
@@ -307,10 +312,14 @@ def _write_code_paths(capture: Capture, stacks: StackOptions, wall_s: float,
                           lambda p: f"{p.values.get('gpu_ns', 0.0) / 1e6:,.3f} ms"))
     launched = sum(p.values.get("launches", 0.0) for p in paths)
     alone = sum(p.values.get("launches", 0.0) for p in paths if p.frames[:1] == (NO_FRAMES,))
+    backward = sum(p.values.get("launches", 0.0) for p in paths if IN_BACKWARD in p.frames)
+    if launched and backward:
+        out.append(f"    {100 * backward / launched:.1f}% of the launches were made by autograd's"
+                   " threads for a backward pass: counted to the stack that entered it")
     if launched and alone:
         out.append(f"    {100 * alone / launched:.1f}% of the launches came from threads with no"
-                   " Python frames (autograd's backward threads, native threads): by native"
-                   " caller only")
+                   " Python frames (native threads, or autograd's outside a backward pass seen"
+                   " to start): by native caller only")
     return out, written
 
 
@@ -561,6 +570,10 @@ def run(
     if result.unheld:
         attach_lines.append(f"  not held: {result.unheld} dlopen(s) of files known to hold "
                             "nothing probed")
+    if capture.stats.held_at_exit:
+        attach_lines.append(
+            f"  held at exit: {capture.stats.held_at_exit} time(s), until their new stacks were"
+            f" read ({capture.stats.held_at_exit_ns / 1e6:.1f} ms in all)")
     if print_summary:
         title = " ".join(argv)
         text = "\n".join([

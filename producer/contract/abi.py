@@ -377,6 +377,7 @@ SETTLED_DTYPE: Final = np.dtype([("delivered", "<u8"), ("dropped", "<u8")])
 #: enum gf_loader_reason
 LOADER_MAPPED: Final = 0
 LOADER_LISTEN: Final = 1
+LOADER_EXIT: Final = 2
 
 #: A ring buffer record: the kernel's 8-byte header, then one gf_event.
 RINGBUF_HEADER_BYTES: Final = 8
@@ -436,6 +437,26 @@ PY_TRUNCATED: Final = 1
 PY_NO_THREAD: Final = 2
 PY_NEW: Final = 4
 PY_NO_PYTHON: Final = 8
+#: A call made on a thread with no Python frames (an autograd backward thread) while another
+#: thread of its process was inside the autograd engine: the frames are that thread's, the
+#: stack that entered the backward pass (bpf/cudart.bpf.c gf_backward_enter).
+PY_BACKWARD: Final = 16
+
+#: The autograd engine's entry, where a backward pass starts (libtorch_cpu.so exports it):
+#: `torch::autograd::Engine::execute(roots, inputs, keep_graph, create_graph,
+#: accumulate_grad, outputs)` (checked on 2.15), and its older form without accumulate_grad
+#: (before 1.5, from the source's history; not checked on a build). The Python
+#: binding (THPEngine_run_backward) calls it with the GIL released, on the thread that called
+#: backward; the kernels it runs are launched on the engine's device threads.
+AUTOGRAD_FUNCTIONS: Final[frozenset[str]] = frozenset({
+    "_ZN5torch8autograd6Engine7executeERKSt6vectorINS0_4EdgeESaIS3_EERKS2_IN2at6TensorESaIS9_EEbbbS7_",
+    "_ZN5torch8autograd6Engine7executeERKSt6vectorINS0_4EdgeESaIS3_EERKS2_IN2at6TensorESaIS9_EEbbS7_",
+})
+#: Where a Python process ends while its code objects are still there to be read: CPython's
+#: finalization (libpython, or a python executable that exports it) and libc's `_exit`
+#: (os._exit, and exit() after its handlers). `trace --stacks` holds a walked process there
+#: until the new stacks' code objects are read (bpf/cudart.bpf.c gf_exit_hold).
+EXIT_FUNCTIONS: Final[frozenset[str]] = frozenset({"Py_FinalizeEx", "_exit"})
 
 
 def py_head_dtype() -> np.dtype[np.void]:

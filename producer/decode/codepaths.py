@@ -51,7 +51,8 @@ class PathFrame:
     def folded(self) -> str:
         where = self.file if self.line is None else f"{self.file}:{self.line}"
         # `;` separates frames and the last space the weight: neither may appear in one.
-        return f"{self.function} ({where})".replace(";", ",")
+        # A marker ("[truncated]", "[autograd backward]") has no place to name.
+        return (f"{self.function} ({where})" if where else self.function).replace(";", ",")
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,14 +74,20 @@ class PythonStacks:
             while not self._stop.is_set():
                 try:
                     wake.poll(1.0)
-                    frames = self._probes.take_stack_frames()
-                    if len(frames):
-                        with self._lock:
-                            self.samples.read_codes(frames)
+                    self.settle()
                 except Exception as exc:  # a figure's name at worst: never the capture's end
                     log.debug("the stacks' reader: %s", exc)
                     if self._stop.wait(0.1):
                         return
+
+    def settle(self) -> None:
+        """Read the code objects of every new stack the kernel has sent: taken and read
+        under one lock, so that once this returns, none sent before is left unread (a
+        process held at its exit may go on, and free them)."""
+        with self._lock:
+            frames = self._probes.take_stack_frames()
+            if len(frames):
+                self.samples.read_codes(frames)
 
     def observe(self, pid: int) -> None:
         """A process scanned: its CPython, once found, is walked from then on (until then,

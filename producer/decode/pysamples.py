@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from gpuflight.producer.contract import wire
 from gpuflight.producer.contract.abi import (
+    PY_BACKWARD,
     PY_NEW,
     PY_NO_PYTHON,
     PY_NO_THREAD,
@@ -59,6 +60,7 @@ TRUNCATED: Final = PY_TRUNCATED
 NO_THREAD: Final = PY_NO_THREAD
 NEW: Final = PY_NEW
 NO_PYTHON: Final = PY_NO_PYTHON
+BACKWARD: Final = PY_BACKWARD
 #: Sampled calls kept while their events are not read yet (beyond, the oldest count as calls
 #: alone: `unjoined`).
 MAX_UNJOINED: Final = 100_000
@@ -67,6 +69,9 @@ MAX_HELD_EVENTS: Final = 200_000
 #: The frame a truncated stack is rooted at, and the one of a thread not running Python.
 CUT: Final = PathFrame("[truncated]", "", None)
 NO_FRAMES: Final = PathFrame("[no Python frames]", "", None)
+#: Between the stack that entered PyTorch's autograd engine and the native caller of a call
+#: one of the engine's threads made for that backward pass (BACKWARD).
+IN_BACKWARD: Final = PathFrame("[autograd backward]", "", None)
 UNKNOWN: Final = PathFrame("[unknown code]", "", None)
 #: The one frame of a stack whose frames never came.
 UNKNOWN_STACK: Final = PathFrame("[unknown stack]", "", None)
@@ -439,11 +444,15 @@ class StackSamples:
         native = self._native(pid, caller) if self._native is not None and caller else None
         if flags & NO_PYTHON and native is not None:
             return (native,)
-        if flags & (NO_THREAD | NO_PYTHON):
+        if flags & (NO_THREAD | NO_PYTHON) or (not depth and not flags & TRUNCATED):
+            # A thread not running Python (or one whose state has no frame: autograd's
+            # device threads while no backward pass is known to be running).
             return (NO_FRAMES,) if native is None else (NO_FRAMES, native)
         layout = self._layout(pid)
         memory = self._memory(pid) if layout is not None else None
         frames: list[PathFrame] = [] if native is None else [native]
+        if flags & BACKWARD:
+            frames.append(IN_BACKWARD)
         for code, instr in zip(whole["code"][:depth], whole["instr"][:depth], strict=True):
             if not code:  # a shim frame (owned by the C stack)
                 continue

@@ -19,8 +19,9 @@ from gpuflight.producer.contract.counting import CopyStats, Counts, Shape
 @dataclass(frozen=True)
 class ProbedFile:
     """A library file the trace attached probes to (once per file, however many processes
-    mapped it): its path, its kind (runtime, driver, loader), its number of probes, and how
-    many of its functions are probed at an instruction the kernel single-steps."""
+    mapped it): its path, its kind (runtime, driver, loader; autograd, exit with code paths),
+    its number of probes, and how many of its functions are probed at an instruction the
+    kernel single-steps."""
 
     path: str
     kind: str

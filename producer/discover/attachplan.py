@@ -24,8 +24,10 @@ from types import MappingProxyType
 from typing import Final
 
 from gpuflight.producer.contract.abi import (
+    AUTOGRAD_FUNCTIONS,
     DRIVER_APIS,
     DRIVER_NAME_FUNCTIONS,
+    EXIT_FUNCTIONS,
     RUNTIME_APIS,
     RUNTIME_NAME_FUNCTIONS,
 )
@@ -53,11 +55,15 @@ _U64 = 1 << 64
 MAX_MOVE_BYTES: Final = entrypoint.MAX_SKIP_BYTES
 
 #: What each kind of file (discover.Kind) is probed for: its API functions and its name
-#: functions; the loader for _dl_debug_state.
+#: functions; the loader for _dl_debug_state; for code paths only, PyTorch's autograd engine
+#: (libtorch_cpu.so) for where a backward pass starts, and libc and CPython for where a
+#: process exits.
 PROBED: Final[Mapping[str, frozenset[str]]] = MappingProxyType({
     "runtime": RUNTIME_APIS | RUNTIME_NAME_FUNCTIONS,
     "driver": DRIVER_APIS | DRIVER_NAME_FUNCTIONS,
     "loader": frozenset({LOADER_SYMBOL}),
+    "autograd": AUTOGRAD_FUNCTIONS,
+    "exit": EXIT_FUNCTIONS,
 })
 
 

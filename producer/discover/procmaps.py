@@ -37,15 +37,20 @@ from typing import Literal
 
 from gpuflight.producer.contract.abi import (
     API_IDS,
+    AUTOGRAD_FUNCTIONS,
     DRIVER_APIS,
+    EXIT_FUNCTIONS,
     RUNTIME_APIS,
     RUNTIME_NAME_FUNCTIONS,
 )
 from gpuflight.producer.discover import attachplan, elfsyms, entrypoint, verdictcache
 
 __all__ = [
+    "AUTOGRAD_SYMBOLS",
     "DRIVER_API_NAMES",
     "DRIVER_SYMBOLS",
+    "EXIT_SYMBOLS",
+    "HOOK_KINDS",
     "LOADER_SYMBOL",
     "RUNTIME_API_NAMES",
     "RUNTIME_SYMBOLS",
@@ -69,8 +74,14 @@ RUNTIME_API_NAMES: tuple[str, ...] = tuple(name for name in API_IDS if name in R
 RUNTIME_SYMBOLS: frozenset[str] = frozenset(RUNTIME_API_NAMES)
 DRIVER_API_NAMES: tuple[str, ...] = tuple(name for name in API_IDS if name in DRIVER_APIS)
 DRIVER_SYMBOLS: frozenset[str] = frozenset(DRIVER_API_NAMES)
-# One read of a file answers both questions.
-_CLASSIFYING_SYMBOLS = RUNTIME_SYMBOLS | DRIVER_SYMBOLS
+# The hooks of code paths: PyTorch's autograd engine (libtorch_cpu.so), where a backward pass
+# starts; where a Python process exits (libc, CPython), held there by `trace` until its new
+# stacks are read.
+AUTOGRAD_SYMBOLS: frozenset[str] = AUTOGRAD_FUNCTIONS
+EXIT_SYMBOLS: frozenset[str] = EXIT_FUNCTIONS
+_HOOK_SYMBOLS = AUTOGRAD_SYMBOLS | EXIT_SYMBOLS
+# One read of a file answers every question.
+_CLASSIFYING_SYMBOLS = RUNTIME_SYMBOLS | DRIVER_SYMBOLS | _HOOK_SYMBOLS
 # What a runtime linked into another file is probed for, if its code calls it.
 _REFERENCED_SYMBOLS = RUNTIME_SYMBOLS | RUNTIME_NAME_FUNCTIONS
 # A file whose .dynsym imports one of these links the CUDA runtime dynamically, so it holds
@@ -96,7 +107,11 @@ _LOADER_SYMBOLS = frozenset({LOADER_SYMBOL})
 LibraryKey = tuple[int, int]
 """(st_dev, st_ino) of a file, as /proc/PID/maps shows them."""
 
-Kind = Literal["runtime", "driver", "loader"]
+Kind = Literal["runtime", "driver", "loader", "autograd", "exit"]
+#: The kinds of file that are probed for code paths alone (Classifier's `hooks`), by what they
+#: define.
+HOOK_KINDS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {"autograd": AUTOGRAD_SYMBOLS, "exit": EXIT_SYMBOLS})
 
 # How many processes mapping a file are tried for a path to it, before the file is skipped
 # for this scan: when the first few fail, the rest will fail the same way.
@@ -250,6 +265,7 @@ class _Verdict:
     loader: bool | None  # None: not asked yet (only loader candidates are)
     probe_only: frozenset[str] | None = None  # see LibraryFile.probe_only
     plan: attachplan.Plan | None = None  # see LibraryFile.plan
+    hooks: frozenset[str] = frozenset()  # the _HOOK_SYMBOLS it defines
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,13 +292,21 @@ class Classifier:
     (open_verdict_store), what was learned of a file outlives the Classifier: a file another
     run classified is not read again (save the store to keep what this one learns).
     Not thread-safe: use one per thread.
+
+    `hooks`: the HOOK_KINDS wanted (code paths): a file that is no CUDA runtime or driver
+    and defines PyTorch's autograd engine is an "autograd" file, one that defines where a
+    process exits an "exit" file, each only if wanted; else such a file is none.
     """
 
     def __init__(
-        self, max_entries: int = 65536, store: verdictcache.VerdictStore | None = None
+        self,
+        max_entries: int = 65536,
+        store: verdictcache.VerdictStore | None = None,
+        hooks: frozenset[str] = frozenset(),
     ) -> None:
         self._max_entries = max_entries
         self.store = store
+        self.hooks = hooks
         self._verdicts: dict[LibraryKey, _Verdict] = {}
         # The process whose path to a file was used last, tried first so host_path is stable.
         self._host_pids: dict[LibraryKey, int] = {}
@@ -327,7 +351,12 @@ class Classifier:
                 elif verdict.driver:
                     kind, symbols = "driver", verdict.driver
                 else:
-                    return None
+                    hook = next((k for k in ("autograd", "exit") if k in self.hooks
+                                 and verdict.hooks & HOOK_KINDS[k]), None)
+                    if hook is None:
+                        return None
+                    kind = "autograd" if hook == "autograd" else "exit"
+                    symbols = verdict.hooks & HOOK_KINDS[hook]
                 probe_only = verdict.probe_only if kind == "runtime" else None
                 if verdict.plan is None or verdict.plan.kind != kind:
                     verdict = self._plan(key, located, path, verdict, kind=kind,
@@ -406,7 +435,8 @@ class Classifier:
             probe_only = (
                 elfsyms.referenced_functions(path, _REFERENCED_SYMBOLS) if runtime else None
             )
-            verdict = _Verdict(identity, runtime, found & DRIVER_SYMBOLS, None, probe_only)
+            verdict = _Verdict(identity, runtime, found & DRIVER_SYMBOLS, None, probe_only,
+                               hooks=found & _HOOK_SYMBOLS)
             if not found and not _readable(path):
                 # Out of reach (out of descriptors): nothing is known of the file, so nothing
                 # is remembered (the next process that maps it tells).
@@ -420,7 +450,7 @@ class Classifier:
         # for now, not worth keeping for the next run, nor quiet.
         sure = not learned or _readable(path)
         if sure and (fresh or learned) and not verdict.runtime and not verdict.driver \
-                and not verdict.loader:
+                and not verdict.loader and not verdict.hooks & AUTOGRAD_SYMBOLS:
             self._quiet_new.append((st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns))
         store = self.store
         if learned and sure and store is not None and store.enabled:
@@ -435,7 +465,8 @@ class Classifier:
         if kept is None:
             return None
         return _Verdict(
-            identity, kept.runtime, kept.driver, kept.loader, kept.probe_only, kept.plan
+            identity, kept.runtime, kept.driver, kept.loader, kept.probe_only, kept.plan,
+            kept.hooks,
         )
 
     def _remember(self, key: LibraryKey, verdict: _Verdict) -> None:
@@ -448,7 +479,8 @@ class Classifier:
 
 def _stored(verdict: _Verdict) -> verdictcache.Stored:
     return verdictcache.Stored(
-        verdict.runtime, verdict.driver, verdict.loader, verdict.probe_only, verdict.plan
+        verdict.runtime, verdict.driver, verdict.loader, verdict.probe_only, verdict.plan,
+        verdict.hooks,
     )
 
 
@@ -472,7 +504,7 @@ def verdict_fingerprint() -> str:
         except OSError:  # no source shipped: the package version stands for it
             sources.append(_distribution_version().encode())
     return verdictcache.fingerprint(
-        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, _LOADER_SYMBOLS,
+        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, _LOADER_SYMBOLS, _HOOK_SYMBOLS,
         *(attachplan.PROBED[kind] for kind in sorted(attachplan.PROBED)), *sources
     )
 
@@ -494,7 +526,8 @@ def open_verdict_store(
     """The verdicts kept in `directory` (CaptureSettings.verdict_cache_dir) for a Classifier;
     None: a store that is off (remembers nothing, never touches disk). Never raises."""
     vocabulary = verdictcache.Vocabulary(
-        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, attachplan.PROBED
+        RUNTIME_SYMBOLS, DRIVER_SYMBOLS, _REFERENCED_SYMBOLS, attachplan.PROBED,
+        _HOOK_SYMBOLS,
     )
     fingerprint = verdict_fingerprint() if directory is not None else ""
     return verdictcache.VerdictStore.load(directory, fingerprint, vocabulary, max_entries, clock)
@@ -602,7 +635,7 @@ def _assemble(
     for key, pids in pids_by_library.items():
         for pid in pids:
             keys_by_pid[pid].append(key)
-            if libraries[key].kind != "loader":
+            if libraries[key].kind in ("runtime", "driver"):
                 text_ranges[(pid, key)] = _address_range(holders[key][pid])
     return Snapshot(
         libraries=MappingProxyType(libraries),

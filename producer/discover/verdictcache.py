@@ -6,7 +6,7 @@ kept here, keyed by the file's identity, and a later `gpuflight trace` (or a res
 agent) reads it back instead of the file.
 
     identity (st_dev as maps shows it, st_ino, st_size, st_mtime_ns, st_ctime_ns)
-        ──► Stored (runtime, driver, loader, probe_only, plan)
+        ──► Stored (runtime, driver, loader, probe_only, plan, hooks)
 
 `plan` is where the file's probes go (producer/discover/attachplan.py: the file offset of each
 function probed, past its entry where the kernel would single-step that; the loader's
@@ -18,10 +18,10 @@ given back its old size and mtime still reads as a new file.
 
 One JSON file (orjson), `verdicts.json`:
 
-    {"format": "gpuflight-verdicts", "version": 3, "fingerprint": "<hex>",
+    {"format": "gpuflight-verdicts", "version": 4, "fingerprint": "<hex>",
      "entries": [[dev, ino, size, mtime_ns, ctime_ns, used],               # defines nothing
                  [dev, ino, size, mtime_ns, ctime_ns, used, loader, runtime, driver, probe_only,
-                  plan]]}
+                  plan, hooks]]}
 
     plan: null, or [kind, {name: file offset or null, ...}, cookie,
                     {name: entry's file offset, ...} (the probes moved past their entry),
@@ -53,6 +53,7 @@ from pathlib import Path
 
 import orjson
 
+from gpuflight.producer.contract.abi import AUTOGRAD_FUNCTIONS
 from gpuflight.producer.discover.attachplan import MAX_MOVE_BYTES, Plan
 from gpuflight.producer.discover.cachefile import read_trusted, write_atomic
 
@@ -69,7 +70,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 FILE_NAME = "verdicts.json"
 _FORMAT = "gpuflight-verdicts"
 #: ~60 bytes an entry on disk (a few KB for the few files probed, with their plans): 20,000
@@ -94,18 +95,25 @@ class Stored:
     loader: bool | None  # None: not asked (only loader candidates are)
     probe_only: frozenset[str] | None = None
     plan: Plan | None = None
+    #: The other functions code paths probe that it defines (abi.AUTOGRAD_FUNCTIONS in
+    #: libtorch_cpu.so, abi.EXIT_FUNCTIONS in libc and CPython).
+    hooks: frozenset[str] = frozenset()
 
     @property
     def is_nothing(self) -> bool:
         """Defines nothing and was not asked about the loader: the common, compact case."""
         return (
             not self.runtime and not self.driver and self.loader is None and self.plan is None
+            and not self.hooks
         )
 
     @property
     def is_quiet(self) -> bool:
-        """Nothing in it is probed: no runtime, no driver, not a loader."""
-        return not self.runtime and not self.driver and not self.loader
+        """A dlopen that maps it needs no hold: no runtime, no driver, not a loader, not
+        PyTorch's autograd engine (where a process exits is in files mapped at its start: a
+        trace attaches there at its next scan)."""
+        return not self.runtime and not self.driver and not self.loader and not (
+            self.hooks & AUTOGRAD_FUNCTIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +125,7 @@ class Vocabulary:
     probe_only: frozenset[str]
     #: By kind of file, the functions a plan may name (attachplan.PROBED); none: no plan is.
     plans: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    hooks: frozenset[str] = frozenset()
 
 
 def fingerprint(*parts: Iterable[str] | bytes) -> str:
@@ -293,7 +302,7 @@ class VerdictStore:
         names = _Names(self._vocabulary)
         entries: dict[Identity, tuple[Stored, int]] = {}
         for row in rows:
-            if not isinstance(row, list) or len(row) not in (6, 11):
+            if not isinstance(row, list) or len(row) not in (6, 12):
                 raise _InvalidError("an entry of the wrong shape")
             numbers = row[:6]
             if not all(type(n) is int and 0 <= n < _U64 for n in numbers):
@@ -328,6 +337,7 @@ def _row(identity: Identity, verdict: Stored, used: int) -> list[object]:
         probe_only,
         None if plan is None else [plan.kind, dict(plan.offsets), plan.cookie,
                                    dict(plan.entries), sorted(plan.stepped)],
+        sorted(verdict.hooks),
     ]
 
 
@@ -338,10 +348,11 @@ class _Names:
         self._runtime = {n: n for n in vocabulary.runtime}
         self._driver = {n: n for n in vocabulary.driver}
         self._probe_only = {n: n for n in vocabulary.probe_only}
+        self._hooks = {n: n for n in vocabulary.hooks}
         self._plans = {kind: {n: n for n in names} for kind, names in vocabulary.plans.items()}
 
     def verdict(self, fields: list[object], size: int) -> Stored:
-        loader, runtime, driver, probe_only, plan = fields
+        loader, runtime, driver, probe_only, plan, hooks = fields
         if loader is not None and type(loader) is not bool:
             raise _InvalidError("an entry with a bad loader flag")
         return Stored(
@@ -350,6 +361,7 @@ class _Names:
             loader,
             None if probe_only is None else _names(probe_only, self._probe_only),
             None if plan is None else self.plan(plan, size),
+            _names(hooks, self._hooks),
         )
 
     def plan(self, value: object, size: int) -> Plan:

@@ -19,8 +19,9 @@ import select
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +42,9 @@ from gpuflight.producer.contract.abi import (
     FILE_ID_DTYPE,
     FORWARDED,
     LOADER_EVENT_DTYPE,
+    LOADER_EXIT,
     LOADER_LISTEN,
+    LOADER_MAPPED,
     MAX_RUNTIME_RANGES,
     NAME_EVENT_DTYPE,
     PROBES,
@@ -71,8 +74,17 @@ class LoaderEvent:
     held: bool
     #: CLOCK_MONOTONIC (time.monotonic_ns) when the probe saw the change (and held the process).
     ts_ns: int = 0
-    #: A first listen(2) (records.LOADER_LISTEN), not a change of what the process maps.
-    listen: bool = False
+    #: Why (abi.LOADER_MAPPED: a change of what the process maps; LOADER_LISTEN: a first
+    #: listen(2); LOADER_EXIT: a walked Python process exits).
+    reason: int = LOADER_MAPPED
+
+    @property
+    def listen(self) -> bool:
+        return self.reason == LOADER_LISTEN
+
+    @property
+    def exiting(self) -> bool:
+        return self.reason == LOADER_EXIT
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,9 @@ _PROBED = attachplan.PROBED
 _PROBE_ROWS: dict[str, Probe] = {p.name: p for p in PROBES}
 #: The kinds of file whose loss costs the user CUDA calls (a loader's costs only timeliness).
 CUDA_KINDS = frozenset({"runtime", "driver"})
+#: The kinds of file probed for code paths alone (procmaps.HOOK_KINDS), and their program.
+_HOOK_PROGRAMS: Mapping[str, str] = MappingProxyType(
+    {"autograd": "gf_backward_enter", "exit": "gf_exit_hold"})
 
 
 @dataclass
@@ -448,6 +463,8 @@ class Probes:
             with library.reading() as path:
                 if library.kind == "loader":
                     attached = self._attach_loader(library, path, fds)
+                elif library.kind in _HOOK_PROGRAMS:
+                    attached = self._attach_hook(library, path, fds)
                 else:
                     attached = self._attach_runtime(library, path, fds)
         except SetupError:  # a program did not load: nothing of the file stays attached
@@ -590,6 +607,30 @@ class Probes:
                               exc.errno) from exc
         return AttachedFile(library, 1, frozenset({LOADER_SYMBOL}))
 
+    def _attach_hook(self, library: LibraryFile, path: str, fds: list[int]) -> AttachedFile:
+        """A file probed for code paths alone (the programs exist only while stacks are
+        walked): PyTorch's autograd engine (libtorch_cpu.so), where a backward pass starts, so
+        that the calls its device threads make are walked from the stack that entered it; or
+        where a process exits (libc's _exit, CPython's Py_FinalizeEx), where `trace` holds a
+        walked process until its new stacks' code objects are read."""
+        if self._settings.stack_period is None:
+            raise AttachError(f"probed only for code paths (--stacks): {library.kind}")
+        plan = _plan(library, path)
+        offsets = {name: offset for name, offset in plan.offsets if offset is not None}
+        if not offsets:
+            raise AttachError("defines none of its functions within its loaded segments")
+        program = self._program(_HOOK_PROGRAMS[library.kind])
+        claimed: set[int] = set()
+        for name, offset in sorted(offsets.items()):
+            if offset in claimed:  # an alias: one probe
+                continue
+            claimed.add(offset)
+            try:
+                fds.append(self._uprobes.attach(program, path, offset, retprobe=False))
+            except OSError as exc:
+                raise AttachError(f"cannot attach to {name}: {reason(exc)}", exc.errno) from exc
+        return AttachedFile(library, len(claimed), frozenset(offsets), stepped=plan.stepped)
+
     def _detach(self, fds: Iterable[int]) -> int:
         """Close each fd (each detaches one probe); a failure is logged, and the rest go on.
         Returns how many failed."""
@@ -691,8 +732,8 @@ class Probes:
             with contextlib.suppress(InterruptedError):
                 self._wake.poll(timeout_s)
         raw = self._loader_ring.drain()
-        return [LoaderEvent(int(r["pid"]), bool(r["held"]), int(r["ts_ns"]),
-                            int(r["reason"]) == LOADER_LISTEN) for r in raw]
+        return [LoaderEvent(int(r["pid"]), bool(r["held"]), int(r["ts_ns"]), int(r["reason"]))
+                for r in raw]
 
     def drain_names(self) -> npt.NDArray[np.void]:
         """Every name record committed so far (NAME_EVENT_DTYPE), oldest first.

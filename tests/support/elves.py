@@ -51,6 +51,8 @@ def build_elves(out: Path) -> Elves:
     cc(out / "libfoo.so", *shared, "foo.c")
     cc(out / "ld-fake.so.1", *shared, "foo.c")
     cc(out / "libuses.so", *shared, "uses.c")
+    cc(out / "libtorch_cpu.so", *shared, "-DAUTOGRAD", "hooks.c")
+    cc(out / "libpython3.so", *shared, "-DFINALIZE", "hooks.c")
     cc(out / "holder", "holder.c", "-ldl")
     cc(out / "weird", "holder.c", "-ldl", "-Wl,--dynamic-linker=/opt/weird/myloader.so")
     subprocess.run(["strip", "-o", str(out / "app.stripped"), str(out / "app")], check=True)

@@ -24,7 +24,8 @@ WORKLOAD = REPO / "tests" / "workloads" / "pylaunch.py"
 
 
 def _trace(tmp_path: Path, period: int | str, calls: int, *extra: str,
-           python: str = sys.executable) -> tuple[list[str], str, Path]:
+           python: str = sys.executable, ending: tuple[str, ...] = ()
+           ) -> tuple[list[str], str, Path]:
     tmp_path.mkdir(exist_ok=True)
     runtime = build_simgpu(tmp_path / "gpu") / "libcudart.so.12"
     folded, profile = tmp_path / "paths.folded", tmp_path / "paths.pb.gz"
@@ -32,7 +33,7 @@ def _trace(tmp_path: Path, period: int | str, calls: int, *extra: str,
     done = subprocess.run(
         [*GPUFLIGHT, "trace", "--stacks", str(folded), "--profile", str(profile),
          "--stack-sampling", str(period), *extra, "--", python, "-m",
-         "tests.workloads.pylaunch", str(runtime), str(calls)],
+         "tests.workloads.pylaunch", str(runtime), str(calls), *ending],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return folded.read_text().splitlines(), done.stderr, profile
@@ -125,8 +126,8 @@ def _by_function(profile: Path) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for sample in got.sample:
         functions = [where[i] for i in sample.location_id]  # the leaf first
-        mine = next((f for f in functions if f in ("hot", "cold", "upload", "wait", "<module>")),
-                    "?")
+        mine = next((f for f in functions
+                     if f in ("hot", "cold", "upload", "wait", "last", "<module>")), "?")
         totals = out.setdefault(mine, dict.fromkeys(kinds, 0))
         for kind, value in zip(kinds, sample.value, strict=True):
             totals[kind] += value
@@ -162,6 +163,19 @@ def test_every_call_walked_gives_each_function_what_its_calls_cost(tmp_path: Pat
     # --stacks folded by bytes: the uploads' path, and the last copy's.
     assert sum(int(line.rsplit(" ", 1)[1]) for line in lines) == uploads * UPLOAD + 4096
     assert "of GPU time:" in summary and "whose call was not recorded" not in summary
+
+
+def test_a_process_that_launches_from_new_code_and_exits_at_once_is_named(
+        tmp_path: Path) -> None:
+    """The code objects of a new stack are read from the process while it lives: one that
+    launches from a function never walked before and calls os._exit at once is held at libc's
+    _exit until they are read (and at CPython's finalization on an ordinary exit)."""
+    lines, summary, profile = _trace(tmp_path, 1, 40, ending=("os._exit",))
+    got = _by_function(profile)
+    assert "?" not in got and not [line for line in lines if "[unknown" in line]
+    last = f"last ({WORKLOAD}:{_lines_of('last')})"
+    assert [line.rsplit(" ", 1)[1] for line in lines if last in line] == ["1"]
+    assert "held at exit: 1 time(s)" in summary
 
 
 def test_sampled_estimates_are_within_their_bound(tmp_path: Path) -> None:

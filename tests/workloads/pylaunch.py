@@ -3,10 +3,12 @@ GPU's, by ctypes), for `trace --stacks` (tests/system/test_codepaths.py).
 
 `python -m tests.workloads.pylaunch RUNTIME N`: N launches from `hot()`, N // 4 from
 `cold()`, N // 10 synchronous copies of UPLOAD bytes from `upload()` and as many syncs from
-`wait()`, interleaved, then a copy of 4096 bytes."""
+`wait()`, interleaved, then a copy of 4096 bytes; with a third argument `os._exit`, then a
+launch from `last()` and os._exit at once (no interpreter shutdown)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from gpuflight.demo.serve import H2D, Gpu
@@ -30,6 +32,10 @@ def wait() -> None:
     gpu.sync()
 
 
+def last() -> None:
+    gpu.launch(1, 1)
+
+
 if __name__ == "__main__":
     gpu = Gpu(sys.argv[1])
     for i in range(int(sys.argv[2])):
@@ -40,3 +46,7 @@ if __name__ == "__main__":
             upload()
             wait()
     gpu.copy(4096, H2D)
+    if sys.argv[3:] == ["os._exit"]:
+        last()
+        sys.stdout.flush()
+        os._exit(0)

@@ -37,7 +37,8 @@ int on_point(struct pt_regs *ctx)
 	s->ts_ns = bpf_ktime_get_ns();
 	s->pid = pid;
 	s->tid = (u32)id;
-	gf_py_walk(o, gf_py_thread_state(o, (u32)id, 0), s);
+	u64 tstate = gf_py_thread_state(o, (u32)id, gf_py_fsbase(), 0);
+	gf_py_walk(o, tstate, gf_py_top(o, tstate), s);
 	s->weight = weight;
 	s->caller = 0; /* (the capture's: the probed call's return address) */
 	s->pending = 0;

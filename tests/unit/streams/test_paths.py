@@ -33,6 +33,10 @@ def test_the_user_function_is_the_innermost_frame_outside_library_code() -> None
     assert user_function(frames[2:]) == "_call (ctypes/x.py)"
     assert user_function((GEMM,)) == "at::native::gemm (libtorch_cuda.so)"
     assert user_function(()) == "[none]"
+    # A backward pass's launch (autograd's thread): the function that entered the pass.
+    backward = (("train", "/srv/train.py", 9), ("backward", TORCH, 623),
+                ("[autograd backward]", "", None), GEMM)
+    assert user_function(backward) == "train (srv/train.py)"
 
 
 def test_a_window_keeps_functions_apart_up_to_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,6 +64,16 @@ def test_the_stepped_flag_is_the_header_s_and_clear_of_every_row_s_cookie(
         assert ((probe.cookie | abi.COOKIE_STEPPED) >> 16) & 0xFFFFFFFF == probe.arg
 
 
+def test_the_walk_s_flags_are_the_header_s() -> None:
+    text = (REPO / "bpf" / "pywalk.bpf.h").read_text()
+    flags = {name: int(value) for name, value in
+             re.findall(r"^#define GF_PY_(TRUNCATED|NO_THREAD|NEW|NO_PYTHON|BACKWARD) (\d+)",
+                        text, re.M)}
+    assert flags == {"TRUNCATED": abi.PY_TRUNCATED, "NO_THREAD": abi.PY_NO_THREAD,
+                     "NEW": abi.PY_NEW, "NO_PYTHON": abi.PY_NO_PYTHON,
+                     "BACKWARD": abi.PY_BACKWARD}
+
+
 def test_families_list_every_family_of_the_table_once() -> None:
     families = api_families()
     assert len(families) == len(set(families))
@@ -123,7 +133,8 @@ def test_kinds_and_scopes_match_header() -> None:
 
 def test_loader_reasons_match_header() -> None:
     assert _enum("gf_loader_reason") == {"GF_LOADER_MAPPED": abi.LOADER_MAPPED,
-                                         "GF_LOADER_LISTEN": abi.LOADER_LISTEN}
+                                         "GF_LOADER_LISTEN": abi.LOADER_LISTEN,
+                                         "GF_LOADER_EXIT": abi.LOADER_EXIT}
 
 
 def test_struct_layout_matches_header(tmp_path: Path) -> None:

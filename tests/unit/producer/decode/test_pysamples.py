@@ -15,6 +15,8 @@ from gpuflight.producer.contract.abi import F_ASYNC, F_HAS_RESULT, EventType
 from gpuflight.producer.decode import pysamples
 from gpuflight.producer.decode.codepaths import PathFrame
 from gpuflight.producer.decode.pysamples import (
+    BACKWARD,
+    IN_BACKWARD,
     NEW,
     NO_FRAMES,
     NO_PYTHON,
@@ -189,6 +191,24 @@ def test_a_process_with_no_cpython_is_one_frame_that_says_so() -> None:
     samples.add_samples(_heads((3, 1, 100)))
     (path,) = samples.samples()
     assert path.frames == (NO_FRAMES,) and path.values["launches"] == 1.0
+
+
+def test_a_backward_threads_call_is_under_the_stack_that_entered_the_pass() -> None:
+    """An autograd device thread's call walked from the thread that entered the engine
+    (BACKWARD): that thread's frames, then the mark, then the call's native caller; the same
+    thread's call with no pass known to be running has no Python frames."""
+    gemm = PathFrame("at::native::gemm", "libtorch_cuda.so", None)
+    samples = StackSamples(DEPTH, lambda pid: None, lambda pid: None, clock_offset_ns=OFFSET,
+                           native=lambda pid, address: gemm)
+    entered, alone = _frames(1, flags=NEW | BACKWARD), _frames(2, depth=0)
+    entered[0]["caller"] = alone[0]["caller"] = 0x7F00_1234
+    samples.add_frames(entered)
+    samples.add_frames(alone)
+    samples.add_events(build_events([call(100), call(200)]))
+    samples.add_samples(_heads((1, 1, 100), (2, 1, 200)))
+    assert {p.frames for p in samples.samples()} == {
+        (UNKNOWN, UNKNOWN, IN_BACKWARD, gemm), (NO_FRAMES, gemm)}
+    assert IN_BACKWARD.folded() == "[autograd backward]"  # a mark has no place to name
 
 
 def test_the_native_caller_is_each_paths_leaf() -> None:

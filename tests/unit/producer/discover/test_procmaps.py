@@ -92,6 +92,46 @@ def test_every_kind_is_found(proc: FakeProc) -> None:
     assert snapshot.errors == frozenset()
 
 
+@pytest.mark.parametrize("hooks", [frozenset(), frozenset({"autograd"}),
+                                   frozenset({"autograd", "exit"})])
+def test_code_paths_hooks_are_found_only_when_wanted(proc: FakeProc,
+                                                     hooks: frozenset[str]) -> None:
+    """PyTorch's autograd engine and where a Python process exits are kinds of their own,
+    found only for what code paths want (Classifier's `hooks`), never at the cost of a CUDA
+    file's kind; a file that defines them is not quiet (a dlopen of it is seen)."""
+    proc.process(120)
+    proc.map(120, "/opt/torch/lib/libtorch_cpu.so", stored(proc, "libtorch_cpu.so"))
+    proc.map(120, "/usr/lib/libpython3.so", stored(proc, "libpython3.so"))
+    proc.map(120, "/opt/conda/lib/libcudart.so.12", stored(proc, "libcudart.so.12"))
+    classifier = Classifier(hooks=hooks)
+
+    snapshot = procmaps.scan(proc.root, cache=classifier)
+
+    kinds = {lib.path: lib.kind for lib in snapshot.libraries.values()}
+    assert kinds.pop("/opt/conda/lib/libcudart.so.12") == "runtime"
+    expected = {}
+    if "autograd" in hooks:
+        expected["/opt/torch/lib/libtorch_cpu.so"] = "autograd"
+    if "exit" in hooks:
+        expected["/usr/lib/libpython3.so"] = "exit"
+    assert kinds == expected
+    for lib in snapshot.libraries.values():
+        if lib.kind == "autograd":
+            assert lib.symbols == procmaps.AUTOGRAD_SYMBOLS - {
+                n for n in procmaps.AUTOGRAD_SYMBOLS if n.endswith("EEbbS7_")}
+            assert lib.plan is not None and [n for n, _ in lib.plan.offsets] == sorted(lib.symbols)
+        if lib.kind == "exit":
+            assert lib.symbols == {"Py_FinalizeEx"}
+    # The autograd engine is not quiet, wanted or not: a later trace that wants it must see
+    # its dlopen (import torch). Where a process exits is mapped at its start: quiet.
+    python = stored(proc, "libpython3.so").stat()
+    assert classifier.take_quiet() == [
+        (python.st_dev, python.st_ino, python.st_size, python.st_ctime_ns)]
+    # The names stay in the real libtorch's table (tests/frameworks: torch 2.15).
+    assert "_ZN5torch8autograd6Engine7executeERKSt6vectorINS0_4EdgeESaIS3_EERKS2_IN2at6Tensor" \
+        "ESaIS9_EEbbbS7_" in procmaps.AUTOGRAD_SYMBOLS
+
+
 def test_one_file_mapped_by_two_processes_is_one_library(proc: FakeProc) -> None:
     for pid in (200, 201):
         proc.process(pid)

@@ -123,6 +123,11 @@ def forbid_reading(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(elfsyms, name, fail)
 
 
+def _identity_tail(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def learn(node: Node, cache: Path) -> dict[LibraryKey, LibraryFile]:
     """One run: classify the node's files with the store in `cache`, and save it."""
     store = procmaps.open_verdict_store(cache)
@@ -143,7 +148,7 @@ class Clock:
 def vocabulary() -> verdictcache.Vocabulary:
     return verdictcache.Vocabulary(
         procmaps.RUNTIME_SYMBOLS, procmaps.DRIVER_SYMBOLS, procmaps._REFERENCED_SYMBOLS,
-        attachplan.PROBED,
+        attachplan.PROBED, procmaps._HOOK_SYMBOLS,
     )
 
 
@@ -168,7 +173,7 @@ def test_a_verdict_is_reused_by_the_next_run_without_reading_the_file(
 
     forbid_reading(monkeypatch)  # nor for where to attach: the plans come back too
     store = procmaps.open_verdict_store(cache)
-    assert len(store) == 3  # libc too: files that define nothing are kept, compactly
+    assert len(store) == 3  # libc too (where a process exits: code paths' hook)
     assert node.scan(Classifier(store=store)) == first
     assert store.hits == 3 and store.learned == 0
     assert not store.dirty and not store.save_if_dirty()  # nothing new: no write
@@ -285,11 +290,19 @@ def test_a_plan_with_probes_moved_past_their_entries_round_trips(tmp_path: Path)
 
 def test_files_that_define_nothing_are_kept_compactly(node: Node, tmp_path: Path) -> None:
     learn(node, tmp_path / "cache")
+    store = procmaps.open_verdict_store(tmp_path / "cache")
+    store.put((1, 2, 3, 4, 5), verdictcache.Stored(frozenset(), frozenset(), None))
+    assert store.save_if_dirty()
     document = orjson.loads((tmp_path / "cache" / verdictcache.FILE_NAME).read_bytes())
     rows = {row[1]: row for row in document["entries"]}
-    assert len(rows[node.key("libc.so.6")[1]]) == 6  # identity and last use only
+    assert rows[2] == [1, 2, 3, 4, 5, rows[2][5]]  # identity and last use only
     runtime = rows[node.key("libcudart.so")[1]]
     assert "cudaLaunchKernel" in runtime[7]
+    # libc defines where a process exits (a hook of code paths), and nothing else.
+    assert rows[node.key("libc.so.6")[1]][6:] == [None, [], [], None, None, ["_exit"]]
+    recalled = procmaps.open_verdict_store(tmp_path / "cache").get(
+        (*node.key("libc.so.6"), *_identity_tail(node.files["libc.so.6"])))
+    assert recalled is not None and recalled.hooks == {"_exit"} and recalled.is_quiet
 
 
 def test_a_changed_file_is_read_again(node: Node, tmp_path: Path, reads: list[str]) -> None:
@@ -420,16 +433,21 @@ DAMAGED = {
     "float": lambda good: _entries([[2049, 7.5, 4096, 5, 5, 9]]),
     "bool as a number": lambda good: _entries([[2049, True, 4096, 5, 5, 9]]),
     "huge number": lambda good: _entries([]).replace(b"[]", b"[[2049,7,4096,5,5,1e400]]"),
-    "unprobed name": lambda good: _entries([[*_IDENTITY, None, ["system"], [], None, None]]),
+    "unprobed name": lambda good: _entries([[*_IDENTITY, None, ["system"], [], None, None, []]]),
     "name not a string": lambda good: _entries(
-        [[*_IDENTITY, None, [["cudaMalloc"]], [], None, None]]
+        [[*_IDENTITY, None, [["cudaMalloc"]], [], None, None, []]]
     ),
     "driver name as runtime": lambda good: _entries(
-        [[*_IDENTITY, None, ["cuLaunchKernel"], [], None, None]]
+        [[*_IDENTITY, None, ["cuLaunchKernel"], [], None, None, []]]
     ),
-    "loader not a bool": lambda good: _entries([[*_IDENTITY, 1, [], [], None, None]]),
-    "names not a list": lambda good: _entries([[*_IDENTITY, None, "cudaMalloc", [], None, None]]),
+    "loader not a bool": lambda good: _entries([[*_IDENTITY, 1, [], [], None, None, []]]),
+    "names not a list": lambda good: _entries(
+        [[*_IDENTITY, None, "cudaMalloc", [], None, None, []]]),
     "a version 1 entry": lambda good: _entries([[*_IDENTITY, None, ["cudaMalloc"], [], None]]),
+    "a version 3 entry": lambda good: _entries(
+        [[*_IDENTITY, None, ["cudaMalloc"], [], None, None]]),
+    "unprobed hook": lambda good: _entries([[*_IDENTITY, None, [], [], None, None, ["system"]]]),
+    "hooks not a list": lambda good: _entries([[*_IDENTITY, None, [], [], None, None, "_exit"]]),
 }
 # A runtime's entry (a 4096-byte file defining cudaMalloc) with each of these plans.
 BAD_PLANS: dict[str, object] = {
@@ -472,9 +490,9 @@ BAD_PLANS: dict[str, object] = {
 
 def _planned(plan: object) -> Callable[[bytes], bytes]:
     if isinstance(plan, bytes):  # JSON that orjson would not write
-        return lambda good: _entries([[*_IDENTITY, None, ["cudaMalloc"], [], None, "?"]]).replace(
-            b'"?"', plan)
-    return lambda good: _entries([[*_IDENTITY, None, ["cudaMalloc"], [], None, plan]])
+        return lambda good: _entries(
+            [[*_IDENTITY, None, ["cudaMalloc"], [], None, "?", []]]).replace(b'"?"', plan)
+    return lambda good: _entries([[*_IDENTITY, None, ["cudaMalloc"], [], None, plan, []]])
 
 
 DAMAGED.update({f"plan: {what}": _planned(plan) for what, plan in BAD_PLANS.items()})
