@@ -291,6 +291,8 @@ struct gf_py_backward {
 	u64 instr;
 };
 BPF_TABLE("lru_hash", u32, struct gf_py_backward, py_backward, 16384);
+/* The processes that sent a new stack's frames since their last hold at an exit (below). */
+BPF_TABLE("lru_hash", u32, u8, py_fresh, 65536);
 
 /* The innermost frame of the thread that entered the engine, if it is still inside: 0 if not. */
 static __always_inline u64 gf_py_inside(const struct gf_py_offsets *o,
@@ -490,9 +492,10 @@ int gf_py_walker(struct pt_regs *ctx)
 		s->flags |= GF_PY_NEW;
 		/* A new stack wakes its reader (once caught up): its code objects are read while
 		 * the process lives (producer/decode/pycapture.py). New stacks are rare. */
-		if (py_frames.ringbuf_output(s, offsetof(struct gf_py_stack, frame), 0) == 0)
+		if (py_frames.ringbuf_output(s, offsetof(struct gf_py_stack, frame), 0) == 0) {
 			py_seen.update(&s->stack_id, &one); /* else sent again with the next */
-		else
+			py_fresh.update(&pid, &one);
+		} else
 			gf_count_drop(GF_DROP_PY_SAMPLES, pid);
 	}
 	if (py_samples.ringbuf_output(s, offsetof(struct gf_py_stack, code), BPF_RB_NO_WAKEUP))
@@ -1789,14 +1792,17 @@ static __always_inline int gf_loader_notify(u16 reason)
 /* A walked Python process is about to exit (CPython's Py_FinalizeEx, then libc's _exit; or
  * _exit alone: os._exit): the code objects its stacks' frames point to go with it, and user
  * space reads them when the frames arrive (a thread woken for it). A trace holds the process
- * at each like a dlopen (GF_LOADER_EXIT) until it has read every stack sent before: a script
- * that launches from new code and exits at once still gets its names. */
+ * there like a dlopen (GF_LOADER_EXIT) until it has read every stack sent before, if it sent
+ * one since it was last held so (py_fresh): a script that launches from new code and exits
+ * at once still gets its names; a process that sent none is not held. */
 int gf_exit_hold(struct pt_regs *ctx)
 {
 #ifdef GF_HOLDS
 	u32 pid = bpf_get_current_pid_tgid() >> 32;
-	if (py_procs.lookup(&pid))
+	if (py_fresh.lookup(&pid)) {
+		py_fresh.delete(&pid); /* a stack sent after this holds the next exit point */
 		gf_loader_notify(GF_LOADER_EXIT);
+	}
 #endif
 	return 0;
 }
