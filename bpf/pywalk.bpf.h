@@ -143,10 +143,11 @@ static __always_inline u64 gf_py_instr(const struct gf_py_offsets *o, u64 frame)
 }
 
 /* Fill `s` (its pid, tid and ts_ns set by the caller) with the frames of thread state
- * `tstate` from its frame `frame` (gf_py_top) outwards: frame i of the chain at index i, a shim frame (owned by the C stack) with code 0
- * (user space skips those). One index for both keeps the verifier's work linear in the
- * bound: a separate count of kept frames made its states grow with each step, and 64 steps
- * were over its budget (bcc 0.26 cannot pass bpf_loop a callback). */
+ * `tstate` from its frame `frame` (gf_py_top) outwards: frame i of the chain at index i, a
+ * shim frame (owned by the C stack) with code 0 (user space skips those). One index for both
+ * keeps the verifier's work linear in the bound: a separate count of kept frames made its
+ * states grow with each step, and 64 steps were over its budget (bcc 0.26 cannot pass
+ * bpf_loop a callback). */
 static __always_inline void gf_py_walk(const struct gf_py_offsets *o, u64 tstate, u64 frame,
 				       struct gf_py_stack *s)
 {

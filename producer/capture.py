@@ -423,16 +423,16 @@ class Capture:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
             held = max(0, time.monotonic_ns() - note.ts_ns) if note.ts_ns else 0
-            if note.exiting:
-                log.debug("process %d held at its exit %.1f ms", pid, held / 1e6)
+            if note.exiting:  # code paths: its new stacks read
                 self.stats.held_at_exit += 1
                 self.stats.held_at_exit_ns += held
+                log.debug("process %d held at its exit %.1f ms", pid, held / 1e6)
             else:
                 self.stats.held_released += 1
-            if note.ts_ns and not note.exiting:
-                self.stats.held_ns_total += held
-                self.stats.held_ns_max = max(self.stats.held_ns_max, held)
-                log.debug("process %d held %.1f ms", pid, held / 1e6)
+                if note.ts_ns:
+                    self.stats.held_ns_total += held
+                    self.stats.held_ns_max = max(self.stats.held_ns_max, held)
+                    log.debug("process %d held %.1f ms", pid, held / 1e6)
         holds = self.probes.holds
         if holds is not None:
             try:

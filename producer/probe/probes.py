@@ -621,15 +621,25 @@ class Probes:
             raise AttachError("defines none of its functions within its loaded segments")
         program = self._program(_HOOK_PROGRAMS[library.kind])
         claimed: set[int] = set()
+        unprobed: dict[str, str] = {}
+        first_errno: int | None = None
         for name, offset in sorted(offsets.items()):
             if offset in claimed:  # an alias: one probe
                 continue
-            claimed.add(offset)
             try:
                 fds.append(self._uprobes.attach(program, path, offset, retprobe=False))
             except OSError as exc:
-                raise AttachError(f"cannot attach to {name}: {reason(exc)}", exc.errno) from exc
-        return AttachedFile(library, len(claimed), frozenset(offsets), stepped=plan.stepped)
+                if exc.errno in FILE_ERRNOS:
+                    raise AttachError(f"cannot attach to {name}: {reason(exc)}",
+                                      exc.errno) from exc
+                first_errno = first_errno if first_errno is not None else exc.errno
+                unprobed[name] = reason(exc)  # its file's other function is probed still
+                continue
+            claimed.add(offset)
+        if not claimed:
+            raise AttachError(f"none of its functions could be probed ({unprobed})", first_errno)
+        return AttachedFile(library, len(claimed), frozenset(offsets) - unprobed.keys(),
+                            unprobed, stepped=plan.stepped - unprobed.keys())
 
     def _detach(self, fds: Iterable[int]) -> int:
         """Close each fd (each detaches one probe); a failure is logged, and the rest go on.

@@ -249,6 +249,39 @@ cuLaunchKernel:
     assert offset == entry_of(path, "cuLaunchKernel") + 10  # past the cmp, for both names
 
 
+@pytest.fixture(scope="module")
+def exit_hooks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A file that defines both places a process exits (as a static python would, with a
+    libc linked in)."""
+    out = tmp_path_factory.mktemp("hooks")
+    (out / "hooks.c").write_text("int Py_FinalizeEx(void) { return 0; }\n"
+                                 "void _exit(int status) { for (;;) (void)status; }\n")
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-fno-builtin", "-o", str(out / "lib.so"),
+                    str(out / "hooks.c")], check=True, capture_output=True)
+    return out / "lib.so"
+
+
+def test_a_code_paths_hook_is_probed_only_with_stacks_and_one_refused_costs_only_itself(
+        exit_hooks: Path) -> None:
+    library = LibraryFile(key=(3, 4), path="/usr/lib/libpython3.so",
+                          host_path=str(exit_hooks), kind="exit")
+    off = make_probes(FakeUprobes())
+    assert off.attach(library) is None
+    assert "only for code paths" in off.failed[library.key].reason
+    plan = attachplan.read_plan(str(exit_hooks), "exit", exit_hooks.stat().st_size)
+    at = {name: offset for name, offset in plan.offsets}
+    assert at.keys() == {"Py_FinalizeEx", "_exit"}
+    uprobes = FakeUprobes(lambda _p, offset, _r: errno.EINVAL if offset == at["_exit"] else None)
+    probes = make_probes(uprobes)
+    object.__setattr__(probes._settings, "stack_period", 1)
+    attached = probes.attach(library)
+    assert attached is not None and attached.functions == {"Py_FinalizeEx"}
+    assert list(attached.unprobed) == ["_exit"] and attached.probes == 1
+    [(fd, (_path, offset, retprobe))] = uprobes.held.items()
+    assert (offset, retprobe) == (at["Py_FinalizeEx"], False)
+    assert uprobes.programs[fd][0] == probes._bpf.loaded["gf_exit_hold"]  # type: ignore[attr-defined]
+
+
 def test_a_function_the_kernel_refuses_costs_only_itself(
     stub_runtime: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
