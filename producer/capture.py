@@ -29,7 +29,7 @@ from gpuflight.producer.decode.sinks import EventSink, Guarded
 from gpuflight.producer.discover import procmaps
 from gpuflight.producer.http import abi as hr
 from gpuflight.producer.http.probes import HttpProbes
-from gpuflight.producer.nvml import UtilizationFeed
+from gpuflight.producer.nvml import UtilizationFeed, UtilReport
 from gpuflight.producer.probe.holdguard import hold_key
 from gpuflight.producer.probe.preflight import ensure_tracefs
 from gpuflight.producer.probe.probes import DropCounts, LoaderEvent, Probes
@@ -157,9 +157,12 @@ class Capture:
         #: The processes to watch for HTTP once the capture is up (settings.http_on_listen).
         self._http_wanted: set[int] = set()
         self._http_tried = False
-        #: NVML's per-process utilisation for request cost (trace and the producer set it):
-        #: read on the sampler's own thread, taken here each turn; read once more at the end.
+        #: NVML's per-process utilisation for request cost and top (trace and the producer
+        #: set it wherever NVML runs): read on the sampler's own thread, taken here each turn
+        #: (its windows would pile up in the sampler otherwise); read once more at the end.
         self.utilization: UtilizationFeed | None = None
+        #: Called with each take of NVML's per-process windows (with `utilization`).
+        self.utilization_observers: list[Callable[[UtilReport], None]] = []
         if settings.http:
             # From the start, so that what is made before a lazy HTTP capture is up (no request
             # can be in flight then) is counted as work outside requests.
@@ -466,8 +469,8 @@ class Capture:
             # yet, and waits (`_held`) for a later turn's HTTP records.
             cut = time.monotonic_ns() - HTTP_SETTLE_NS + self.enricher.clock_offset_ns
             requests.feed(self.http_probes.drain())
-        if requests is not None and self.utilization is not None:
-            self._feed_utilization(requests, self.utilization)
+        if self.utilization is not None:  # taken each turn, used or not: never piled up
+            self._take_utilization(requests, self.utilization)
         while True:
             drained = self.probes.drain_events(BATCH_EVENTS)
             # After the events: each launch drained was committed after its name.
@@ -525,15 +528,19 @@ class Capture:
         for sink in self.sinks:
             sink.write_aggregates(aggregates)
 
-    @staticmethod
-    def _feed_utilization(requests: RequestTracker, feed: UtilizationFeed) -> None:
+    def _take_utilization(self, requests: RequestTracker | None, feed: UtilizationFeed) -> None:
+        """NVML's per-process windows since the last take: to the requests' GPU time and to
+        whoever else observes them (the node agent's top feed)."""
         try:
             report = feed.take()
         except Exception as exc:  # NVML is an extra: requests go on with queued time
             log.warning("NVML utilisation not read (%s): GPU time is queued time", exc)
             return
-        covered = min(report.covered_ns.values()) if report.covered_ns else 0
-        requests.feed_utilization(report.windows, covered)
+        if requests is not None:
+            covered = min(report.covered_ns.values()) if report.covered_ns else 0
+            requests.feed_utilization(report.windows, covered)
+        for observer in self.utilization_observers:
+            observer(report)
 
     def _hold_back(self, events: npt.NDArray[np.void], cut: int) -> npt.NDArray[np.void]:
         """The held events and these, made before `cut`; the rest are held."""
@@ -610,7 +617,7 @@ class Capture:
                     self.utilization.last()
                 except Exception as exc:
                     log.warning("the last NVML sample failed (%s)", exc)
-                self._feed_utilization(self.requests, self.utilization)
+                self._take_utilization(self.requests, self.utilization)
             self.requests.close()
             self.requests.settle(force=True)
             self._hand_on_requests(self.requests)

@@ -71,16 +71,23 @@ def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float,
     )
 
 
-def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]] | None) -> UtilizationFeed | None:
-    """NVML on its own thread: GPU samples (into `samples`, with Kafka) and per-process
-    utilisation for request cost; None (logged) without NVML."""
+def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]] | None,
+                names: dict[int, str]) -> UtilizationFeed | None:
+    """NVML on its own thread: GPU samples (into `samples`, with Kafka; each GPU's name
+    into `names`) and per-process utilisation for request cost and top's GPU-seconds; None
+    (logged) without NVML."""
     try:
         sampler = NvmlSampler()
     except Exception as exc:  # NvmlUnavailable and anything the library throws
         log.info("NVML: %s; GPU samples are off, request GPU time is queued time, capture "
                  "goes on", exc)
         return None
-    return UtilizationFeed(sampler, NVML_INTERVAL_S, samples.put if samples is not None else None)
+
+    def publish(batch: list[wire.GpuSample]) -> None:
+        names.update({s.gpu: s.name for s in batch if s.name})
+        if samples is not None:
+            samples.put(batch)
+    return UtilizationFeed(sampler, NVML_INTERVAL_S, publish)
 
 
 def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None = None,
@@ -128,12 +135,14 @@ def _run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | 
     tally_dir = _tally_dir() if kafka_sink is not None else None
     if tally_dir is not None:
         settings = dataclasses.replace(settings, tally_dir=tally_dir)
+    top: TopFeed | None = None
     if top_feed is not None:
         # What `gpuflight top` shows, for it to read rather than probe everything again.
-        top = TopFeed(TopTable(kernels=enricher.kernels, proc_root=settings.proc_root,
-                               http=settings.http), path=top_feed)
-        if top.start():
-            sinks.append(top)
+        serving = TopFeed(TopTable(kernels=enricher.kernels, proc_root=settings.proc_root,
+                                   http=settings.http), path=top_feed)
+        if serving.start():
+            sinks.append(serving)
+            top = serving
     capture = Capture(settings, sinks, enricher)
     ledger = None
     if kafka_sink is not None:
@@ -154,10 +163,15 @@ def _run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | 
         return agentmetrics.take(capture, kafka_sink, record, started_unix)
     samples: queue.SimpleQueue[list[wire.GpuSample]] = queue.SimpleQueue()
     feed = None
-    if kafka_sink is not None or capture.requests is not None:
-        feed = _start_nvml(samples if kafka_sink is not None else None)
-        if capture.requests is not None:
-            capture.utilization = feed
+    gpu_names: dict[int, str] = {}
+    if kafka_sink is not None or capture.requests is not None or top is not None:
+        feed = _start_nvml(samples if kafka_sink is not None else None, gpu_names)
+        # Taken each turn, whoever uses it: its per-process windows never pile up.
+        capture.utilization = feed
+        if top is not None and feed is not None:
+            # top's GPU-seconds a second, and the GPU model each is priced by (top's side).
+            top.table.gpu_names = lambda: dict(gpu_names)
+            capture.utilization_observers.append(top.add_utilization)
     scope = "every process" if settings.pids is None else f"pids {sorted(settings.pids)}"
     destinations = ", ".join(
         ([str(output)] if output else []) + ([f"Kafka {kafka.bootstrap}"] if kafka else [])
@@ -190,7 +204,7 @@ def _run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | 
             _status(status, capture, STATE_READY)
             exchange.answer(health)
     finally:
-        if feed is not None and capture.utilization is None:
+        if feed is not None and capture.requests is None:  # no request waits for its word
             feed.stop()
         if ledger is not None:
             ledger.freeze()

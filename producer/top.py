@@ -17,6 +17,7 @@ Without an agent, `top` captures node-wide itself (as the agent would) into a To
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -33,7 +34,14 @@ from typing import Any, Final, Protocol
 import orjson
 
 from gpuflight.producer.contract.errors import SetupError, UsageError
-from gpuflight.producer.toptable import KernelRow, ProcessRow, RouteRow, ShapeRow, TopTable
+from gpuflight.producer.toptable import (
+    KernelRow,
+    ProcessRow,
+    RouteRow,
+    ShapeRow,
+    TopTable,
+    priced,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +115,13 @@ class TopFeed:
     def write_requests(self, pid: int, answered: Any, unattributed: Any) -> None:
         if self._readers:
             self.table.write_requests(pid, answered, unattributed)
+
+    def add_utilization(self, report: Any) -> None:
+        """NVML's per-process windows (Capture.utilization_observers): each process's GPU
+        time, while someone reads."""
+        if self._readers:
+            for window in report.windows:
+                self.table.add_gpu_time(window.pid, window.gpu, window.gpu_ns)
 
     def tick(self) -> None:
         pass
@@ -256,13 +271,17 @@ def decode_rows(line: bytes) -> tuple[list[ProcessRow], float]:
 
 
 def _row(r: dict[str, Any]) -> ProcessRow:
+    # A field this top does not know (a newer agent's) is left out, not an error.
     return ProcessRow(**{
-        **r,
+        **{k: v for k, v in r.items() if k in _ROW_FIELDS},
         "devices": tuple(r["devices"]),
         "kernels": tuple(KernelRow(**k) for k in r["kernels"]),
         "shapes": tuple(ShapeRow(**s) for s in r["shapes"]),
         "routes": tuple(RouteRow(**x) for x in r["routes"]),
     })
+
+
+_ROW_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(ProcessRow))
 
 
 # -- top's side ------------------------------------------------------------------------------
@@ -276,6 +295,9 @@ class FeedSource:
         self._lines = _lines(connection)
         self.description = f"the feed at {path}"
         self.interval_s = 0.0
+        #: What $/h is priced by (PriceBook): the agent's rows carry GPU-seconds a second and
+        #: the GPU's model, not a price.
+        self.prices: Any = None
 
     def hello(self, timeout_s: float = 10.0) -> None:
         """Read whose feed it is (its first line)."""
@@ -299,7 +321,9 @@ class FeedSource:
         if line is None:
             raise SetupError("the node agent stopped serving top (its feed closed)")
         rows, self.interval_s = decode_rows(line)
-        return rows
+        return [row if row.usd_per_h is not None else
+                replace(row, usd_per_h=priced(self.prices, row.gpu_s_per_s, row.gpu))
+                for row in rows]
 
     def close(self) -> None:
         self._socket.close()
@@ -434,6 +458,7 @@ def open_source(settings: Any, interval_s: float, prices: Any = None,
         raise UsageError("--interval must be positive")
     found = connect(feed)
     if found is not None:
+        found.prices = prices  # the agent's rows say which GPU: priced here, by ours
         return found
     if feed_only:
         raise SetupError(f"nothing serves top's rows at {feed}")

@@ -92,6 +92,8 @@ class ProcessRow:
     kernels: tuple[KernelRow, ...] = ()
     shapes: tuple[ShapeRow, ...] = ()
     routes: tuple[RouteRow, ...] = ()
+    #: The model of the GPU it ran on, as NVML names it (what its $/h is priced by).
+    gpu: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +127,16 @@ def _reservoir(kept: list[int], value: int, seen: int, rng: random.Random, size:
         kept[slot] = value
 
 
+def priced(prices: PriceBook | None, gpu_s_per_s: float | None, model: str | None
+           ) -> float | None:
+    """USD an hour for `gpu_s_per_s` GPU-seconds a second of a `model` GPU, where the price
+    book has one."""
+    if prices is None or gpu_s_per_s is None or model is None:
+        return None
+    per_hour = prices.per_hour(model)
+    return None if per_hour is None else gpu_s_per_s * per_hour
+
+
 def p99_ms(latencies_ns: Sequence[int]) -> float | None:
     """The 99th percentile (nearest rank) in ms; None without requests."""
     if not latencies_ns:
@@ -152,7 +164,8 @@ class TopTable:
         self._proc_root = proc_root
         self._identify = identify or self._resolve
         self._prices = prices
-        self._gpu_names = gpu_names
+        #: The NVML names of the GPUs, by index (None: no NVML: no GPU-seconds, not 0).
+        self.gpu_names = gpu_names
         #: Whether requests are captured (else the request columns say "-", not 0).
         self.http = http
         self._lock = threading.Lock()
@@ -229,7 +242,7 @@ class TopTable:
             for pid in list(self._who):
                 if pid not in alive and pid not in current:
                     self._forget(pid)
-            gpu_names = self._gpu_names() if self._gpu_names is not None else {}
+            gpu_names = self.gpu_names() if self.gpu_names is not None else {}
             rows = []
             for pid in sorted(set(current) | alive):
                 if pid not in self._who:
@@ -245,11 +258,9 @@ class TopTable:
         who = self._who.get(pid)
         kernels = sorted(counts.kernels.items(), key=lambda kv: (-kv[1], kv[0]))
         h2d, d2h = counts.copies.get("H2D"), counts.copies.get("D2H")
-        gpu_s = interval.gpu_ns / 1e9 / seconds if self._gpu_names is not None else None
-        usd = None
-        if gpu_s is not None and self._prices is not None and pid in self._gpus:
-            per_hour = self._prices.per_hour(gpu_names.get(self._gpus[pid], ""))
-            usd = None if per_hour is None else gpu_s * per_hour
+        gpu_s = interval.gpu_ns / 1e9 / seconds if self.gpu_names is not None else None
+        model = gpu_names.get(self._gpus[pid]) if pid in self._gpus else None
+        usd = priced(self._prices, gpu_s, model)
         shapes = (counts.shapes or Counter()).most_common(SHAPES_KEPT)
         return ProcessRow(
             pid=pid,
@@ -266,6 +277,7 @@ class TopTable:
             blocked_pct=100.0 * counts.blocked_ns / 1e9 / seconds,
             gpu_s_per_s=gpu_s,
             usd_per_h=usd,
+            gpu=model,
             requests_per_s=interval.requests / seconds if self.http else None,
             p99_ms=p99_ms(interval.latencies_ns) if self.http else None,
             kernels=tuple(KernelRow(name, n / seconds, n / launches if launches else 0.0)

@@ -255,8 +255,9 @@ def _utilization(
             return gpu, None
         if capture.requests is not None or samples is not None:  # never the capture loop's
             feed = UtilizationFeed(nvml, NVML_INTERVAL_S, samples)
-            if capture.requests is not None:
-                capture.utilization = feed
+            # Taken by the capture each turn even for the timeline's counters alone: the
+            # per-process windows the sampler reads would pile up otherwise.
+            capture.utilization = feed
             return gpu, feed
         nvml.close()
     except Exception as exc:
@@ -503,9 +504,8 @@ def run(
             if opened:
                 gpu = opened[0][0]
                 own = opened[0][1]
-                if own is not None and capture.utilization is None:  # the timeline's alone
-                    own.stop()
-                    own.sampler.close()
+                if own is not None and capture.requests is None:  # the timeline's alone:
+                    own.stop()  # its last word now (closed with the capture's, below)
         drops = _close(capture)
         if capture.utilization is not None:
             capture.utilization.stop()

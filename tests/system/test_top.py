@@ -188,6 +188,58 @@ def test_with_a_node_agent_running_top_reads_its_feed(bindir: Path, tmp_path: Pa
             agent.stop()
 
 
+@pytest.mark.simgpu
+def test_top_through_the_agent_shows_gpu_seconds_and_prices_them(tmp_path: Path) -> None:
+    """The agent reads NVML (the simulated GPU's, real-time timing model) for top as its own
+    capture would: the server's row carries GPU-seconds a second and the GPU's model, and top
+    prices it with its book (H100: 3.00 USD an hour by default)."""
+    from gpuflight.simgpu.build import build as build_sim
+
+    wait_for_probe_releases()
+    sim = build_sim(tmp_path / "sim")
+    activity = tmp_path / "activity"
+    activity.mkdir()
+    nvml = {"GF_SIM_NVML_DIR": str(activity), "GF_SIM_NVML_PERIOD_US": "10000"}
+    feed = tmp_path / "run" / "top.sock"
+    agent = NodeProducer(tmp_path / "node.jsonl", "--top-feed", str(feed), wrapper=(
+        "env", f"GPUFLIGHT_NVML_LIB={sim.nvml}", *(f"{k}={v}" for k, v in nvml.items())))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.workloads.nvml_server", "serve", "--runtime",
+         str(sim.runtime(12)), "--expect", str(tmp_path / "expect.json"), "--requests", "3000",
+         "--pause-ms", "5", "--hold"],
+        stdin=subprocess.PIPE, env={**os.environ, **nvml, "GF_SIM_NS_PER_THREAD": "1"})
+    top = None
+    try:
+        agent.wait_for_library(sim.runtime(12).name)
+        top = subprocess.Popen([*GPUFLIGHT, "top", "--json", "--interval", "0.5", "--top-feed",
+                                str(feed)], stdout=subprocess.PIPE)
+        assert server.stdin is not None
+        server.stdin.write(b"go\n")
+        server.stdin.flush()
+        deadline = time.monotonic() + TIMEOUT_S
+        for shown in _lines(top):  # each interval's rows, until NVML has seen its work
+            assert time.monotonic() < deadline, "no GPU-seconds for the server's row"
+            assert shown["source"].startswith("the node agent's feed"), shown["source"]
+            row = next((r for r in shown["rows"]
+                        if r["pid"] == server.pid and r["gpu_s_per_s"]), None)
+            if row is not None:
+                break
+        assert row is not None
+        assert row["gpu"] == "NVIDIA H100 80GB HBM3"
+        assert 0 < row["gpu_s_per_s"] <= 1.0
+        assert row["usd_per_h"] == pytest.approx(row["gpu_s_per_s"] * 3.00)
+    finally:
+        for proc in (top, server):
+            if proc is not None:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(30)
+                for pipe in (proc.stdin, proc.stdout):
+                    if pipe is not None:
+                        pipe.close()
+        agent.stop()
+
+
 def _pid_of(binary: Path) -> int | None:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

@@ -107,6 +107,46 @@ def test_nvml_gpu_time_is_gpu_seconds_per_second_and_priced(tmp_path: Path) -> N
     assert rows[20].gpu_s_per_s == 0.0 and rows[20].usd_per_h is None  # no GPU named for it
 
 
+def test_the_agents_rows_carry_gpu_time_and_model_and_top_prices_them(tmp_path: Path) -> None:
+    """The agent has NVML but no price book: its rows carry GPU-seconds a second and the
+    model of the GPU (Capture.utilization_observers → TopFeed.add_utilization); top prices
+    them with its own (--prices), as its own capture would. A field this top does not know
+    (a newer agent's) is left out."""
+    from gpuflight.producer.nvml import UtilReport, UtilWindow
+
+    table = _table(tmp_path)  # the agent's: no prices
+    path = tmp_path / "run" / "top.sock"
+    feed = TopFeed(table, interval_s=0.05, path=path)
+    table.gpu_names = lambda: {0: "NVIDIA H100 80GB HBM3"}
+    assert feed.start()
+    try:
+        source = connect_feed(path)
+        assert isinstance(source, FeedSource)
+        source.prices = PriceBook({"H100": 2.0})
+        try:
+            while not feed.reading:
+                os.sched_yield()
+            feed.write(_events())
+            # 60 % of the SMs over 1 s of NVML's windows: 0.6 GPU-seconds.
+            feed.add_utilization(UtilReport((UtilWindow(0, 10, 0, 10**9, 60),), {0: 10**9}))
+            got = None
+            while got is None:
+                got = next((r for r in source.next_rows() if r.pid == 10 and r.gpu_s_per_s),
+                           None)
+            assert got.gpu == "NVIDIA H100 80GB HBM3" and got.gpu_s_per_s is not None
+            assert got.usd_per_h == pytest.approx(got.gpu_s_per_s * 2.0)
+        finally:
+            source.close()
+    finally:
+        feed.close()
+    fresh = _table(tmp_path)
+    fresh.snapshot(now=0.0)
+    fresh.write(_events())  # type: ignore[arg-type]
+    line = encode_rows(fresh.snapshot(now=1.0), 1.0)
+    newer = line.replace(b'"pid":', b'"from_a_newer_agent":1,"pid":')
+    assert newer != line and decode_rows(newer) == decode_rows(line)
+
+
 def test_p99_is_the_nearest_rank() -> None:
     assert p99_ms([]) is None
     assert p99_ms([5 * MS]) == 5.0
