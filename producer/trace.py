@@ -38,6 +38,7 @@ from gpuflight.producer.probe.holdguard import HoldGuard
 from gpuflight.producer.probe.preflight import TRACE_CAPABILITIES, check_can_probe
 from gpuflight.producer.probe.probes import CUDA_KINDS, DropCounts, Probes, StackRate
 from gpuflight.producer.settings import CaptureSettings
+from gpuflight.producer.top import TopFeed
 
 if TYPE_CHECKING:
     from gpuflight.producer.contract.wire import GpuSample
@@ -241,11 +242,13 @@ def _wait(pid: int, proc_root: Path, guard: HoldGuard) -> int:
 def _utilization(
     capture: Capture, nvml: NvmlSampler | None, gpu: str | None,
     samples: Callable[[list[GpuSample]], None] | None = None,
+    tops: Sequence[TopFeed] = (),
 ) -> tuple[str | None, UtilizationFeed | None]:
     """(The NVML opener's thread.) NVML, opened now if not before: the GPU's name (unless
     named), and the per-process utilisation feed requests are costed from, handed to the
     capture (whose loop takes it up from its next turn); each sample to `samples` too (the
-    timeline's counters). Never raises."""
+    timeline's counters); each process's GPU time and its GPU's name to `tops` (`--top`'s
+    GPU-seconds and $/h). Never raises."""
     try:
         if nvml is None:
             nvml = open_nvml()
@@ -253,8 +256,17 @@ def _utilization(
                 gpu = gpu_name(None, nvml)
         if nvml is None:
             return gpu, None
-        if capture.requests is not None or samples is not None:  # never the capture loop's
-            feed = UtilizationFeed(nvml, NVML_INTERVAL_S, samples)
+        if capture.requests is not None or samples is not None or tops:  # never the loop's
+            names: dict[int, str] = {}
+
+            def publish(batch: list[GpuSample]) -> None:
+                names.update({s.gpu: s.name for s in batch if s.name})
+                if samples is not None:
+                    samples(batch)
+            feed = UtilizationFeed(nvml, NVML_INTERVAL_S, publish)
+            for top in tops:
+                top.table.gpu_names = lambda: dict(names)
+                capture.utilization_observers.append(top.add_utilization)
             # Taken by the capture each turn even for the timeline's counters alone: the
             # per-process windows the sampler reads would pile up otherwise.
             capture.utilization = feed
@@ -444,8 +456,11 @@ def run(
         exporter = OtlpExporter(options.otlp, protocol=options.otlp_protocol,  # type: ignore[arg-type]
                                 wall_offset_ns=enricher.clock_offset_ns)
         sinks.append(SpanSink(exporter, enricher.kernels, options.prices, gpu))
+    tops: list[TopFeed] = []
     if watchers is not None:
-        sinks.extend(watchers(enricher.kernels))
+        watching = watchers(enricher.kernels)
+        sinks.extend(watching)
+        tops = [w for w in watching if isinstance(w, TopFeed)]
     capture = Capture(settings, sinks, enricher)
     if capture.requests is not None and options.otlp:
         capture.requests.count_kernels = True
@@ -470,9 +485,9 @@ def run(
     opened: list[tuple[str | None, UtilizationFeed | None]] = []
     opener: threading.Thread | None = None
     gpu_samples = timeline_sink.add_gpu_samples if timeline_sink is not None else None
-    if settings.http or gpu_samples is not None:
+    if settings.http or gpu_samples is not None or tops:
         opener = threading.Thread(target=lambda: opened.append(
-                                      _utilization(capture, nvml, gpu, gpu_samples)),
+                                      _utilization(capture, nvml, gpu, gpu_samples, tops)),
                                   name="gf-nvml", daemon=True)
         opener.start()
     status: int | None = None

@@ -9,9 +9,10 @@ import importlib
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import orjson
@@ -574,3 +575,30 @@ def test_start_sampler_thread_stops() -> None:
 def test_run_sampler_rejects_a_bad_interval() -> None:
     with pytest.raises(ValueError, match="interval_s must be positive"):
         run_sampler(NvmlSampler(nvml=FakeNvml().module()), lambda _s: None, 0, threading.Event())
+
+
+def test_trace_top_gets_gpu_time_and_names_from_the_trace_s_nvml(tmp_path: Path) -> None:
+    """`trace --top`: the trace's NVML feed gives its screen's table each GPU's name and
+    each process's GPU time (the capture takes the windows each turn and hands them on)."""
+    from gpuflight.producer import trace
+    from gpuflight.producer.top import TopFeed
+    from gpuflight.producer.toptable import TopTable
+
+    top = TopFeed(TopTable(proc_root=tmp_path), path=tmp_path / "top.sock",
+                  ends_with_capture=False)
+    capture = SimpleNamespace(requests=None, utilization=None, utilization_observers=[])
+    _, feed = trace._utilization(capture, NvmlSampler(nvml=FakeNvml().module()),  # type: ignore[arg-type]
+                                 "H100", tops=[top])
+    assert feed is not None
+    try:
+        assert capture.utilization is feed
+        assert capture.utilization_observers == [top.add_utilization]
+        assert top.table.gpu_names is not None
+        deadline = time.monotonic() + 10
+        while not top.table.gpu_names():  # the sampler thread's first sample
+            assert time.monotonic() < deadline, "no NVML sample"
+            time.sleep(0.01)
+        assert top.table.gpu_names()[0] == "NVIDIA H100 80GB HBM3"
+    finally:
+        feed.stop()
+        feed.sampler.close()
