@@ -8,8 +8,9 @@ thread, which has no Python frames — by the stack that entered the backward pa
 Each launch is held against its event (--output: the thread that made it): every launch of the
 engine's device thread is on a path through "[autograd backward]" below the `loss.backward()`
 line that entered its pass, or, where the device thread ran Python (a tensor hook, a
-checkpoint's recompute), below that Python. Needs root and bcc and the frameworks venv
-(skips locally without, fails under CI=true).
+checkpoint's recompute), below that Python. The node agent walking stacks probes the same
+engine. Needs root and bcc and the frameworks venv, and Kafka for the agent (skips locally
+without, fails under CI=true).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 
 from gpuflight.simgpu.build import SimGpu, build
 from tests.conftest import REPO
+from tests.support.capture import Producer, wait_for_probe_releases
 from tests.support.conformance import read_events
 from tests.support.frameworks import FRAMEWORKS, require_frameworks_python
 
@@ -66,6 +68,30 @@ def _trace(sim: SimGpu, tmp: Path) -> tuple[list[tuple[list[str], int]], list[di
         paths.append((stack.split(";"), int(weight)))
     launches = [e for e in read_events(out) if e.get("type") == "launch"]
     return paths, launches, tids, done.stderr
+
+
+@pytest.mark.kafka
+def test_the_node_agent_walking_stacks_probes_the_autograd_engine(
+        sim: SimGpu, kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The node agent (`producer --stack-sampling`) finds PyTorch's autograd engine in a
+    process that imports torch, and probes its entry: an `autograd` file in its status."""
+    python = require_frameworks_python()
+    wait_for_probe_releases()
+    agent = Producer(tmp_path / "node.jsonl", "--stack-sampling", "1", "--kafka",
+                     kafka_bootstrap, "--topic-prefix", f"autograd{os.getpid()}")
+    sim_env = sim.env(devices=1, counts=tmp_path / "counts.json", base={})
+    torch_process = subprocess.Popen(
+        ["env", "-u", "PYTHONPATH", *(f"{k}={v}" for k, v in sim_env.items()), str(python),
+         "-c", "import sys, torch; torch.zeros(1, device='cuda'); sys.stdin.readline()"],
+        stdin=subprocess.PIPE)
+    try:
+        library = agent.wait_for_library("libtorch_cpu.so", timeout_s=300)
+        assert library["kind"] == "autograd" and library["probes"] == 1, library
+    finally:
+        if torch_process.stdin is not None:
+            torch_process.stdin.close()
+        torch_process.wait(60)
+        agent.stop()
 
 
 def test_backward_launches_go_to_the_stack_that_entered_the_pass(
