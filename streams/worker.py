@@ -78,6 +78,12 @@ GPU_SAMPLES_KEPT: Final = 4096
 DEAD_LETTER_MAX_BYTES: Final = 900_000
 #: Kernel names (the `kernel` tag, and the keys of every window's counts) are cut to this.
 MAX_KERNEL_CHARS: Final = 512
+#: How long a partition read again after a gap may wait for the offset it awaits before it
+#: is sought again. A seek can be undone by Faust's own loop: handing over what it fetched
+#: before the seek, it moves its read offset on past the seek's, and then drops the messages
+#: that come again below it. Sought again until the awaited offset comes (or stall_s gives it
+#: up: the messages are gone).
+RESEEK_S: Final = 1.0
 #: A price above this (USD per GPU-hour) is no price: the job's GPU time is unpriced.
 MAX_USD_PER_GPU_HOUR: Final = 1e6
 
@@ -260,8 +266,8 @@ class Worker:
         self._positions: dict[tuple[str, int], int] = {}
         self._stalls = StallWatch(settings.stall_s)
         #: Partitions read again after a gap: (the offset awaited, since when (monotonic),
-        #: the lowest offset past it left meanwhile).
-        self._awaiting: dict[tuple[str, int], tuple[int, float, int]] = {}
+        #: the lowest offset past it left meanwhile, when it was last sought).
+        self._awaiting: dict[tuple[str, int], tuple[int, float, int, float]] = {}
         self._watched = {self.topics.events, self.topics.nvml, self.topics.metrics}
         #: Where each partition's log began, for those the group never committed (read once
         #: per assignment: where the worker's reading of it starts).
@@ -757,12 +763,12 @@ class Worker:
         said and counted."""
         awaited = self._awaiting.get(where)
         if awaited is not None:
-            start, since, lowest = awaited
+            start, since, lowest, sought = awaited
             if offset <= start:  # the read again began (or a seek went further back)
                 del self._awaiting[where]
                 return True
             if time.monotonic() - since < self.settings.stall_s:
-                self._awaiting[where] = (start, since, min(lowest, offset))
+                self._awaiting[where] = (start, since, min(lowest, offset), sought)
                 return False
             del self._awaiting[where]
             lowest = min(lowest, offset)
@@ -778,7 +784,8 @@ class Worker:
         log.warning("partition %d of %s: offsets %d-%d never reached the worker; reading it"
                     " again from offset %d", where[1], where[0], last + 1, offset - 1, last + 1)
         self.stats.rereads += 1
-        self._awaiting[where] = (last + 1, time.monotonic(), offset)
+        now = time.monotonic()
+        self._awaiting[where] = (last + 1, now, offset, now)
         if await self._seek(where, last + 1):
             return False
         del self._awaiting[where]  # could not: the loss is counted, and the stream goes on
@@ -811,12 +818,18 @@ class Worker:
         consumer = getattr(self.app, "consumer", None)
         if consumer is None or getattr(self.app, "rebalancing", False):
             return
+        now = time.monotonic()
+        for where, (start, began, lowest, sought) in list(self._awaiting.items()):
+            if now - sought >= RESEEK_S:  # its seek undone (RESEEK_S): sought again
+                self._awaiting[where] = (start, began, lowest, now)
+                log.debug("partition %d of %s: offset %d not come yet; sought again",
+                          where[1], where[0], start)
+                await self._seek(where, start)
         committed = getattr(consumer, "_committed_offset", {})
         assigned = [tp for tp in consumer.assignment() if tp.topic in self._watched]
         starts = await self._starts_of(consumer, [
             tp for tp in assigned
             if (tp.topic, tp.partition) not in self._positions and committed.get(tp) is None])
-        now = time.monotonic()
         for tp in assigned:
             last = self._positions.get((tp.topic, tp.partition))
             since = committed.get(tp)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pytest
 from faust.types import TP
 
 from gpuflight.producer.contract import wire
@@ -164,6 +165,9 @@ class _Consumer:
     async def seek_wait(self, offsets: dict[TP, int]) -> None:
         self.seeks += list(offsets.values())
 
+    def highwater(self, tp: TP) -> int | None:
+        return None  # (the stall watch's: not what these tests are about)
+
 
 def _taking(**settings: Any) -> tuple[Harness, _Consumer, Callable[[int], int]]:
     """A worker whose consumer records its seeks, and `give(offset)`: the events message at
@@ -194,6 +198,26 @@ def test_messages_the_consumer_lost_are_read_again_in_order() -> None:
     assert [give(2), give(3), give(4)] == [3, 4, 5]
     assert consumer.seeks == [2] and harness.worker.stats.rereads == 1
     assert harness.worker.stats.skipped_messages == 0
+
+
+def test_a_read_again_whose_seek_was_undone_is_sought_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faust's loop can undo a seek (it hands over what it fetched before, moving its read
+    offset past the seek's, and drops what then comes again below it): while the offset
+    awaited does not come, the partition is sought again each RESEEK_S, not after stall_s."""
+    from gpuflight.streams import worker as worker_module
+
+    harness, consumer, give = _taking()
+    assert [give(0), give(1), give(3)] == [1, 2, 2] and consumer.seeks == [2]
+    asyncio.run(harness.worker.check_partitions())
+    assert consumer.seeks == [2]  # sought just now: not yet
+    monkeypatch.setattr(worker_module, "RESEEK_S", 0.0)
+    asyncio.run(harness.worker.check_partitions())
+    assert consumer.seeks == [2, 2]  # nothing came: sought again
+    assert [give(2), give(3)] == [3, 4]
+    asyncio.run(harness.worker.check_partitions())
+    assert consumer.seeks == [2, 2]  # it came: no more
+    assert harness.worker.stats.rereads == 1 and harness.worker.stats.skipped_messages == 0
 
 
 def test_messages_gone_from_the_log_are_counted_and_passed() -> None:
