@@ -71,23 +71,17 @@ def metrics_record(capture: Capture, kafka: KafkaSink | None, started: float,
     )
 
 
-def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]] | None,
-                names: dict[int, str]) -> UtilizationFeed | None:
-    """NVML on its own thread: GPU samples (into `samples`, with Kafka; each GPU's name
-    into `names`) and per-process utilisation for request cost and top's GPU-seconds; None
-    (logged) without NVML."""
+def _start_nvml(samples: queue.SimpleQueue[list[wire.GpuSample]] | None
+                ) -> UtilizationFeed | None:
+    """NVML on its own thread: GPU samples (into `samples`, with Kafka) and per-process
+    utilisation for request cost and top's GPU-seconds; None (logged) without NVML."""
     try:
         sampler = NvmlSampler()
     except Exception as exc:  # NvmlUnavailable and anything the library throws
         log.info("NVML: %s; GPU samples are off, request GPU time is queued time, capture "
                  "goes on", exc)
         return None
-
-    def publish(batch: list[wire.GpuSample]) -> None:
-        names.update({s.gpu: s.name for s in batch if s.name})
-        if samples is not None:
-            samples.put(batch)
-    return UtilizationFeed(sampler, NVML_INTERVAL_S, publish)
+    return UtilizationFeed(sampler, NVML_INTERVAL_S, samples.put if samples is not None else None)
 
 
 def run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | None = None,
@@ -163,14 +157,13 @@ def _run(settings: CaptureSettings, output: Path | None, kafka: KafkaSettings | 
         return agentmetrics.take(capture, kafka_sink, record, started_unix)
     samples: queue.SimpleQueue[list[wire.GpuSample]] = queue.SimpleQueue()
     feed = None
-    gpu_names: dict[int, str] = {}
     if kafka_sink is not None or capture.requests is not None or top is not None:
-        feed = _start_nvml(samples if kafka_sink is not None else None, gpu_names)
+        feed = _start_nvml(samples if kafka_sink is not None else None)
         # Taken each turn, whoever uses it: its per-process windows never pile up.
         capture.utilization = feed
         if top is not None and feed is not None:
             # top's GPU-seconds a second, and the GPU model each is priced by (top's side).
-            top.table.gpu_names = lambda: dict(gpu_names)
+            top.table.gpu_names = feed.gpu_names
             capture.utilization_observers.append(top.add_utilization)
     scope = "every process" if settings.pids is None else f"pids {sorted(settings.pids)}"
     destinations = ", ".join(

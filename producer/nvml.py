@@ -441,8 +441,18 @@ class UtilizationFeed:
                  publish: Callable[[list[GpuSample]], None] | None = None) -> None:
         self.sampler = sampler
         self._stop = threading.Event()
-        self._thread = start_sampler(sampler, publish or (lambda _samples: None), interval_s,
-                                     self._stop)
+        #: Each GPU's name by index, as its samples give it (what GPU time is priced by).
+        self._names: dict[int, str] = {}
+
+        def sampled(samples: list[GpuSample]) -> None:
+            self._names.update({s.gpu: s.name for s in samples if s.name})
+            if publish is not None:
+                publish(samples)
+        self._thread = start_sampler(sampler, sampled, interval_s, self._stop)
+
+    def gpu_names(self) -> dict[int, str]:
+        """Each GPU's name by index, from the samples so far (any thread)."""
+        return dict(self._names)
 
     def take(self) -> UtilReport:
         return self.sampler.take_utilization()

@@ -382,12 +382,10 @@ class CaptureSource:
         self._interval_s = interval_s
         self.interval_s = 0.0
         enricher = Enricher(proc_root=settings.proc_root)
-        self._gpu_names: dict[int, str] = {}
         self._feed = self._nvml()
         self.table = TopTable(kernels=enricher.kernels, proc_root=settings.proc_root,
                               prices=prices, http=settings.http,
-                              gpu_names=(lambda: dict(self._gpu_names))
-                              if self._feed is not None else None)
+                              gpu_names=self._feed.gpu_names if self._feed is not None else None)
         self._capture = Capture(replace(settings, pids=None), [self.table], enricher)
         self._stop = threading.Event()
         self._failure: BaseException | None = None
@@ -406,11 +404,7 @@ class CaptureSource:
         except Exception as exc:  # NvmlUnavailable, and whatever the library throws
             log.info("NVML: %s; no GPU-seconds or cost", exc)
             return None
-
-        def names(samples: list[Any]) -> None:
-            self._gpu_names.update({s.gpu: s.name for s in samples if s.name})
-
-        return UtilizationFeed(sampler, min(self._interval_s, 1.0), names)
+        return UtilizationFeed(sampler, min(self._interval_s, 1.0))
 
     def _run(self) -> None:
         try:

@@ -257,15 +257,9 @@ def _utilization(
         if nvml is None:
             return gpu, None
         if capture.requests is not None or samples is not None or tops:  # never the loop's
-            names: dict[int, str] = {}
-
-            def publish(batch: list[GpuSample]) -> None:
-                names.update({s.gpu: s.name for s in batch if s.name})
-                if samples is not None:
-                    samples(batch)
-            feed = UtilizationFeed(nvml, NVML_INTERVAL_S, publish)
+            feed = UtilizationFeed(nvml, NVML_INTERVAL_S, samples)
             for top in tops:
-                top.table.gpu_names = lambda: dict(names)
+                top.table.gpu_names = feed.gpu_names
                 capture.utilization_observers.append(top.add_utilization)
             # Taken by the capture each turn even for the timeline's counters alone: the
             # per-process windows the sampler reads would pile up otherwise.
