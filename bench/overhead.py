@@ -12,6 +12,8 @@ every function with a `cmp` the kernel single-steps: its floor is measured twice
 uprobe at the entry and one at the instruction gpuflight attaches at instead (the `je`
 after it: producer/discover/entrypoint.py), and gpuflight is held to the second.
 The modes run interleaved, R rounds, on the same machine; medians and ratios are printed.
+gpuflight runs twice a round: as shipped (each CPU's event buffer, then the ring) and with
+the ring alone (`--cpu-buffer-slots 0`), side by side.
 gpuflight's run also reports its own events and drops, so the same run says
 whether capture kept up (lossless) at that rate.
 """
@@ -96,6 +98,8 @@ MODES: dict[str, tuple[list[str], int, str]] = {
 #: The loop runs on one core, gpuflight's reader on the other, in every mode: an
 #: unpinned run lets the two share a core now and then, which moved medians by 20 %.
 LOOP_CPU, READER_CPU = "1", "0"
+#: gpuflight with its events in the ring alone, as before the per-CPU buffers (issue 26).
+RING_ONLY = ("--cpu-buffer-slots", "0")
 
 
 def loop_args(calls: Path, n: int, mode: str) -> list[str]:
@@ -147,9 +151,10 @@ def run_empty(calls: Path, lib: Path, n: int, mode: str, nvidia_offset: int = 0)
         return run_calls(calls, n, mode)
 
 
-def run_gpuflight(calls: Path, n: int, mode: str) -> tuple[float, int, int]:
-    args = ["taskset", "-c", READER_CPU, sys.executable, "-m", "gpuflight", "trace", "--",
-            *loop_args(calls, n, mode)]
+def run_gpuflight(calls: Path, n: int, mode: str,
+                  extra: tuple[str, ...] = ()) -> tuple[float, int, int]:
+    args = ["taskset", "-c", READER_CPU, sys.executable, "-m", "gpuflight", "trace", *extra,
+            "--", *loop_args(calls, n, mode)]
     proc = subprocess.run(args, check=True, capture_output=True, text=True, cwd=REPO)
     ns = float(proc.stdout)
     events = int(proc.stderr.split(" events):")[0].rsplit(", ", 1)[1].replace(",", ""))
@@ -179,7 +184,8 @@ def main() -> int:
                 print(f"{label}: skipped, {NVIDIA_LIBCUDA} is not unpacked (scripts/setup)")
                 continue
             moved = nvidia_probe_offset("cuLaunchKernel") if mode == "nvidia" else 0
-            samples: dict[str, list[float]] = {"none": [], "empty": [], "gpuflight": []}
+            samples: dict[str, list[float]] = {"none": [], "empty": [], "gpuflight": [],
+                                               "ring only": []}
             if moved:
                 samples["empty at the entry"] = []
             captured = dropped = 0
@@ -194,8 +200,13 @@ def main() -> int:
                 dropped += drops
                 # Let the background probe release finish (docs/architecture.md, "Shutting down").
                 time.sleep(8)
+                ns, events, drops = run_gpuflight(calls, args.calls, mode, RING_ONLY)
+                samples["ring only"].append(ns)
+                captured += events
+                dropped += drops
+                time.sleep(8)
             med = {k: statistics.median(v) for k, v in samples.items()}
-            expected = args.rounds * args.calls * per_iteration
+            expected = 2 * args.rounds * args.calls * per_iteration
             entry = med.get("empty at the entry")
             rows.append([
                 label,
@@ -203,6 +214,7 @@ def main() -> int:
                 f"{med['empty']:.0f}" + (f" (+{moved})" if moved else ""),
                 f"{med['gpuflight']:.0f}",
                 f"{med['gpuflight'] / med['empty']:.2f}x",
+                f"{med['ring only']:.0f} ({med['ring only'] / med['empty']:.2f}x)",
                 f"{(med['gpuflight'] - med['none']) / (med['empty'] - med['none']):.2f}x",
                 f"{captured:,}/{expected:,}", f"{dropped:,}",
             ])
@@ -211,7 +223,8 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d')}, {args.calls:,} calls x {args.rounds} rounds, medians")
     print(tabulate(rows, headers=["calls", "no probe ns", "empty uprobe at the entry ns",
                                   "empty uprobe ns (where gpuflight attaches)", "gpuflight ns",
-                                  "vs floor", "added vs floor's added", "events captured",
+                                  "vs floor", "ring only ns (vs floor)",
+                                  "added vs floor's added", "events captured",
                                   "dropped"]))
     print(json.dumps(raw))
     return 0

@@ -122,6 +122,65 @@ BPF_HASH(drops_by_pid, u32, u64, 16384);
 #define GF_EVENTS_RING ((void *)bpf_pseudo_fd(1, -1))
 
 BPF_HASH(aggregates, struct gf_agg_key, struct gf_agg_value, GF_AGGREGATES_MAX);
+
+/* ---- per-CPU event buffers (issue 26) ----------------------------------------------------
+ *
+ * GF_CPU_SLOTS > 0: an event is written into a slot of its CPU's buffer (events.h struct
+ * gf_slot), which user space maps (BPF_F_MMAPABLE), rather than reserved in `events`: no
+ * helper call, and a few hundred KiB a CPU stay in its caches where a 32 MiB ring's lines have
+ * left them by the time they are written again (35-60 ns a call, bench/results/overhead.md).
+ * A program takes the slot `head` names by compare-and-swap (two programs can share a CPU on
+ * a preemptible kernel), fills it and stamps its `committed` with its position + 1 last; the
+ * reader takes the slots so stamped and moves `tail` past them, and writes nothing else (a
+ * slot's lines go back to the program's CPU with no change of the reader's to fetch). A full
+ * buffer (the reader behind) or a lost race sends the event to the ring as before. The reader
+ * puts the two sources back in each thread's order (producer/probe/cpubuffers.py). */
+#ifndef GF_CPU_SLOTS
+#define GF_CPU_SLOTS 0
+#endif
+#ifndef GF_NCPUS
+#define GF_NCPUS 1
+#endif
+#if GF_CPU_SLOTS
+BPF_F_TABLE("array", u32, struct gf_slot, cpu_events, GF_NCPUS * GF_CPU_SLOTS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, struct gf_cpu_head, cpu_heads, GF_NCPUS, BPF_F_MMAPABLE);
+
+/* gf_start's `*ring` for an event in a slot: the slot's stamp, above this tag. */
+#define GF_WHERE_SLOT 2
+
+/* A slot of this CPU's buffer for an event, or NULL (full, or another program took it first);
+ * `*where`: what gf_emit needs to commit it. */
+static __always_inline struct gf_event *gf_cpu_reserve(u64 *where)
+{
+	u32 cpu = bpf_get_smp_processor_id();
+	struct gf_cpu_head *h = cpu_heads.lookup(&cpu);
+	if (!h)
+		return 0;
+	u64 head = h->head;
+	if (head - h->tail >= GF_CPU_SLOTS)
+		return 0;
+	if (__sync_val_compare_and_swap(&h->head, head, head + 1) != head)
+		return 0;
+	u32 index = cpu * GF_CPU_SLOTS + (u32)(head & (GF_CPU_SLOTS - 1));
+	struct gf_slot *s = cpu_events.lookup(&index);
+	if (!s)
+		return 0;
+	*where = (head + 1) << 2 | GF_WHERE_SLOT;
+	return &s->ev;
+}
+
+/* The event of the slot gf_cpu_reserve gave (`where`) is whole: its stamp, written last. */
+static __always_inline void gf_cpu_commit(struct gf_event *ev, u64 where)
+{
+	asm volatile("" ::: "memory");
+	*(u64 *)((char *)ev - sizeof(u64)) = where >> 2;
+}
+
+static __always_inline void gf_cpu_discard(struct gf_event *ev, u64 where)
+{
+	*(u64 *)((char *)ev - sizeof(u64)) = (where >> 2) | GF_SLOT_DISCARDED;
+}
+#endif
 BPF_ARRAY(agg_state, struct gf_agg_state, 1);
 
 /* pid → the producer position past its latest event admitted under pressure, and how many it
@@ -740,7 +799,8 @@ static __always_inline void gf_aggregate(struct gf_event *ev)
 
 /* ---- events: entry-only, or parked at entry and completed at return ---- */
 
-/* Begin an entry-only event: in a reservation of the ring (`*ring` 1), or in `spare`, the
+/* Begin an entry-only event: in a slot of its CPU's buffer (`*ring` the slot's stamp and
+ * GF_WHERE_SLOT), in a reservation of the ring (`*ring` 1), or in `spare`, the
  * probe's own on its stack, when it is to be counted rather than recorded (`*ring` 0: under
  * pressure over its process's share, or the ring full); NULL when it is not to be recorded at
  * all: out of scope, or the driver half of a runtime call (`ret`: the call's return address,
@@ -760,10 +820,18 @@ static __always_inline struct gf_event *gf_start(struct pt_regs *ctx, int layer,
 	if (layer == GF_LAYER_RUNTIME)
 		gf_runtime_entered(id, t, sp, ret);
 	struct gf_event *ev = 0;
+#if GF_CPU_SLOTS
+	u64 slot = 0;
+	ev = gf_cpu_reserve(&slot);
+	if (ev)
+		*ring = slot;
+	else
+#endif
 	if (!gf_sheddable(type) || !gf_over_share(pid))
 		ev = events.ringbuf_reserve(sizeof(struct gf_event));
 	if (ev) {
-		*ring = 1;
+		if (!*ring)
+			*ring = 1;
 	} else {
 		*ring = 0;
 		ev = spare;
@@ -780,8 +848,8 @@ static __always_inline struct gf_event *gf_begin(struct pt_regs *ctx, int layer,
 	return gf_start(ctx, layer, gf_return_address(ctx), api, type, spare, ring);
 }
 
-/* Record a complete event made by gf_start: commit its reservation (`ring`), or count it in
- * `aggregates`. */
+/* Record a complete event made by gf_start: commit its reservation (`ring` 1) or its CPU
+ * buffer's slot (GF_WHERE_SLOT), or count it in `aggregates` (0). */
 static __always_inline void gf_emit(struct gf_event *ev, u64 ring)
 {
 	if (!ring) {
@@ -798,10 +866,22 @@ static __always_inline void gf_emit(struct gf_event *ev, u64 ring)
 		if (!n) {
 			/* The tally is full: not committed (counted here, not unknown later). */
 			gf_aggregate(ev);
+#if GF_CPU_SLOTS
+			if ((ring & 3) == GF_WHERE_SLOT) {
+				gf_cpu_discard(ev, ring);
+				return;
+			}
+#endif
 			events.ringbuf_discard(ev, BPF_RB_NO_WAKEUP);
 			return;
 		}
 		__sync_fetch_and_add(n, 1);
+	}
+#endif
+#if GF_CPU_SLOTS
+	if ((ring & 3) == GF_WHERE_SLOT) {
+		gf_cpu_commit(ev, ring);
+		return;
 	}
 #endif
 	/* No wake-up: the reader drains on its own schedule, which keeps the
@@ -809,10 +889,20 @@ static __always_inline void gf_emit(struct gf_event *ev, u64 ring)
 	events.ringbuf_submit(ev, BPF_RB_NO_WAKEUP);
 }
 
-/* Record an event completed at return (`ev`: in the `inflight` entry): into the ring, or
- * counted in `aggregates` (under pressure over its process's share, or the ring full). */
+/* Record an event completed at return (`ev`: in the `inflight` entry): into its CPU's buffer
+ * or the ring, or counted in `aggregates` (under pressure over its process's share, or the
+ * ring full). */
 static __always_inline void gf_emit_parked(struct gf_event *ev)
 {
+#if GF_CPU_SLOTS
+	u64 slot = 0;
+	struct gf_event *into = gf_cpu_reserve(&slot);
+	if (into) {
+		__builtin_memcpy(into, ev, sizeof(*into));
+		gf_emit(into, slot);
+		return;
+	}
+#endif
 	if (gf_sheddable(ev->type) && gf_over_share(ev->pid)) {
 		gf_aggregate(ev);
 		return;
@@ -1384,11 +1474,14 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
  * rows ~1,400): per family, about a third of that.
  */
 #if GF_ATTACH_COOKIE
-#define GF_API_OF(name) ((u16)bpf_get_attach_cookie(ctx))
-#define GF_ARG_OF(arg) ((u32)(bpf_get_attach_cookie(ctx) >> 16))
+/* `gf_cookie`: the program's cookie, read once (a helper call the compiler cannot fold). */
+#define GF_COOKIE(ctx) bpf_get_attach_cookie(ctx)
+#define GF_API_OF(name) ((u16)gf_cookie)
+#define GF_ARG_OF(arg) ((u32)(gf_cookie >> 16))
 #define GF_LAYER_OF(layer) \
 	(GF_API_OF(0) >= GF_DRIVER_API_BASE ? GF_LAYER_DRIVER : GF_LAYER_RUNTIME)
 #else
+#define GF_COOKIE(ctx) 0
 #define GF_API_OF(name) GF_API_##name
 #define GF_ARG_OF(arg) (arg)
 #define GF_LAYER_OF(layer) (layer)
@@ -1397,9 +1490,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 /* A probe at an instruction the kernel single-steps (GF_COOKIE_STEPPED in its cookie, where
  * producer/discover/entrypoint.py found nothing it emulates): its calls in scope are counted, so that
  * the summary can say what the steps cost. Elsewhere one cookie test a call. */
-static __always_inline void gf_count_stepped(struct pt_regs *ctx)
+static __always_inline void gf_count_stepped(u64 gf_cookie)
 {
-	if (!(bpf_get_attach_cookie(ctx) & GF_COOKIE_STEPPED))
+	if (!(gf_cookie & GF_COOKIE_STEPPED))
 		return;
 	if (!gf_in_scope(bpf_get_current_pid_tgid() >> 32))
 		return;
@@ -1408,23 +1501,30 @@ static __always_inline void gf_count_stepped(struct pt_regs *ctx)
 	if (n)
 		*n += 1;
 }
-#define GF_STEPPED(ctx) gf_count_stepped(ctx)
+#define GF_STEPPED(cookie) gf_count_stepped(cookie)
 #else
-#define GF_STEPPED(ctx) do { } while (0)
+#define GF_STEPPED(cookie) do { } while (0)
 #endif
 /* A probe's program: its body, then a sampled call's walk (gf_py_follow, GF_PY_STACKS). */
 #define GF_ENTRY(name)                                                                 \
-	static __always_inline int name##_body(struct pt_regs *ctx);                   \
+	static __always_inline int name##_body(struct pt_regs *ctx, u64 gf_cookie);    \
 	int name##_entry(struct pt_regs *ctx)                                          \
 	{                                                                              \
-		GF_STEPPED(ctx);                                                       \
-		int rc = name##_body(ctx);                                             \
+		u64 gf_cookie = GF_COOKIE(ctx);                                        \
+		(void)gf_cookie;                                                       \
+		GF_STEPPED(gf_cookie);                                                 \
+		int rc = name##_body(ctx, gf_cookie);                                  \
 		gf_py_follow(ctx);                                                     \
 		return rc;                                                             \
 	}                                                                              \
-	static __always_inline int name##_body(struct pt_regs *ctx)
-#define GF_RETURN(name) \
-	int name##_return(struct pt_regs *ctx) { return gf_finish(ctx, GF_API_OF(name)); }
+	static __always_inline int name##_body(struct pt_regs *ctx, u64 gf_cookie)
+#define GF_RETURN(name)                                                                \
+	int name##_return(struct pt_regs *ctx)                                         \
+	{                                                                              \
+		u64 gf_cookie = GF_COOKIE(ctx);                                        \
+		(void)gf_cookie;                                                       \
+		return gf_finish(ctx, GF_API_OF(name));                                \
+	}
 
 #define GF_PROBE_LAUNCH(name, layer, arg) \
 	GF_ENTRY(name) { return gf_launch(ctx, GF_LAYER_OF(layer), GF_API_OF(name)); }

@@ -371,6 +371,24 @@ struct gf_event {
 	__u32 reserved;
 };
 
+/* A slot of a CPU's event buffer (bpf/cudart.bpf.c GF_CPU_SLOTS; user space maps the buffers:
+ * producer/probe/cpubuffers.py). `committed`: the slot's position (slots taken on its CPU
+ * before it) + 1 once `ev` is whole, with GF_SLOT_DISCARDED where it was freed empty. */
+#define GF_SLOT_DISCARDED (1ULL << 63)
+struct gf_slot {
+	__u64 committed;
+	struct gf_event ev;
+};
+
+/* A CPU's buffer's positions: `head`, slots taken by programs; `tail`, slots freed by the
+ * reader (the only field user space writes), on a cache line of its own. */
+struct gf_cpu_head {
+	__u64 head;
+	__u64 pad0[7];
+	__u64 tail;
+	__u64 pad1[7];
+};
+
 /* A kernel name or a handle alias, from the `names` ring buffer (strings do not fit
  * in gf_event). Read by user space before the events that use it are decoded. */
 #define GF_NAME_MAX 512

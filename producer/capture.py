@@ -472,7 +472,7 @@ class Capture:
         if self.utilization is not None:  # taken each turn, used or not: never piled up
             self._take_utilization(requests, self.utilization)
         while True:
-            drained = self.probes.drain_events(BATCH_EVENTS)
+            drained = self.probes.drain_events(BATCH_EVENTS, everything=until_empty)
             # After the events: each launch drained was committed after its name.
             names = self.probes.drain_names()
             self.enricher.kernels.add(names)

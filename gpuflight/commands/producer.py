@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     pids = frozenset(args.pid) if args.pid else None
     period, budget_ns = (None, 0) if args.stack_sampling is None else stack_rate(args)
     settings = CaptureSettings(
-        proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages, http=args.http,
+        proc_root=args.proc, pids=pids, ringbuf_pages=args.ring_buffer_pages,
+        cpu_slots=args.cpu_buffer_slots, http=args.http,
         stack_period=period, stack_budget_ns=budget_ns, stack_max_walks=args.stack_max_walks,
     )
     kafka = kafka_settings(args, args.buffer_mb) if args.kafka is not None else None

@@ -66,7 +66,8 @@ def _top(args: argparse.Namespace, interactive: bool) -> int:
     from gpuflight.commands.options import price_book
     from gpuflight.producer.top import FEED_PATH, FeedEnded, open_source
 
-    settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
+    settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages,
+                               cpu_slots=args.cpu_buffer_slots, http=args.http)
     source = open_source(settings, args.interval, price_book(args.prices),
                          feed=args.top_feed or FEED_PATH, feed_only=args.top_feed is not None)
     try:

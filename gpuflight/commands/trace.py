@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     stacks = (trace.StackOptions(args.stacks, args.profile, period=period, budget_ns=budget_ns,
                                  weight=args.stacks_weight, max_walks=args.stack_max_walks)
               if args.stacks is not None or args.profile is not None else None)
-    settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages, http=args.http)
+    settings = CaptureSettings(ringbuf_pages=args.ring_buffer_pages,
+                               cpu_slots=args.cpu_buffer_slots, http=args.http)
     requests = request_options(args)
     if not args.top:
         return trace.run(argv, output=args.output, settings=settings, requests=requests,

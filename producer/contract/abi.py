@@ -320,6 +320,23 @@ EVENT_DTYPE: Final = np.dtype(
     }
 )
 
+#: A slot's `committed` (struct gf_slot) is its position + 1 once its event is whole, with this
+#: bit where it was freed with nothing in it (GF_SLOT_DISCARDED).
+SLOT_DISCARDED: Final = 1 << 63
+
+#: struct gf_slot: a slot of a CPU's event buffer.
+SLOT_DTYPE: Final = np.dtype({
+    "names": ["committed", "ev"],
+    "formats": ["<u8", EVENT_DTYPE],
+    "offsets": [0, 8],
+    "itemsize": 8 + EVENT_DTYPE.itemsize,
+})
+
+#: struct gf_cpu_head: a CPU's buffer's `head` (the programs') and `tail` (the reader's).
+CPU_HEAD_DTYPE: Final = np.dtype({
+    "names": ["head", "tail"], "formats": ["<u8", "<u8"], "offsets": [0, 64], "itemsize": 128,
+})
+
 #: struct gf_name_event.
 NAME_EVENT_DTYPE: Final = np.dtype(
     {

@@ -61,6 +61,7 @@ from gpuflight.producer.discover.attachplan import LOADER_SYMBOL
 from gpuflight.producer.discover.procmaps import DRIVER_SYMBOLS, RUNTIME_SYMBOLS, LibraryFile
 from gpuflight.producer.probe import bpfload
 from gpuflight.producer.probe.compile import kernel_cflags, program_image
+from gpuflight.producer.probe.cpubuffers import CpuBuffers, MergedEvents
 from gpuflight.producer.probe.fds import grow_fd_table, release_in_background, together
 from gpuflight.producer.probe.ringbuf import RingBufferReader
 from gpuflight.producer.probe.uprobes import FILE_ERRNOS, UprobeLinks, Uprobes, reason
@@ -165,7 +166,7 @@ TALLY_PINNED = ("committed", "settled")
 #: waits for them): made with those programs, on the loader thread, while the command starts
 #: (~20 ms of the kernel's: the rings' 48 MiB and the tables' entries are allocated up front).
 LATER_MAPS = frozenset({"events", "names", "inflight", "ctx_device", "runtime_text",
-                        "aggregates", "ring_share"})
+                        "aggregates", "ring_share", "cpu_events", "cpu_heads"})
 
 
 class Probes:
@@ -198,8 +199,11 @@ class Probes:
         #: The name records' ring (LATER_MAPS): its reader is made once the loader thread
         #: has made the map, by the names thread (or drain_names, whichever comes first).
         self._names_ring: RingBufferReader | None = None
-        #: The events ring's (LATER_MAPS), made at its first use (`ring`).
+        #: The events ring's (LATER_MAPS), made at its first use (`ring`), and with it the
+        #: per-CPU buffers' reader (settings.cpu_slots) and the two merged.
         self._events_ring: RingBufferReader | None = None
+        self._cpu_buffers: CpuBuffers | None = None
+        self._merged: MergedEvents | None = None
         # Loader notifications wake the capture loop at once (a process is held).
         self._wake = select.epoll()
         self._wake.register(self._loader_ring.fileno(), select.EPOLLIN)
@@ -233,12 +237,18 @@ class Probes:
         self._py_lock = threading.Lock()
         self._py_moved: list[npt.NDArray[np.void]] = []
 
-    def drain_events(self, max_events: int | None = None) -> npt.NDArray[np.void]:
-        """The events committed so far (EVENT_DTYPE, up to `max_events`), oldest first. None
+    def drain_events(self, max_events: int | None = None,
+                     everything: bool = False) -> npt.NDArray[np.void]:
+        """The events committed so far (EVENT_DTYPE; from the ring up to `max_events`), in
+        each thread's order. With the per-CPU buffers, the latest may wait for the next drain
+        (producer/probe/cpubuffers.py); `everything` (at the end) takes those too. None
         before the loader thread has made the ring: no CUDA program can have run then."""
         if self._events_ring is None and not self._bpf.made("events"):
             return np.empty(0, dtype=EVENT_DTYPE)
-        return self.ring.drain(max_events)
+        ring = self.ring
+        if self._merged is not None:
+            return self._merged.drain(max_events, everything)
+        return ring.drain(max_events)
 
     def set_wall_offset(self, offset_ns: int) -> None:
         """What turns the kernel's CLOCK_MONOTONIC into the wall clock of the events (the
@@ -304,7 +314,15 @@ class Probes:
         the ring (LATER_MAPS; SetupError if it could not)."""
         if self._events_ring is None:
             events = self._bpf.map("events")
-            self._events_ring = RingBufferReader(events.fd, self._settings.ringbuf_bytes)
+            ring = RingBufferReader(events.fd, self._settings.ringbuf_bytes)
+            slots = self._settings.cpu_slots
+            if slots:
+                self._cpu_buffers = CpuBuffers.open(self._bpf.map("cpu_events").fd,
+                                               self._bpf.map("cpu_heads").fd,
+                                               self._settings.ncpus, slots)
+                self._merged = MergedEvents(ring, self._cpu_buffers)
+                self._merged.start_moving()
+            self._events_ring = ring
         return self._events_ring
 
     # -- code paths (issue 28, settings.stack_period) -------------------------------------
@@ -384,6 +402,12 @@ class Probes:
             if len(batch):
                 self._py_moved.append(batch)
             return batch
+
+    @property
+    def event_sources(self) -> tuple[int, int]:
+        """Events drained so far from the per-CPU buffers and from the ring."""
+        merged = self._merged
+        return (merged.from_cpus, merged.from_ring) if merged is not None else (0, 0)
 
     def take_ring_fill_max(self) -> float:
         """The fullest (0..1) a drain found the events ring since the last call; 0 before
@@ -902,7 +926,11 @@ class Probes:
             self._names_thread.join(timeout=5)
             with contextlib.suppress(OSError):
                 os.close(self._names_kick)
-        for ring in (self._events_ring, self._loader_ring, self._names_ring):
+        if self._merged is not None:
+            self._merged.close()
+            log.debug("events read: %d from the per-CPU buffers, %d from the ring",
+                      *self.event_sources)
+        for ring in (self._events_ring, self._loader_ring, self._names_ring, self._cpu_buffers):
             if ring is None:
                 continue
             try:

@@ -62,6 +62,10 @@ class RingBufferReader:
         self.foreign_records = 0  # records of another size: skipped, counted
         #: The fullest a drain found the ring (0..1) since `take_fill_max` last ran.
         self._fill_max = 0.0
+        #: After a drain: the earliest `ts_ns` of the committed records it left in the ring
+        #: (behind one still being written, or past `max_events`); 0 when it cannot tell;
+        #: None when it left none (producer/probe/cpubuffers.py).
+        self.untaken_min_ts: int | None = None
 
     def fileno(self) -> int:
         """The map's fd: readable (epoll) when a record was committed to an empty ring."""
@@ -85,26 +89,44 @@ class RingBufferReader:
         consumer = int(self._consumer_pos[0])
         producer = int(self._producer_pos[0])
         self._fill_max = max(self._fill_max, (producer - consumer) / self._size)
-        available = (producer - consumer) // self._record
-        if max_events is not None:
-            available = min(available, max_events)
+        self.untaken_min_ts = None
+        present = (producer - consumer) // self._record
+        available = present if max_events is None else min(present, max_events)
         if available <= 0:
             return np.empty(0, dtype=self._dtype)
         start = consumer & self._mask
-        span = self._data[start : start + available * self._record].view(self._record_dtype)
-        lengths = span["len"]
+        span = self._data[start : start + present * self._record].view(self._record_dtype)
+        lengths = span["len"][:present].copy()  # one snapshot of the headers
         busy = (lengths & _BUSY_BIT) != 0
-        committed = int(np.argmax(busy)) if busy.any() else available
+        committed = min(int(np.argmax(busy)) if busy.any() else present, available)
+        if producer - consumer != present * self._record:
+            self.untaken_min_ts = 0  # a record of another size: where records lie is not known
+        elif committed < present:
+            self._note_untaken(span, lengths, committed)
         if committed == 0:
             return np.empty(0, dtype=self._dtype)
-        lengths = lengths[:committed]
-        if np.any((lengths & _LEN_MASK) != self._dtype.itemsize):
+        head = lengths[:committed]
+        if np.any((head & _LEN_MASK) != self._dtype.itemsize):
             return self._drain_walking(consumer, producer, max_events)
-        keep = (lengths & _DISCARD_BIT) == 0
+        keep = (head & _DISCARD_BIT) == 0
         events = span["event"][:committed]
         out = events[keep].copy() if not keep.all() else events.copy()
         self._consumer_pos[0] = consumer + committed * self._record
         return out
+
+    def _note_untaken(self, span: npt.NDArray[np.void], lengths: npt.NDArray[np.uint32],
+                      taken: int) -> None:
+        """`untaken_min_ts` from the records past the first `taken` of `span` (headers as
+        `lengths` read them): the committed ones' earliest time."""
+        rest = lengths[taken:]
+        done = (rest & _BUSY_BIT) == 0
+        if np.any((rest[done] & _LEN_MASK) != self._dtype.itemsize) or \
+                "ts_ns" not in (self._dtype.names or ()):
+            self.untaken_min_ts = 0  # records of another size: positions unknown past them
+            return
+        done &= (rest & _DISCARD_BIT) == 0
+        if done.any():
+            self.untaken_min_ts = int(span["event"]["ts_ns"][taken:][done].min())
 
     def _committed(self, consumer: int, producer: int) -> Iterator[tuple[int, int, bool, int]]:
         """Each committed record from `consumer` on, as far as `producer` or the first one
@@ -137,6 +159,8 @@ class RingBufferReader:
             else:
                 self.foreign_records += 1
         self._consumer_pos[0] = end
+        if end < producer:
+            self.untaken_min_ts = 0  # what is past `end` is not known here: all of it waits
         if not out:
             return np.empty(0, dtype=self._dtype)
         return np.concatenate(out)

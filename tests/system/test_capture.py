@@ -11,7 +11,9 @@ The oracle is tests/workloads/expected.py, written from the workload's script.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -166,15 +168,47 @@ def test_each_event_carries_its_threads_device(
     assert "5    on device 0" in summary and "6    on device 1" in summary, summary
 
 
+def test_each_thread_s_events_keep_their_order_through_cpu_buffers_and_ring(
+    bindir: Path, tmp_path: Path
+) -> None:
+    """Each CPU's event buffer (bpf/cudart.bpf.c GF_CPU_SLOTS) and the ring are read one after
+    the other: with buffers of 16 slots, four threads' events go to both, and every one comes
+    out, exact, each thread's in the order it made them."""
+    binary = build.build_capture(bindir, "stub")
+    threads, iters = 4, 3000
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run(
+        [*GPUFLIGHT, "-v", "trace", "--output", str(out), "--cpu-buffer-slots", "16", "--",
+         str(binary), "--threads", str(threads), "--iters", str(iters), "--all-apis"],
+        capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = read_events(out)
+    assert_exact(expected.capture_events(threads, iters, all_apis=True), events)
+    assert "events dropped: 0" in proc.stderr
+    by_thread: dict[int, list[int]] = {}
+    for e in events:
+        by_thread.setdefault(e["tid"], []).append(e["ts_ns"])
+    assert len(by_thread) == threads + 1
+    for tid, times in by_thread.items():
+        assert all(a < b for a, b in itertools.pairwise(times)), f"thread {tid} out of order"
+    read = re.search(r"events read: (\d+) from the per-CPU buffers, (\d+) from the ring",
+                     proc.stderr)
+    assert read, proc.stderr[-3000:]
+    from_cpus, from_ring = int(read[1]), int(read[2])
+    assert from_cpus > 0 and from_ring > 0 and from_cpus + from_ring == len(events)
+
+
 def test_what_a_full_ring_cannot_hold_is_counted_never_silent(bindir: Path,
                                                               tmp_path: Path) -> None:
-    """A one-page ring buffer cannot hold a burst: what it cannot take is counted in the kernel
+    """A one-page ring buffer (behind CPU buffers of 16 slots, which a burst fills at once)
+    cannot hold a burst: what it cannot take is counted in the kernel
     (the --output's "aggregate" lines, each with its count) and what fits nowhere is counted
     lost: recorded + counted + lost is every call."""
     binary = build.build_capture(bindir, "stub")
     threads, iters = 2, 4000
     proc, lines = trace([str(binary), "--threads", str(threads), "--iters", str(iters)],
-                        tmp_path / "out.jsonl", "--ring-buffer-pages", "1")
+                        tmp_path / "out.jsonl", "--ring-buffer-pages", "1",
+                        "--cpu-buffer-slots", "16")
     assert proc.returncode == 0, proc.stderr
     want = len(expected.capture_events(threads, iters))
     dropped = int(proc.stderr.rsplit("events dropped:", 1)[1].split()[0].replace(",", ""))
@@ -188,7 +222,8 @@ def test_what_a_full_ring_cannot_hold_is_counted_never_silent(bindir: Path,
 
 def test_a_flood_leaves_a_small_job_seen_and_every_count_exact(bindir: Path,
                                                                tmp_path: Path) -> None:
-    """One process floods a small ring (16 pages, ~680 events) while another makes a few calls:
+    """One process floods a small ring (16 pages, ~680 events, behind CPU buffers of 16 slots)
+    while another makes a few calls:
     the small one's events are all recorded (under pressure each process has a share of the
     ring), and what the flood's could not be is counted in the kernel, so every figure of the
     summary and of --output is exact: the workloads' own counts."""
@@ -197,7 +232,7 @@ def test_a_flood_leaves_a_small_job_seen_and_every_count_exact(bindir: Path,
     script = (f'"{binary}" --threads {flood_threads} --iters {flood_iters} & '
               f'"{binary}" --iters {small_iters}; wait')
     proc, lines = trace(["sh", "-c", script], tmp_path / "out.jsonl",
-                        "--ring-buffer-pages", "16")
+                        "--ring-buffer-pages", "16", "--cpu-buffer-slots", "16")
     assert proc.returncode == 0, proc.stderr
     assert "events dropped: 0" in proc.stderr
     events = [e for e in lines if e["type"] != "aggregate"]

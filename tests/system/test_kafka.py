@@ -147,13 +147,14 @@ def test_round_trip_through_kafka_is_exact(broker: stack.KafkaHandle, bindir: Pa
 @pytest.mark.kafka
 def test_overload_is_counted_per_process_and_published(
         broker: stack.KafkaHandle, bindir: Path, tmp_path: Path) -> None:
-    """Two processes overrun a one-page ring buffer: what each could not record is counted in
+    """Two processes overrun a one-page ring buffer (behind CPU buffers of 16 slots, which a
+    burst fills at once): what each could not record is counted in
     the kernel and published with its events (its messages' aggregates, --output's aggregate
     lines), and what fit nowhere is counted lost against its pid in the metrics topic: per pid,
     recorded + counted + lost is every call; what was recorded reaches Kafka."""
     prefix = f"ov{uuid.uuid4().hex[:8]}"
     node = node_producer(broker.bootstrap, prefix, tmp_path / "node.jsonl",
-                         "--ring-buffer-pages", "1")
+                         "--ring-buffer-pages", "1", "--cpu-buffer-slots", "16")
     threads, iters = 2, 4000
     try:
         binary = build.build_capture(bindir, "stub")

@@ -160,7 +160,14 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
         'printf("loader %zu\\n", sizeof(struct gf_loader_event));\n'
         + "".join(f'printf("settled.{f} %zu\\n", offsetof(struct gf_settled, {f}));\n'
                   for f in abi.SETTLED_DTYPE.names or ())
-        + 'printf("settled %zu\\n", sizeof(struct gf_settled));\nreturn 0; }\n'
+        + 'printf("settled %zu\\n", sizeof(struct gf_settled));\n'
+        + "".join(f'printf("slot.{f} %zu\\n", offsetof(struct gf_slot, {f}));\n'
+                  for f in abi.SLOT_DTYPE.names or ())
+        + 'printf("slot %zu\\n", sizeof(struct gf_slot));\n'
+        + "".join(f'printf("head.{f} %zu\\n", offsetof(struct gf_cpu_head, {f}));\n'
+                  for f in abi.CPU_HEAD_DTYPE.names or ())
+        + 'printf("head %zu\\n", sizeof(struct gf_cpu_head));\n'
+        + 'printf("discarded %llu\\n", (unsigned long long)GF_SLOT_DISCARDED);\nreturn 0; }\n'
     )
     binary = tmp_path / "layout"
     subprocess.run([cc, str(source), "-o", str(binary)], check=True)
@@ -180,6 +187,11 @@ def test_struct_layout_matches_header(tmp_path: Path) -> None:
     for name in abi.SETTLED_DTYPE.names or ():
         offset = abi.SETTLED_DTYPE.fields[name][1]  # type: ignore[index]
         assert int(out[f"settled.{name}"]) == offset, name
+    for prefix, dtype in (("slot", abi.SLOT_DTYPE), ("head", abi.CPU_HEAD_DTYPE)):
+        assert int(out[prefix]) == dtype.itemsize, prefix
+        for name in dtype.names or ():
+            assert int(out[f"{prefix}.{name}"]) == dtype.fields[name][1], name  # type: ignore[index]
+    assert int(out["discarded"]) == abi.SLOT_DISCARDED
 
 
 def test_bpf_programs_are_the_probe_table(tmp_path: Path) -> None:

@@ -110,6 +110,7 @@ def make_probes(uprobes: FakeUprobes, cookies: bool = True) -> Probes:
     probes.attached, probes.failed, probes._links = {}, {}, {}
     probes._bpf, probes._uprobes, probes._program_type = FakeProgram(), uprobes, 2  # type: ignore[assignment]
     probes._events_ring = probes._loader_ring = probes._names_ring = FakeRing()  # type: ignore[assignment]
+    probes._cpu_buffers, probes._merged = None, None
     probes._wake = probes._names_wake = select.epoll()
     probes._names_lock, probes._names_stop = threading.Lock(), threading.Event()
     probes._names_thread = None

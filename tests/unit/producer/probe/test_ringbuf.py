@@ -174,3 +174,27 @@ def test_a_ring_of_another_struct_uses_its_stride() -> None:
         reader.close()
         fake.map.close()
         os.close(fake.fd)
+
+
+def test_a_drain_says_when_committed_records_were_left_behind(
+    ring: tuple[FakeRing, RingBufferReader],
+) -> None:
+    """Records committed behind one still being written, or past `max_events`, stay in the
+    ring: the drain gives the earliest time among them (the per-CPU merge waits for them)."""
+    fake, reader = ring
+    fake.push(10)
+    assert reader.drain()["ts_ns"].tolist() == [10] and reader.untaken_min_ts is None
+    busy = fake.push(20, flags=BUSY)
+    fake.push(40)
+    fake.push(30)
+    fake.push(50, flags=BUSY)
+    assert len(reader.drain()) == 0
+    assert reader.untaken_min_ts == 30
+    fake.set_header(busy, EVENT_DTYPE.itemsize)
+    assert reader.drain(max_events=1)["ts_ns"].tolist() == [20]
+    assert reader.untaken_min_ts == 30
+    assert reader.drain()["ts_ns"].tolist() == [40, 30]
+    assert reader.untaken_min_ts is None  # only a busy one is left
+    fake.push(60, flags=DISCARD)
+    fake.push(70, length=16)
+    assert len(reader.drain()) == 0 and reader.untaken_min_ts == 0  # past one of another size
