@@ -167,8 +167,10 @@ def reader(kind: str, pids: list[int], lib: str, pages: int) -> int:
     else:
         from bcc import BPF  # the naive baseline is plain bcc
 
+        # Its events in the ring alone: what a naive reader of it reads.
+        naive = CaptureSettings(pids=frozenset(pids), ringbuf_pages=pages, cpu_slots=0)
         bpf: Any = BPF(src_file=str(settings.bpf_dir / "cudart.bpf.c").encode(),
-                       cflags=settings.cflags())
+                       cflags=naive.cflags())
         t1 = time.perf_counter()
         scope = bpf["scope_pids"]
         for pid in pids:

@@ -9,8 +9,8 @@ the per-call cost is gpuflight's code, and track it from one change to the next.
 
 The C loop of bench/overhead.py (pinned to cpu 1) calls a runtime and a driver whose
 functions start with `push rbp`; each program below is loaded from bpf/ with the
-producer's node-wide cflags, attached alone, and timed while the bulk reader drains
-the ring on cpu 0 (as the producer does). Rounds interleave the programs; medians.
+producer's node-wide cflags, attached alone, and timed while a reader on cpu 0 takes the
+events out as the producer does (each CPU's buffer each ms, the ring in bulk each turn). Rounds interleave the programs; medians.
 The counting itself adds the same ~50 ns to every row. `--baseline REV` also times the launch
 programs of bpf/ as it was at git revision REV, interleaved in the same rounds (its records
 may have another size: the reader skips them, counted, as the producer would).
@@ -19,6 +19,7 @@ may have another size: the reader skips them, counted, as the producer would).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -78,6 +79,7 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
     from gpuflight.producer.capture import BATCH_EVENTS
     from gpuflight.producer.contract.abi import PROBES
     from gpuflight.producer.discover import attachplan
+    from gpuflight.producer.probe.cpubuffers import MOVE_INTERVAL_S, CpuBuffers
     from gpuflight.producer.probe.ringbuf import RingBufferReader
     from gpuflight.producer.probe.uprobes import UprobeLinks
     from gpuflight.producer.settings import CaptureSettings
@@ -105,12 +107,22 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
     reader = None
     if source.name == "cudart.bpf.c":
         ring = RingBufferReader(bpf["events"].map_fd, settings.ringbuf_bytes)
+        # As the producer reads them: each CPU's buffer each ms (the mover), the ring each turn.
+        cpus = None
+        with contextlib.suppress(KeyError):  # a baseline from before the buffers has none
+            cpus = CpuBuffers.open(bpf["cpu_events"].map_fd, bpf["cpu_heads"].map_fd,
+                                   settings.ncpus, settings.cpu_slots)
 
         def drain() -> None:
+            turn = time.monotonic()
             while not stop.is_set():
-                while len(ring.drain(BATCH_EVENTS)) == BATCH_EVENTS:
-                    pass
-                time.sleep(settings.poll_interval_s)
+                if cpus is not None:
+                    cpus.take()
+                if time.monotonic() >= turn:
+                    while len(ring.drain(BATCH_EVENTS)) == BATCH_EVENTS:
+                        pass
+                    turn = time.monotonic() + settings.poll_interval_s
+                time.sleep(MOVE_INTERVAL_S if cpus is not None else settings.poll_interval_s)
 
         reader = threading.Thread(target=drain, daemon=True)
         reader.start()
@@ -123,6 +135,8 @@ def measure(label: str, calls_bin: Path, n: int) -> float:
         if reader is not None:
             reader.join()
             ring.close()
+            if cpus is not None:
+                cpus.close()
         links.detach(link)
         bpf.cleanup()
     if c1 - c0 < n:
