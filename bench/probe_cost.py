@@ -10,7 +10,8 @@ the per-call cost is gpuflight's code, and track it from one change to the next.
 The C loop of bench/overhead.py (pinned to cpu 1) calls a runtime and a driver whose
 functions start with `push rbp`; each program below is loaded from bpf/ with the
 producer's node-wide cflags, attached alone, and timed while a reader on cpu 0 takes the
-events out as the producer does (each CPU's buffer each ms, the ring in bulk each turn). Rounds interleave the programs; medians.
+events out as the producer does (each CPU's buffer each ms, the ring in bulk each turn).
+Rounds interleave the programs; medians.
 The counting itself adds the same ~50 ns to every row. `--baseline REV` also times the launch
 programs of bpf/ as it was at git revision REV, interleaved in the same rounds (its records
 may have another size: the reader skips them, counted, as the producer would).
