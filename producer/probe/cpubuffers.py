@@ -1,8 +1,8 @@
 """The per-CPU event buffers (bpf/cudart.bpf.c, GF_CPU_SLOTS), read where the kernel keeps them,
 and merged with the events ring into one stream in each thread's order.
 
-A probe writes an entry-only event into a slot of its CPU's buffer (two BPF_F_MMAPABLE arrays:
-the slots, and each CPU's `head` and `tail`), not into the ring, when the buffer has room: it
+A probe writes its event into a slot of its CPU's buffer (two BPF_F_MMAPABLE arrays: the
+slots, and each CPU's `head` and `tail`), not into the ring, when the buffer has room: it
 saves the ring's reservation and its cold lines (bench/results/overhead.md). A slot is taken
 by compare-and-swap on `head`, filled, and stamped last with its position + 1 (`committed`); this
 reader copies the stamped slots out and moves `tail` past every slot up to the first one not
@@ -10,18 +10,23 @@ stamped yet (a program preempted between taking and stamping it: slots after it 
 remembered, and passed over when the tail comes to them). It writes nothing in the slots: their
 lines go back to the programs' CPU with no change of ours to fetch.
 
-Order. The ring hands a thread's events on in the order it made them; two sources read one
-after the other do not (a thread that launches on CPU A just after A was read, then syncs into
-the ring, would have its sync handed on first). `MergedEvents` restores it with one rule: a
-pass notes the clock (`t0`) before it reads anything, and hands on only events older than
-`t0`, and older than any event it saw in the ring but could not take yet (behind a record still
-being written, or past the batch); the rest wait for the next pass. Why that suffices: a
-thread's event starts after its previous one was committed, so when an event older than `t0`
-is handed on, its thread's previous event was committed before `t0`, before either source was
-read, and was read by this pass or an earlier one — in a CPU's buffer every committed slot is
-taken, and in the ring it is taken unless something in front of it was not, which the second
-bound catches. Within what a pass hands on, a stable sort by time puts each thread's events
-back in order (each source keeps them in order, and their times increase).
+Order. The ring hands events on in the order they were committed: each thread's in the order
+it made them, and a call that returned before another began (a free before another thread's
+allocation of the same pointer) before it. Two sources read one after the other do not (a
+thread that launches on CPU A just after A was read, then syncs into the ring, would have its
+sync handed on first). `MergedEvents` restores that order by when each call was done with
+(`finished_ns`: its entry where it is recorded there, its return where it is completed there,
+which is when it is committed), with one rule: a pass notes the clock (`t0`) as it takes the
+buffers, before it reads the ring (what the mover took earlier was taken before that), and
+hands on only events done before `t0`, and before any event it saw in the ring but could not
+take yet (behind a record still being written, or past the batch); the rest wait for the next
+pass. Why that suffices: a thread's call starts after its previous one was committed, so when
+an event done before `t0` is handed on, its thread's previous event was committed before `t0`,
+before either source was read, and was read by this pass or an earlier one — in a CPU's
+buffer every committed slot is taken, and in the ring it is taken unless something in front of
+it was not, which the second bound catches. Within what a pass hands on, a stable sort by that
+time puts each thread's events back in order (each source keeps them in order, and their
+times increase).
 """
 
 from __future__ import annotations
@@ -136,6 +141,14 @@ class CpuBuffers:
         self._heads_map.close()
 
 
+def finished_ns(events: npt.NDArray[np.void]) -> npt.NDArray[np.uint64]:
+    """When each event's call was done with (what the merge orders by): at its entry where it
+    is recorded there, else at its return (`ts_ns` + `duration_ns`, 0 for the former). The
+    ring's own order is that one; by entry, a free returned before another thread's
+    allocation of the same pointer began would come after it."""
+    return events["ts_ns"] + events["duration_ns"]  # type: ignore[no-any-return]
+
+
 class MergedEvents:
     """The events ring and the per-CPU buffers as one stream, in each thread's order (the
     module's docstring): what a pass may not hand on yet waits in `_waiting`.
@@ -222,9 +235,11 @@ class MergedEvents:
         if not parts:
             return np.empty(0, dtype=EVENT_DTYPE)
         events = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        done = finished_ns(events)
         if len(parts) > 1 or not len(from_ring):  # the ring alone is in each thread's order
-            events = events[np.argsort(events["ts_ns"], kind="stable")]
-        later = events["ts_ns"] >= np.uint64(cut)
+            order = np.argsort(done, kind="stable")
+            events, done = events[order], done[order]
+        later = done >= np.uint64(cut)
         if not later.any():
             self._waiting = events[:0]
             return events

@@ -62,9 +62,9 @@ class RingBufferReader:
         self.foreign_records = 0  # records of another size: skipped, counted
         #: The fullest a drain found the ring (0..1) since `take_fill_max` last ran.
         self._fill_max = 0.0
-        #: After a drain: the earliest `ts_ns` of the committed records it left in the ring
-        #: (behind one still being written, or past `max_events`); 0 when it cannot tell;
-        #: None when it left none (producer/probe/cpubuffers.py).
+        #: After a drain: the earliest end (`ts_ns` + `duration_ns`) of the committed records
+        #: it left in the ring (behind one still being written, or past `max_events`); 0 when
+        #: it cannot tell; None when it left none (producer/probe/cpubuffers.py).
         self.untaken_min_ts: int | None = None
 
     def fileno(self) -> int:
@@ -126,7 +126,9 @@ class RingBufferReader:
             return
         done &= (rest & _DISCARD_BIT) == 0
         if done.any():
-            self.untaken_min_ts = int(span["event"]["ts_ns"][taken:][done].min())
+            left = span["event"][taken:][done]
+            self.untaken_min_ts = int(left["ts_ns"].min() if "duration_ns" not in (
+                self._dtype.names or ()) else (left["ts_ns"] + left["duration_ns"]).min())
 
     def _committed(self, consumer: int, producer: int) -> Iterator[tuple[int, int, bool, int]]:
         """Each committed record from `consumer` on, as far as `producer` or the first one

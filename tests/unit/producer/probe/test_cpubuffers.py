@@ -265,3 +265,22 @@ def test_many_threads_on_both_sources_keep_their_order(
     for tid, times in made.items():
         assert [ts for t, ts in out if t == tid] == times
     assert len(out) == sum(len(t) for t in made.values())
+
+
+def test_a_call_completed_at_return_is_placed_at_its_return(
+    merged: tuple[FakeRing, FakeCpus, MergedEvents],
+) -> None:
+    """A free is recorded at its return, with its entry time and duration; another thread's
+    allocation that began while it ran but returned the same pointer after it must come after
+    it (the ring's own order), not before it by entry time."""
+    ring, fake, events = merged
+    t = time.monotonic_ns() - 10_000
+    position = fake.reserve(0)
+    assert position is not None
+    fake.fill(0, position, t + 100, tid=1, stamp=False)      # the free: 100..300
+    fake.slot[0, position]["ev"]["duration_ns"] = 200
+    fake.stamp(0, position)
+    alloc = ring.push(t + 50)                                 # the allocation: 50..400
+    ring._write(alloc + 8 + 24, (350).to_bytes(8, "little"))  # duration_ns
+    out = events.drain()
+    assert (out["ts_ns"] - np.uint64(t)).tolist() == [100, 50]
