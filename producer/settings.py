@@ -154,6 +154,12 @@ class CaptureSettings:
         return self.ringbuf_pages * mmap.PAGESIZE
 
     @property
+    def cpu_buffers(self) -> bool:
+        """Whether events go to each CPU's buffer first: asked for (`cpu_slots`), and the
+        kernel has the compare-and-swap a program takes a slot with (Linux 5.12)."""
+        return bool(self.cpu_slots) and kernel_at_least(5, 12)
+
+    @property
     def ncpus(self) -> int:
         """The CPU numbers the kernel may run a probe on (the per-CPU buffers' count)."""
         return possible_cpus()
@@ -186,7 +192,7 @@ class CaptureSettings:
             f"-I{self.bpf_dir}",
             f"-DGF_RINGBUF_PAGES={self.ringbuf_pages}",
             *([f"-DGF_CPU_SLOTS={self.cpu_slots}", f"-DGF_NCPUS={self.ncpus}"]
-              if self.cpu_slots else []),
+              if self.cpu_buffers else []),
             f"-DGF_FILTER_PIDS={int(self.filter_pids)}",
             f"-DGF_FOLLOW_FORKS={int(self.follow_forks)}",
             f"-DGF_HOLD_ON_LOAD={int(self.hold_on_load)}",

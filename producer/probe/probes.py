@@ -315,11 +315,11 @@ class Probes:
         if self._events_ring is None:
             events = self._bpf.map("events")
             ring = RingBufferReader(events.fd, self._settings.ringbuf_bytes)
-            slots = self._settings.cpu_slots
-            if slots:
+            if self._settings.cpu_buffers:
                 self._cpu_buffers = CpuBuffers.open(self._bpf.map("cpu_events").fd,
-                                               self._bpf.map("cpu_heads").fd,
-                                               self._settings.ncpus, slots)
+                                                    self._bpf.map("cpu_heads").fd,
+                                                    self._settings.ncpus,
+                                                    self._settings.cpu_slots)
                 self._merged = MergedEvents(ring, self._cpu_buffers)
                 self._merged.start_moving()
             self._events_ring = ring

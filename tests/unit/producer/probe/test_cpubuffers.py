@@ -284,3 +284,32 @@ def test_a_call_completed_at_return_is_placed_at_its_return(
     ring._write(alloc + 8 + 24, (350).to_bytes(8, "little"))  # duration_ns
     out = events.drain()
     assert (out["ts_ns"] - np.uint64(t)).tolist() == [100, 50]
+
+
+# -- settings ---------------------------------------------------------------------------
+
+
+def test_the_buffers_are_compiled_in_where_asked_for_and_the_kernel_has_cmpxchg(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpuflight.producer import settings as module
+
+    def flags(slots: int) -> list[str]:
+        return [f for f in module.CaptureSettings(cpu_slots=slots).cflags()
+                if f.startswith(("-DGF_CPU_SLOTS", "-DGF_NCPUS"))]
+
+    monkeypatch.setattr(module, "possible_cpus", lambda: 6)
+    assert flags(4096) == ["-DGF_CPU_SLOTS=4096", "-DGF_NCPUS=6"]
+    assert flags(0) == []
+    monkeypatch.setattr(module, "kernel_at_least", lambda major, minor: (major, minor) < (5, 12))
+    assert flags(4096) == []  # Linux 5.8-5.11: the ring alone
+    assert not module.CaptureSettings().cpu_buffers
+
+
+def test_the_possible_cpus_are_one_past_the_highest(tmp_path: Any) -> None:
+    from gpuflight.producer.settings import possible_cpus
+
+    for text, want in (("0-3\n", 4), ("0,2-5\n", 6), ("0\n", 1)):
+        (tmp_path / "possible").write_text(text)
+        assert possible_cpus(tmp_path / "possible") == want
+    assert possible_cpus(tmp_path / "missing") == (os.cpu_count() or 1)
