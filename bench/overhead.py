@@ -194,17 +194,14 @@ def main() -> int:
                 samples["empty"].append(run_empty(calls, lib, args.calls, mode, moved))
                 if moved:
                     samples["empty at the entry"].append(run_empty(calls, lib, args.calls, mode))
-                ns, events, drops = run_gpuflight(calls, args.calls, mode)
-                samples["gpuflight"].append(ns)
-                captured += events
-                dropped += drops
-                # Let the background probe release finish (docs/architecture.md, "Shutting down").
-                time.sleep(8)
-                ns, events, drops = run_gpuflight(calls, args.calls, mode, RING_ONLY)
-                samples["ring only"].append(ns)
-                captured += events
-                dropped += drops
-                time.sleep(8)
+                for column, extra in (("gpuflight", ()), ("ring only", RING_ONLY)):
+                    ns, events, drops = run_gpuflight(calls, args.calls, mode, extra)
+                    samples[column].append(ns)
+                    captured += events
+                    dropped += drops
+                    # Let the background probe release finish (docs/architecture.md,
+                    # "Shutting down").
+                    time.sleep(8)
             med = {k: statistics.median(v) for k, v in samples.items()}
             expected = 2 * args.rounds * args.calls * per_iteration
             entry = med.get("empty at the entry")

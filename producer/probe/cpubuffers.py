@@ -97,10 +97,6 @@ class CpuBuffers:
         """Slots in each CPU's buffer."""
         return self._slots_n
 
-    def pending(self) -> int:
-        """Slots taken by programs and not freed by this reader yet."""
-        return int((self._heads["head"] - self._heads["tail"]).sum())
-
     def take(self) -> npt.NDArray[np.void]:
         """Every committed event of every CPU's buffer (EVENT_DTYPE; each CPU's in the order
         their slots were taken), and their slots freed."""
@@ -199,20 +195,21 @@ class MergedEvents:
     def move(self) -> int:
         """Take what the per-CPU buffers hold now; the most one CPU's held, in slots."""
         with self._lock:
-            taken = self._buffers.take()
-            if len(taken):
-                self._moved.append(taken)
+            self._move_locked()
             return self._buffers.last_fullest
+
+    def _move_locked(self) -> None:
+        taken = self._buffers.take()
+        if len(taken):
+            self._moved.append(taken)
 
     def _take_moved(self) -> tuple[npt.NDArray[np.void], int]:
         """What the buffers held when this was called, and what `move` took before; and when
         the take began."""
         with self._lock:
             began = time.monotonic_ns()
-            taken = self._buffers.take()
+            self._move_locked()
             moved, self._moved = self._moved, []
-        if len(taken):
-            moved.append(taken)
         if not moved:
             return np.empty(0, dtype=EVENT_DTYPE), began
         return (moved[0] if len(moved) == 1 else np.concatenate(moved)), began

@@ -58,6 +58,13 @@ class FakeCpus:
         self.slot[cpu, position % self.slots]["committed"] = (
             (position + 1) | (SLOT_DISCARDED if discard else 0))
 
+    def taken(self, cpu: int, ts: int, *, stamp: bool = False, discard: bool = False) -> int:
+        """A slot taken and filled (stamped or not, or discarded): its position."""
+        position = self.reserve(cpu)
+        assert position is not None
+        self.fill(cpu, position, ts, stamp=stamp, discard=discard)
+        return position
+
     def put(self, cpu: int, ts: int, tid: int = 1) -> bool:
         position = self.reserve(cpu)
         if position is None:
@@ -92,9 +99,7 @@ def test_a_slot_not_stamped_yet_holds_the_tail_not_the_slots_after_it(
     taken once, the tail waits at it, and its own event comes when it is stamped."""
     fake, buffers = cpus
     fake.put(0, 1)
-    open_slot = fake.reserve(0)
-    assert open_slot is not None
-    fake.fill(0, open_slot, 2, stamp=False)
+    open_slot = fake.taken(0, 2)
     fake.put(0, 3)
     fake.put(0, 4)
     assert buffers.take()["ts_ns"].tolist() == [1, 3, 4]
@@ -109,9 +114,7 @@ def test_a_slot_not_stamped_yet_holds_the_tail_not_the_slots_after_it(
 def test_a_discarded_slot_is_freed_and_not_read(cpus: tuple[FakeCpus, CpuBuffers]) -> None:
     fake, buffers = cpus
     fake.put(1, 1)
-    position = fake.reserve(1)
-    assert position is not None
-    fake.fill(1, position, 2, discard=True)
+    fake.taken(1, 2, discard=True)
     fake.put(1, 3)
     assert buffers.take()["ts_ns"].tolist() == [1, 3]
     assert int(fake.heads["tail"][1]) == 3
@@ -128,9 +131,7 @@ def test_a_stamp_of_the_lap_before_is_not_this_lap_s(cpus: tuple[FakeCpus, CpuBu
             ts += 1
         seen += buffers.take()["ts_ns"].tolist()
     assert seen == list(range(ts)) and ts == 5 * SLOTS
-    position = fake.reserve(0)
-    assert position is not None
-    fake.fill(0, position, 99, stamp=False)  # its old stamp: position + 1 - SLOTS
+    position = fake.taken(0, 99)  # its old stamp: position + 1 - SLOTS
     assert len(buffers.take()) == 0
     fake.stamp(0, position)
     assert buffers.take()["ts_ns"].tolist() == [99]
@@ -275,9 +276,7 @@ def test_a_call_completed_at_return_is_placed_at_its_return(
     it (the ring's own order), not before it by entry time."""
     ring, fake, events = merged
     t = time.monotonic_ns() - 10_000
-    position = fake.reserve(0)
-    assert position is not None
-    fake.fill(0, position, t + 100, tid=1, stamp=False)      # the free: 100..300
+    position = fake.taken(0, t + 100)                         # the free: 100..300
     fake.slot[0, position]["ev"]["duration_ns"] = 200
     fake.stamp(0, position)
     alloc = ring.push(t + 50)                                 # the allocation: 50..400
