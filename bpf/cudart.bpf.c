@@ -300,6 +300,8 @@ struct gf_py_rate {
 	u64 window_calls; /* recorded calls since the window began (not reset by the budget) */
 	u64 window_spent; /* ns of this window's walks of known stacks (not reset by the budget) */
 	u64 window_walks; /* those walks */
+	u64 fresh_spent_total; /* ns the walks of new stacks took (in spent_total, not timed) */
+	u64 fresh_walks_total; /* those walks */
 };
 #define GF_PY_MAX_PERIOD (1u << 20)
 #define GF_PY_MIN_TIMED 8
@@ -507,8 +509,11 @@ static __always_inline void gf_py_timed(u64 spent, int fresh)
 		return;
 	r->spent_total += spent;
 	r->walks_total += 1;
-	if (fresh)
+	if (fresh) {
+		r->fresh_spent_total += spent;
+		r->fresh_walks_total += 1;
 		return;
+	}
 	r->spent += spent;
 	r->timed += 1;
 	r->window_spent += spent;

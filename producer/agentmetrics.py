@@ -205,6 +205,13 @@ def _code_paths(h: AgentHealth) -> Iterator[Metric]:
                               "Time the kernel took walking them (what sampling adds to the "
                               "sampled processes, less the countdown).",
                               value=round(rate.spent_ns / 1e9, 9))
+    yield CounterMetricFamily(f"{PREFIX}_code_path_new_stack_walks",
+                              "Of those walks, the first of each new stack (its frames sent "
+                              "with it; the cost budget does not follow them).",
+                              value=rate.new_walks)
+    yield CounterMetricFamily(f"{PREFIX}_code_path_new_stack_walk_seconds",
+                              "Time the kernel took walking them (in the walk seconds).",
+                              value=round(rate.new_spent_ns / 1e9, 9))
     yield GaugeMetricFamily(f"{PREFIX}_code_path_period_max",
                             "The highest sampling period (1 call in N) a CPU came to.",
                             value=rate.peak)

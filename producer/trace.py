@@ -338,10 +338,16 @@ def _rate_words(stacks: StackOptions, rate: StackRate) -> str:
             f" second: doubled {rate.raised} time(s))" if rate.peak > stacks.period else "")
     if not rate.walks:
         return f"no call walked (the rate kept to {stacks.budget_ns:,} ns a recorded call)"
+    calls = max(1, rate.calls)
+    known = (f"they took {rate.known_spent_ns / calls:,.0f} ns, "
+             f"{rate.known_spent_ns / rate.known_walks:,.0f} ns a walk" if rate.known_walks
+             else "none walked yet")
+    new = (f"; the first walks of {rate.new_walks:,} new stack(s), which it does not follow,"
+           f" {rate.new_spent_ns / calls:,.0f} ns more, {rate.new_spent_ns / rate.new_walks:,.0f}"
+           " ns each" if rate.new_walks else "")
     return (f"1 call in {rate.calls / rate.walks:,.0f} walked on average (the rate kept the"
-            f" walks to {stacks.budget_ns:,} ns a recorded call: they took"
-            f" {rate.spent_ns / max(1, rate.calls):,.0f} ns, {rate.spent_ns / rate.walks:,.0f}"
-            f" ns a walk; a CPU's period reached {rate.peak:,})")
+            f" walks of known stacks to {stacks.budget_ns:,} ns a recorded call: {known}{new};"
+            f" a CPU's period reached {rate.peak:,})")
 
 
 def _top_paths(paths: Sequence[PathSample], value: str, what: str,

@@ -152,12 +152,26 @@ class StackRate:
     calls: int = 0
     walks: int = 0
     spent_ns: int = 0
+    #: Of those walks, the first of each new stack (its frames sent with it): a one-off cost
+    #: each, which the rate does not follow (bpf/cudart.bpf.c gf_py_timed).
+    new_walks: int = 0
+    new_spent_ns: int = 0
+
+    @property
+    def known_walks(self) -> int:
+        """Walks of stacks already known: the ones the cost budget keeps to."""
+        return self.walks - self.new_walks
+
+    @property
+    def known_spent_ns(self) -> int:
+        return self.spent_ns - self.new_spent_ns
 
 
 _U32 = struct.Struct("<I")
 #: struct gf_py_rate (bpf/cudart.bpf.c): left, drawn, period, walks, window, peak, raised,
-#: spent, timed, calls, spent_total, calls_total, walks_total, then the window's own counts.
-_PY_RATE = struct.Struct("<IIIIQIIQIIQQQQQQ")
+#: spent, timed, calls, spent_total, calls_total, walks_total, the window's own counts, then
+#: fresh_spent_total, fresh_walks_total.
+_PY_RATE = struct.Struct("<IIIIQIIQIIQQQQQQQQ")
 _U64 = struct.Struct("<Q")
 _ONE_BYTE = b"\x01"
 #: The tally's maps (bpf/cudart.bpf.c: BPF_TABLE_PINNED), pinned in settings.tally_dir.
@@ -367,12 +381,13 @@ class Probes:
         """What the sampler did, summed over the CPUs (all 0 when not sampling)."""
         if self._py_samples is None:
             return StackRate()
-        peak = raised = calls = walks = spent = 0
+        peak = raised = calls = walks = spent = new_walks = new_spent = 0
         for raw in self._bpf.map("py_rate").lookup_percpu(_U32.pack(0)):
             fields = _PY_RATE.unpack_from(raw)
             peak, raised = max(peak, fields[5]), raised + fields[6]
             spent, calls, walks = spent + fields[10], calls + fields[11], walks + fields[12]
-        return StackRate(peak, raised, calls, walks, spent)
+            new_spent, new_walks = new_spent + fields[16], new_walks + fields[17]
+        return StackRate(peak, raised, calls, walks, spent, new_walks, new_spent)
 
     def drain_stacks(self) -> tuple[npt.NDArray[np.void], npt.NDArray[np.void]]:
         """(new stacks' frames, every sample's head) committed so far: the frames first, so

@@ -211,8 +211,8 @@ def test_a_cpu_that_walks_its_bound_samples_less_and_the_estimates_stay_honest(
 
 
 def _rate(summary: str) -> tuple[int, float, float, float]:
-    """(walks, the mean period, ns the walks took a recorded call, ns a walk took) of trace's
-    summary."""
+    """(walks, the mean period, ns the walks of known stacks took a recorded call, ns such a
+    walk took) of trace's summary."""
     (line,) = [s for s in summary.splitlines() if "code paths:" in s]
 
     def number(before: str, after: str) -> float:
@@ -237,18 +237,27 @@ def test_the_default_rate_keeps_the_walks_within_their_cost_budget(tmp_path: Pat
     """`--stack-sampling auto` (the default): each CPU's period is the least that keeps what
     its walks take, as the kernel times them, within `--stack-cost` ns a recorded call. A
     tight budget walks few calls and keeps to it; a loose one walks many more; the estimates
-    follow the periods in force, within their stated bounds, either way."""
-    calls, budget = 40_000, 8
+    follow the periods in force, within their stated bounds, either way. The budget is for
+    the walks of known stacks: the first walk of a new stack, its frames sent with it (10-50 µs
+    here, ~150 µs on a busy host), is a one-off cost the rate does not follow, and the summary
+    gives it apart (5 of them over 50,000 calls were once a third of what a short run's
+    walks took a call). Enough calls that each CPU's rise to its period, 8 timed walks at
+    each period on the way, is a small part of the walks (the loose run walks nearly every
+    call: fewer of them, that its samples' ring is not outrun)."""
+    calls, loose_calls, budget = 100_000, 40_000, 8
     _, tight, _ = _trace(tmp_path / "tight", "auto", calls, "--stack-cost", str(budget))
-    _, loose, _ = _trace(tmp_path / "loose", "auto", calls, "--stack-cost", "5000",
+    _, loose, _ = _trace(tmp_path / "loose", "auto", loose_calls, "--stack-cost", "5000",
                          "--stack-max-walks", "0")
     tight_walks, tight_period, tight_took, a_walk = _rate(tight)
     loose_walks, loose_period, _, _ = _rate(loose)
-    # A walk of pylaunch's ~10 frames takes ~0.5 µs on the 2-core VM: 1 call in ~60 for 8 ns.
+    # A walk of pylaunch's ~10 frames takes ~0.7-1.1 µs on the 2-core VM: 1 call in ~90-140
+    # for 8 ns.
     assert tight_period >= a_walk / budget / 2, tight
     # Within the budget, but for the few walks made before a CPU's period has risen to it.
     assert tight_took <= 2 * budget, tight
+    # pylaunch's 5 stacks, each new once (py_seen is the node's), given apart.
+    assert "5 stack(s)" in tight and "the first walks of 5 new stack(s)" in tight, tight
     # 5 µs a call: every call, or nearly, walked.
     assert loose_period < 2 and loose_walks > 10 * tight_walks, (tight, loose)
     _estimates_hold(tight, calls)
-    _estimates_hold(loose, calls)
+    _estimates_hold(loose, loose_calls)

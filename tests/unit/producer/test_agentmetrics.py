@@ -97,7 +97,8 @@ def test_the_stack_sampler_s_walks_and_their_cost_with_code_paths_on() -> None:
     p = "gpuflight_agent_code_path_"
     assert not any(name.startswith(p) for name, _ in samples(_text(_health())))
     health = replace(_health(), code_paths=StackRate(peak=64, raised=3, calls=120_000,
-                                                     walks=2_500, spent_ns=3_250_000),
+                                                     walks=2_500, spent_ns=3_250_000,
+                                                     new_walks=12, new_spent_ns=600_000),
                      code_path_budget_ns=40, code_path_samples_lost=2,
                      code_path_samples_unjoined=9)
     text = _text(health)
@@ -107,6 +108,8 @@ def test_the_stack_sampler_s_walks_and_their_cost_with_code_paths_on() -> None:
         (f"{p}calls_total", ()): 120_000,
         (f"{p}walks_total", ()): 2_500,
         (f"{p}walk_seconds_total", ()): 0.00325,
+        (f"{p}new_stack_walks_total", ()): 12,
+        (f"{p}new_stack_walk_seconds_total", ()): 0.0006,
         (f"{p}period_max", ()): 64,
         (f"{p}cost_budget_seconds", ()): 4e-08,
         (f"{p}samples_lost_total", ()): 2,
