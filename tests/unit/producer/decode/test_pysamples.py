@@ -315,3 +315,36 @@ def test_what_calls_were_made_for_is_kept_no_longer_than_their_events(
     # Request 7's paths were pushed out by 8's (one kept): dropped, counted.
     assert samples.take_request_paths(7) == [] and samples.request_paths_dropped == 1
     assert samples.take_request_paths(8)[0].values["calls"] == 1
+
+
+def test_a_turn_s_samples_summed_per_stack_are_each_call_s_costs_added_one_by_one() -> None:
+    """Calls made for no request are added per (process, stack) at once; with requests to
+    follow (per_request), call by call: the paths are the same either way, on random turns of
+    launches, copies and syncs from three threads over four stacks."""
+    rng = np.random.default_rng(28)
+    kinds = (EventType.LAUNCH, EventType.MEMCPY, EventType.SYNC)
+    rows = [call(1_000 + 100 * i, tid=int(rng.integers(1, 4)), type_=kinds[int(k)],
+                 bytes=int(rng.integers(0, 1 << 20)), duration_ns=int(rng.integers(0, 90)))
+            for i, k in enumerate(rng.integers(0, 3, 600))]
+    events = build_events(rows)
+    sampled = rng.random(len(events)) < 0.7
+    heads = _heads(*((int(rng.integers(1, 5)), int(rng.integers(1, 40)), int(e["ts_ns"]),
+                      int(e["tid"])) for e in events[sampled]))
+    cuts = sorted(rng.choice(np.arange(1, len(events)), 5, replace=False).tolist())
+    got = []
+    for per_request in (False, True):
+        samples = _samples()
+        samples.per_request = per_request
+        for stack_id in range(1, 5):
+            samples.add_frames(_frames(stack_id, depth=stack_id))
+        for part, part_heads in zip(np.split(events, cuts), np.split(heads, cuts), strict=True):
+            samples.add_events(part)
+            samples.add_samples(part_heads)
+            samples.end_turn()
+        got.append(_values(samples))
+        assert samples.unjoined == 0
+    summed, one_by_one = got
+    assert summed.keys() == one_by_one.keys() and len(summed) == 4
+    for frames, values in summed.items():
+        assert values == pytest.approx(one_by_one[frames], rel=1e-12), frames
+    assert sum(v["calls"] for v in summed.values()) == heads["weight"].sum()
