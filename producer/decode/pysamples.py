@@ -309,7 +309,9 @@ class StackSamples:
         made_for = calls[at]
         if self.per_request or made_for.any():
             for n, (pid, ts_ns, stack_id, _) in enumerate(hits):
-                self._add_call(pid, stack_id, rows[n], ts_ns,
+                # A row of its own: a path may keep the row it is given (`_add`), and a view
+                # would keep this whole batch's rows with it until the path is taken.
+                self._add_call(pid, stack_id, rows[n].copy(), ts_ns,
                                self._calls.get(int(made_for[n]), ()))
             return
         # Made for no request: each (process, stack)'s calls at once, summed.
