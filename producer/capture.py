@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from gpuflight.producer.contract import records
 from gpuflight.producer.contract.abi import EVENT_DTYPE
 from gpuflight.producer.contract.errors import SetupError
 from gpuflight.producer.decode.codepaths import top_functions
@@ -545,13 +546,13 @@ class Capture:
     def _hold_back(self, events: npt.NDArray[np.void], cut: int) -> npt.NDArray[np.void]:
         """The held events and these, made before `cut`; the rest are held."""
         if len(self._held):
-            events = np.concatenate([self._held, events])
+            events = records.join([self._held, events])
         later = events["ts_ns"].astype(np.int64) >= cut
         if not later.any():
             self._held = events[:0]
             return events
-        self._held = events[later]
-        return events[~later]
+        self._held = records.take(events, later)
+        return records.take(events, ~later)
 
     def _hand_on_paths(self, stacks: PythonStacks) -> None:
         for pid, paths in stacks.take_paths().items():

@@ -2,6 +2,7 @@
 worker (gpuflight.streams) may import of the producer. Its modules import nothing else of it.
 
     abi        the mirror of bpf/events.h: enums, record layouts, the probe table
+    records    structured records taken and joined whole rows at a time (numpy's own is by field)
     wire       the Kafka topics' records (typed, versioned)
     counting   the one counting core (trace summary and stream windows)
     costs      what each call cost (requests and code paths are priced by it)

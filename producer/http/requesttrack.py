@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuflight.producer.contract import costs as call_costs
+from gpuflight.producer.contract import records
 from gpuflight.producer.contract.wire import EventAttribution, GpuSource, RequestRecord
 from gpuflight.producer.http import attribution as attr
 from gpuflight.producer.http.abi import HttpRecord
@@ -293,12 +294,13 @@ class RequestTracker:
         """GPU time for `ready` (up to its last drain unless `whole`); what is left."""
         if not whole and not any(p.drains for p in ready):
             return ready  # every span in it is still open
-        events = np.concatenate([p.events for p in ready])
+        events = records.join([p.events for p in ready])  # a copy of its own
         keep = np.ones(len(events), dtype=bool)
+        done = events
         if not whole:
             drain = call_costs.drains(events)
             keep = events["ts_ns"] <= events["ts_ns"][drain].max()
-        done = events[keep]
+            done = records.take(events, keep)
         end = int((done["ts_ns"].astype(np.int64) + done["duration_ns"].astype(np.int64)).max())
         # NVML's windows up to the end of these events (not before the process was first
         # seen: that GPU time was before the capture watched it).
@@ -329,9 +331,10 @@ class RequestTracker:
                 roll = _gpu_rollup(a, gpu.per_event[given:given + n], residual)
                 given += n
                 residual = 0.0
-                self._account(pid, a, roll, p.events[mask], source=source, count_kernels=False)
+                self._account(pid, a, roll, records.take(p.events, mask), source=source,
+                              count_kernels=False)
             if n < len(p.events):
-                rest = p.events[~mask]
+                rest = records.take(p.events, ~mask)
                 ends = rest["ts_ns"].astype(np.int64) + rest["duration_ns"].astype(np.int64)
                 left.append(_Pending(rest, p.attribution.take(~mask), int(rest["ts_ns"].min()),
                                      int(ends.max()), p.added, False))

@@ -40,6 +40,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from gpuflight.producer.contract import records
 from gpuflight.producer.contract.abi import (
     CPU_HEAD_DTYPE,
     EVENT_DTYPE,
@@ -121,7 +122,7 @@ class CpuBuffers:
                 full &= ~before
                 freed |= before
             if full.any():
-                out.append(row["ev"][index[full]])  # a copy (fancy indexing)
+                out.append(records.take(row["ev"], index[full]))  # a copy
             first_open = int(np.argmin(freed)) if not freed.all() else len(positions)
             if first_open:
                 self._heads["tail"][cpu] = tail + first_open
@@ -129,7 +130,7 @@ class CpuBuffers:
             self._taken[cpu] = {int(p) for p in beyond}
         if not out:
             return np.empty(0, dtype=EVENT_DTYPE)
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        return out[0] if len(out) == 1 else records.join(out)
 
     def close(self) -> None:
         del self._slots, self._heads
@@ -212,7 +213,7 @@ class MergedEvents:
             moved, self._moved = self._moved, []
         if not moved:
             return np.empty(0, dtype=EVENT_DTYPE), began
-        return (moved[0] if len(moved) == 1 else np.concatenate(moved)), began
+        return (moved[0] if len(moved) == 1 else records.join(moved)), began
 
     def drain(self, max_events: int | None = None,
               everything: bool = False) -> npt.NDArray[np.void]:
@@ -231,14 +232,14 @@ class MergedEvents:
         parts = [p for p in (self._waiting, from_ring, from_cpus) if len(p)]
         if not parts:
             return np.empty(0, dtype=EVENT_DTYPE)
-        events = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        events = parts[0] if len(parts) == 1 else records.join(parts)
         done = finished_ns(events)
         if len(parts) > 1 or not len(from_ring):  # the ring alone is in each thread's order
             order = np.argsort(done, kind="stable")
-            events, done = events[order], done[order]
+            events, done = records.take(events, order), done[order]
         later = done >= np.uint64(cut)
         if not later.any():
             self._waiting = events[:0]
             return events
-        self._waiting = events[later]
-        return events[~later]
+        self._waiting = records.take(events, later)
+        return records.take(events, ~later)
