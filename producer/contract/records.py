@@ -23,7 +23,10 @@ def take(records: npt.NDArray[np.void], index: Any) -> npt.NDArray[np.void]:
 
 
 def join(parts: Sequence[npt.NDArray[np.void]]) -> npt.NDArray[np.void]:
-    """`np.concatenate(parts)` of records of one dtype (at least one part)."""
+    """`np.concatenate(parts)` of records of one dtype (at least one part); ValueError for parts
+    of different dtypes, which rows would silently read as the first's."""
     dtype = parts[0].dtype
+    if any(p.dtype != dtype for p in parts):
+        raise ValueError(f"records of different dtypes: {sorted({str(p.dtype) for p in parts})}")
     raw = _raw(dtype)
     return np.concatenate([p.view(raw) for p in parts]).view(dtype)

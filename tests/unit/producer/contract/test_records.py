@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -54,3 +55,10 @@ def test_a_strided_view_and_other_record_types() -> None:
     assert records.join([names, names[1:]])["name"].tolist() == [b"a", b"bb", b"ccc", b"bb",
                                                                   b"ccc"]
     assert records.take(names, names["name"] != b"bb")["name"].tolist() == [b"a", b"ccc"]
+
+
+def test_records_of_other_dtypes_are_not_joined() -> None:
+    """88 bytes of something else are not events: concatenate would have refused them too."""
+    other = np.zeros(2, dtype=np.dtype((np.void, EVENT_DTYPE.itemsize)))
+    with pytest.raises(ValueError, match="different dtypes"):
+        records.join([_events(2, 0), other])
