@@ -547,12 +547,8 @@ class Capture:
         """The held events and these, made before `cut`; the rest are held."""
         if len(self._held):
             events = records.join([self._held, events])
-        later = events["ts_ns"].astype(np.int64) >= cut
-        if not later.any():
-            self._held = events[:0]
-            return events
-        self._held = records.take(events, later)
-        return records.take(events, ~later)
+        ready, self._held = records.split(events, events["ts_ns"].astype(np.int64) >= cut)
+        return ready
 
     def _hand_on_paths(self, stacks: PythonStacks) -> None:
         for pid, paths in stacks.take_paths().items():

@@ -22,6 +22,14 @@ def take(records: npt.NDArray[np.void], index: Any) -> npt.NDArray[np.void]:
     return records.view(_raw(records.dtype))[index].view(records.dtype)  # type: ignore[no-any-return]
 
 
+def split(records: npt.NDArray[np.void], later: npt.NDArray[np.bool_]
+          ) -> tuple[npt.NDArray[np.void], npt.NDArray[np.void]]:
+    """(`records[~later]`, `records[later]`): where no row is later, `records` itself and none."""
+    if not later.any():
+        return records, records[:0]
+    return take(records, ~later), take(records, later)
+
+
 def join(parts: Sequence[npt.NDArray[np.void]]) -> npt.NDArray[np.void]:
     """`np.concatenate(parts)` of records of one dtype (at least one part); ValueError for parts
     of different dtypes, which rows would silently read as the first's."""

@@ -237,9 +237,5 @@ class MergedEvents:
         if len(parts) > 1 or not len(from_ring):  # the ring alone is in each thread's order
             order = np.argsort(done, kind="stable")
             events, done = records.take(events, order), done[order]
-        later = done >= np.uint64(cut)
-        if not later.any():
-            self._waiting = events[:0]
-            return events
-        self._waiting = records.take(events, later)
-        return records.take(events, ~later)
+        ready, self._waiting = records.split(events, done >= np.uint64(cut))
+        return ready

@@ -33,6 +33,18 @@ def test_take_is_fancy_indexing_and_masking(n: int, seed: int) -> None:
         assert np.array_equal(events[index], want)
 
 
+@given(st.integers(0, 200), st.integers(0, 2**32 - 1))
+def test_split_is_the_two_masks(n: int, seed: int) -> None:
+    events = _events(n, seed)
+    later = np.random.default_rng(seed).random(n) < 0.3
+    earlier, rest = records.split(events, later)
+    assert np.array_equal(earlier, events[~later]) and np.array_equal(rest, events[later])
+    assert earlier.dtype == rest.dtype == EVENT_DTYPE
+    nothing_later = np.zeros(n, dtype=bool)
+    earlier, rest = records.split(events, nothing_later)
+    assert earlier is events and len(rest) == 0 and rest.dtype == EVENT_DTYPE
+
+
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=5), st.integers(0, 2**32 - 1))
 def test_join_is_concatenate(sizes: list[int], seed: int) -> None:
     parts = [_events(n, seed + i) for i, n in enumerate(sizes)]
